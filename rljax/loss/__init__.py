@@ -1,0 +1,56 @@
+"""Pure RL loss functions: advantages, policy / value losses, KL, entropy, aggregation,
+rollout correction and staleness rules.
+
+Every function is pure, takes arrays and keyword-only hyper-parameters, validates its
+inputs with chex, and works under ``jax.jit``, ``jax.grad`` and ``jax.vmap``. Semantics
+follow verl's ``core_algos.py`` (differences are documented per function).
+
+This package imports only jax, chex and numpy: no flax, TensorFlow, TFDS or JetStream.
+
+>>> from rljax.loss import grpo_advantages, policy_loss
+"""
+
+from rljax.loss._advantages import (
+    gae_advantages,
+    get_adv_estimator,
+    grpo_advantages,
+    register_adv_estimator,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
+from rljax.loss._aggregate import AGGREGATION_MODES, aggregate
+from rljax.loss._correction import rollout_correction_weights
+from rljax.loss._kl import entropy_from_logits, kl_penalty
+from rljax.loss._masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rljax.loss._policy import get_policy_loss, policy_loss, register_policy_loss
+from rljax.loss._roles import Role, action_mask
+from rljax.loss._staleness import StalenessReport, policy_staleness, raise_on_future, staleness_filter
+from rljax.loss._value import value_loss
+
+__all__ = [
+    "AGGREGATION_MODES",
+    "Role",
+    "StalenessReport",
+    "action_mask",
+    "aggregate",
+    "entropy_from_logits",
+    "gae_advantages",
+    "get_adv_estimator",
+    "get_policy_loss",
+    "grpo_advantages",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss",
+    "policy_staleness",
+    "raise_on_future",
+    "register_adv_estimator",
+    "register_policy_loss",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "rollout_correction_weights",
+    "staleness_filter",
+    "value_loss",
+]
