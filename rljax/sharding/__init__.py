@@ -1,0 +1,51 @@
+"""Explicit DP/TP/SP meshes, the logical-axis table, partition specs and resharding.
+
+Mesh axes are ``dp`` (batch), ``tp`` (heads / MLP hidden / vocab) and ``sp`` (sequence).
+``parse_mesh("dp2,tp2,sp2")`` -> ``{"dp": 2, "tp": 2, "sp": 2}``; ``make_mesh(spec)``
+builds the ``jax.sharding.Mesh`` (all axes ``AxisType.Auto``, ``tp`` innermost);
+``topology(mesh)`` reports the layout with ``actor_dp = world / (tp * sp)``.
+
+Model and data code name logical axes (``batch``, ``length``, ``embed``, ``heads``,
+``kv_heads``, ``head_dim``, ``mlp``, ``vocab``, ``layers``, ``cache_batch``,
+``cache_length``); :data:`LOGICAL_AXIS_RULES` maps them to mesh axes.
+
+This package imports no other rljax package.
+"""
+
+from rljax.sharding.mesh import MESH_AXES, make_mesh, mesh_sizes, parse_mesh, topology
+from rljax.sharding.rules import (
+    KV_CACHE_AXES,
+    LOGICAL_AXIS_RULES,
+    logical_sharding,
+    logical_to_spec,
+    tree_logical_shardings,
+    with_logical_constraint,
+)
+from rljax.sharding.specs import (
+    batch_logical_axes,
+    batch_shardings,
+    batch_spec,
+    kv_cache_sharding,
+    kv_cache_spec,
+    reshard,
+)
+
+__all__ = [
+    "KV_CACHE_AXES",
+    "LOGICAL_AXIS_RULES",
+    "MESH_AXES",
+    "batch_logical_axes",
+    "batch_shardings",
+    "batch_spec",
+    "kv_cache_sharding",
+    "kv_cache_spec",
+    "logical_sharding",
+    "logical_to_spec",
+    "make_mesh",
+    "mesh_sizes",
+    "parse_mesh",
+    "reshard",
+    "topology",
+    "tree_logical_shardings",
+    "with_logical_constraint",
+]

@@ -1,0 +1,163 @@
+"""Mesh specs (``dp8``, ``dp2,tp2,sp2``), mesh construction and the topology report.
+
+Mesh axes have fixed names: ``dp`` (data: the batch), ``tp`` (tensor: attention heads,
+MLP hidden, vocabulary) and ``sp`` (sequence). A spec names each axis at most once with
+its size; missing axes have size 1; the product must equal the number of devices.
+
+Axis types. :func:`make_mesh` builds every axis as :attr:`jax.sharding.AxisType.Auto`
+(JAX 0.10+ defaults ``jax.make_mesh`` to ``Explicit``). With ``Auto`` axes the model code
+only names *logical* axes at a few boundaries (``with_sharding_constraint`` through
+:mod:`rljax.sharding.rules`) and XLA's partitioner propagates the rest, MaxText style;
+sequence-parallel attention runs inside ``jax.shard_map`` over the same mesh. ``Explicit``
+axes would make every ``einsum`` in the model spell out its output sharding, tying the
+model to one parallelism, which is what the logical-axis table exists to avoid.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+#: Mesh axis names, in the order :func:`make_mesh` lists them.
+MESH_AXES: tuple[str, ...] = ("dp", "tp", "sp")
+
+_ITEM = re.compile(r"^([a-z]+)(.*)$")
+
+
+def _device_summary(devices: Sequence[Any]) -> str:
+    kinds = sorted({getattr(d, "platform", str(d)) for d in devices})
+    return ", ".join(kinds) if kinds else "none"
+
+
+def _check_axis_sizes(spec: str, sizes: Mapping[str, int], devices) -> dict[str, int]:
+    out = {a: int(sizes.get(a, 1)) for a in MESH_AXES}
+    if devices is None:
+        devices = jax.devices()
+    if isinstance(devices, int):
+        n, where = devices, "given"
+    else:
+        devices = list(devices)
+        n, where = len(devices), _device_summary(devices)
+    need = math.prod(out.values())
+    if need != n:
+        raise ValueError(
+            f"mesh {spec} needs {need} device{'s' if need != 1 else ''}, found {n} ({where})"
+        )
+    return out
+
+
+def parse_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | int | None = None) -> dict[str, int]:
+    """Parses a mesh spec into ``{"dp": n, "tp": n, "sp": n}``.
+
+    Args:
+      spec: comma-separated ``<axis><size>`` items in any order, e.g. ``"dp8"``,
+        ``"dp2,tp2,sp2"``, ``"sp4,dp2"``; axes are ``dp``, ``tp``, ``sp``; missing axes
+        are 1. A mapping ``{"dp": 2, "tp": 4}`` is accepted too.
+      devices: the devices the mesh must cover (default ``jax.devices()``), or their count.
+
+    Returns:
+      A dict with all three axes, in the order ``dp, tp, sp``.
+
+    Raises:
+      ValueError: in one sentence, for an unknown axis, a size that is not a positive
+        integer, a repeated axis, an empty spec, or a product that differs from the
+        device count.
+    """
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+        text = ",".join(f"{k}{v}" for k, v in items)
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if not text:
+            raise ValueError("mesh spec is empty; expected items like 'dp8' or 'dp2,tp2,sp2' over axes dp, tp, sp")
+        items = []
+        for raw in text.split(","):
+            item = raw.strip().lower()
+            known = [a for a in MESH_AXES if item.startswith(a)]
+            if known:
+                items.append((known[0], item[len(known[0]):]))
+                continue
+            m = _ITEM.match(item)
+            if not m:
+                raise ValueError(
+                    f"mesh spec {text!r}: item {raw.strip()!r} is not <axis><size>; "
+                    "expected e.g. 'dp8' or 'dp2,tp2,sp2' over axes dp, tp, sp"
+                )
+            items.append((m.group(1), m.group(2)))
+    else:
+        raise ValueError(f"mesh spec must be a string like 'dp2,tp2,sp2' or a dict, got {type(spec).__name__}")
+
+    sizes: dict[str, int] = {}
+    for axis, size in items:
+        if axis not in MESH_AXES:
+            raise ValueError(f"mesh spec {text!r}: unknown axis {axis!r}; accepted axes are dp, tp, sp")
+        if axis in sizes:
+            raise ValueError(f"mesh spec {text!r}: axis {axis!r} is repeated; name each of dp, tp, sp at most once")
+        if isinstance(size, str):
+            s = size.strip()
+            if not s:
+                raise ValueError(f"mesh spec {text!r}: axis {axis!r} has no size; write e.g. '{axis}2'")
+            if not re.fullmatch(r"[+-]?\d+", s):
+                raise ValueError(
+                    f"mesh spec {text!r}: size of {axis!r} is {s!r}, not a number; write e.g. '{axis}2'"
+                )
+            size = int(s)
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise ValueError(f"mesh spec {text!r}: size of {axis!r} is {size!r}, not an integer")
+        if size <= 0:
+            raise ValueError(f"mesh spec {text!r}: size of {axis!r} is {size}; sizes must be positive integers")
+        sizes[axis] = int(size)
+    return _check_axis_sizes(text, sizes, devices)
+
+
+def make_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
+    """Builds the ``("dp", "tp", "sp")`` mesh for ``spec`` over ``devices``.
+
+    Devices are laid out with ``jax.make_mesh`` (which follows the physical topology on
+    TPU/GPU) in the order ``dp, sp, tp`` so that ``tp`` is innermost -- its groups are the
+    fastest-connected devices -- then ``sp``, then ``dp``; the axes are then listed as
+    ``("dp", "tp", "sp")``. All axes are ``AxisType.Auto`` (see the module docstring).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = parse_mesh(spec, devices)
+    auto = (AxisType.Auto,) * 3
+    physical = jax.make_mesh(
+        (sizes["dp"], sizes["sp"], sizes["tp"]), ("dp", "sp", "tp"), axis_types=auto, devices=devices
+    )
+    return Mesh(physical.devices.transpose(0, 2, 1), MESH_AXES, axis_types=auto)
+
+
+def mesh_sizes(mesh: Mesh) -> dict[str, int]:
+    """``{"dp", "tp", "sp"}`` sizes of ``mesh`` (axes it lacks count as 1)."""
+    shape = dict(mesh.shape)
+    return {a: int(shape.get(a, 1)) for a in MESH_AXES}
+
+
+def topology(mesh: Mesh) -> dict[str, Any]:
+    """The learner's layout as a JSON-serialisable dict.
+
+    ``actor_dp = world_size / (tp * sp)`` is the learner's data-parallel degree. The
+    sampler's layout is reported separately; actor DP is never derived from it.
+    """
+    devs = list(mesh.devices.flat)
+    sizes = mesh_sizes(mesh)
+    world = len(devs)
+    processes = sorted({d.process_index for d in devs})
+    local = [d for d in devs if d.process_index == jax.process_index()]
+    return {
+        "platform": devs[0].platform,
+        "device_kind": devs[0].device_kind,
+        "process_count": len(processes),
+        "process_index": jax.process_index(),
+        "devices_per_process": len(local),
+        "world_size": world,
+        "mesh": sizes,
+        "mesh_axis_names": list(mesh.axis_names),
+        "actor_dp": world // (sizes["tp"] * sizes["sp"]),
+    }

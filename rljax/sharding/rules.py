@@ -1,0 +1,123 @@
+"""The one table from logical axis names to mesh axes, and helpers that apply it.
+
+Model, batch and cache code name *logical* axes only (``("batch", "length", "embed")``);
+this table decides which mesh axis, if any, each one is split over. Changing the
+parallelism changes the table, never the model (MaxText's ``logical_axis_rules``).
+
+Megatron-style tensor parallelism: attention heads, key/value heads, the MLP hidden
+dimension and the vocabulary are split over ``tp``; the model dimension (``embed``) is
+replicated. The batch is split over ``dp`` and the sequence over ``sp``.
+
+A dimension whose size does not divide its mesh axis is replicated instead (for example
+Qwen2.5-0.5B's 2 key/value heads on ``tp4``), so every valid mesh runs every model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MeshAxes = Union[str, tuple[str, ...], None]
+
+#: Logical axis -> mesh axis (or tuple of mesh axes, or None for replicated).
+LOGICAL_AXIS_RULES: tuple[tuple[str, MeshAxes], ...] = (
+    # activations and trajectory batches
+    ("batch", "dp"),
+    ("length", "sp"),
+    # parameters (and the matching activation dimensions)
+    ("embed", None),
+    ("heads", "tp"),
+    ("kv_heads", "tp"),
+    ("head_dim", None),
+    ("mlp", "tp"),
+    ("vocab", "tp"),
+    ("norm", None),
+    ("layers", None),
+    # KV cache [layers, slots, max_len, kv_heads, head_dim]
+    ("cache_batch", "dp"),
+    ("cache_length", None),
+)
+
+#: Logical axes of the KV cache arrays ``k`` and ``v``: ``[layers, slots, max_len, kv_heads, head_dim]``.
+KV_CACHE_AXES: tuple[str, ...] = ("layers", "cache_batch", "cache_length", "kv_heads", "head_dim")
+
+
+def _rules_dict(rules) -> dict[str, MeshAxes]:
+    if rules is None:
+        rules = LOGICAL_AXIS_RULES
+    return dict(rules.items()) if isinstance(rules, Mapping) else dict(rules)
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    *,
+    rules=None,
+    mesh: Mesh | None = None,
+    shape: Sequence[int] | None = None,
+) -> PartitionSpec:
+    """Maps logical axis names to a :class:`PartitionSpec` through ``rules``.
+
+    Args:
+      logical_axes: one name (or None) per array dimension.
+      rules: ``(logical, mesh_axes)`` pairs or a dict; default :data:`LOGICAL_AXIS_RULES`.
+      mesh: when given, mesh axes the mesh lacks are dropped, and (with ``shape``) a
+        dimension whose size is not divisible by its mesh axes is replicated.
+      shape: the array shape, used with ``mesh`` for the divisibility fallback.
+
+    A mesh axis is used at most once per spec; a later dimension mapping to an axis
+    already used is replicated.
+    """
+    table = _rules_dict(rules)
+    if shape is not None and len(shape) != len(logical_axes):
+        raise ValueError(f"logical axes {tuple(logical_axes)} have rank {len(logical_axes)} but the array shape is {tuple(shape)}")
+    mesh_shape = dict(mesh.shape) if mesh is not None else None
+    used: set[str] = set()
+    out: list[MeshAxes] = []
+    for i, name in enumerate(logical_axes):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in table:
+            raise ValueError(f"unknown logical axis {name!r}; the rules define {sorted(table)}")
+        target = table[name]
+        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        if mesh_shape is not None:
+            axes = tuple(a for a in axes if a in mesh_shape)
+        axes = tuple(a for a in axes if a not in used)
+        if mesh_shape is not None and shape is not None and axes:
+            size = 1
+            for a in axes:
+                size *= mesh_shape[a]
+            if shape[i] % size != 0:
+                axes = ()
+        used.update(axes)
+        out.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+    while out and out[-1] is None:
+        out.pop()
+    return PartitionSpec(*out)
+
+
+def logical_sharding(logical_axes, mesh: Mesh, *, shape=None, rules=None) -> NamedSharding:
+    """``NamedSharding`` on ``mesh`` for an array with ``logical_axes`` (see :func:`logical_to_spec`)."""
+    return NamedSharding(mesh, logical_to_spec(logical_axes, rules=rules, mesh=mesh, shape=shape))
+
+
+def with_logical_constraint(x: jax.Array, logical_axes, mesh: Mesh | None, *, rules=None) -> jax.Array:
+    """``jax.lax.with_sharding_constraint`` by logical names; identity when ``mesh`` is None."""
+    if mesh is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_sharding(logical_axes, mesh, shape=x.shape, rules=rules))
+
+
+def tree_logical_shardings(logical_tree: Any, shapes_tree: Any, mesh: Mesh, *, rules=None) -> Any:
+    """Maps a tree of logical-axis tuples and a matching tree of arrays/shapes to ``NamedSharding``s."""
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+    flat_axes, treedef = jax.tree.flatten(logical_tree, is_leaf=is_axes)
+    flat_shapes = treedef.flatten_up_to(shapes_tree)
+    out = [
+        logical_sharding(ax, mesh, shape=getattr(s, "shape", s), rules=rules) for ax, s in zip(flat_axes, flat_shapes)
+    ]
+    return jax.tree.unflatten(treedef, out)
