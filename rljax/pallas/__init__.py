@@ -1,0 +1,43 @@
+"""Fused per-token log-prob + entropy over a large vocabulary, without ``[N, V]`` logits.
+
+``fused_logprob(hidden, unembed, targets, temperature=..., impl=...)`` returns float32
+``(logp, entropy)`` for ``z = hidden @ unembed / temperature``. Three paths give the same
+numbers (tested against each other):
+
+* ``"naive"``: full float32 logits and ``log_softmax``; the reference. Memory O(N V).
+* ``"chunked"``: ``lax`` loops over ``[block_t, block_v]`` logit tiles with running
+  max / sum-exp / target-logit / entropy statistics and a ``custom_vjp`` that recomputes
+  the tiles in the backward. Memory O(block_t block_v). Default on CPU and GPU.
+* ``"pallas"``: the same algorithm as Pallas TPU (Mosaic) kernels; default on TPU. Off TPU it
+  runs in interpret mode (correct, slow: for tests only).
+
+Matmuls take operands in the input dtype with float32 accumulation; all statistics, the logit
+cotangent and both backward matmuls are float32, so bfloat16 inputs lose nothing beyond the
+bfloat16 rounding of the inputs themselves (the naive path's autodiff does the same).
+
+``fused_logprob_sharded(..., mesh=...)`` runs it under ``jax.shard_map`` with tokens split
+over ``dp`` / ``sp`` and the vocabulary over ``tp`` (per-shard statistics merged with
+``pmax`` / ``psum``). Inside a ``shard_map`` of your own, call ``fused_logprob`` on the
+local shards, with ``vocab_axis="tp"`` if ``unembed``'s columns are split.
+
+Block sizes (``block_t`` tokens x ``block_v`` vocabulary columns per tile):
+
+* chunked (any backend): any positive ints. Defaults: ``block_t = min(N, 8192)``,
+  ``block_v`` a multiple of 128 in [512, 8192] such that one float32 tile holds about
+  8M elements (32 MiB). Ragged tails are processed as one statically shaped extra step.
+* pallas on TPU: ``block_t`` a multiple of 8 (16 is the native bfloat16 sublane tile) and
+  ``block_v`` a multiple of 128; a block larger than its dimension is clamped to the full
+  dimension, which is always legal. ``H`` is not tiled: one ``[block_t, H]`` hidden block,
+  one ``[H, block_v]`` unembed block (both double-buffered) and the float32 accumulators
+  (``[block_t, H]`` for d hidden, ``[H, block_v]`` for d unembed) must fit in VMEM; the
+  kernels request up to 64 MiB of scoped VMEM (all current TPU generations have it).
+  Defaults 256 x 512. Edge blocks are masked in-kernel, inputs are never padded.
+* pallas in interpret mode (CPU / GPU): the same constraints are enforced so that a config
+  tested here compiles on TPU; every grid step is a Python-level loop iteration, so keep
+  grids to ~100 steps.
+"""
+
+from rljax.pallas._api import IMPLS, fused_logprob, fused_logprob_sharded
+from rljax.pallas._common import MASK_VALUE
+
+__all__ = ["IMPLS", "MASK_VALUE", "fused_logprob", "fused_logprob_sharded"]
