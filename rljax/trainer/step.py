@@ -1,0 +1,208 @@
+"""The pure train step: log-probs of a trajectory batch, the actor loss, and the PPO update.
+
+One jitted function of ``(state, batch, key)`` does the whole actor update (PureJaxRL
+style): ``ppo_epochs`` passes over shuffled mini-batches, each accumulated over
+micro-batches with the loss normalised by the *mini-batch's* global token / sequence
+counts (so the micro-batch size does not change the update), then one optax step. A
+non-finite loss or gradient skips the update and is counted; the parameters are untouched.
+
+Batch layout (a dict of arrays, ``B`` trajectories):
+
+* ``input_ids [B, S+T]``: the left-padded prompt (``S``) followed by the right-padded
+  response (``T``); ``attention_mask [B, S+T]`` is True on real tokens (prompt, generated
+  tokens and tool observations); ``positions [B, S+T]`` the rotary positions.
+* ``loss_mask [B, T]``: 1 on tokens the policy generated (the action mask), 0 on tool
+  observations, padding and padding rows.
+* ``old_logp``, ``advantages`` (and ``ref_logp``, ``rollout_is_weights`` when used) ``[B, T]``.
+
+Hidden state ``S - 1 + t`` predicts response token ``t``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from rljax import loss as rl
+from rljax.models import functional as F
+from rljax.pallas import fused_logprob, fused_logprob_sharded
+from rljax.sharding import with_logical_constraint
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig:
+    """Static hyper-parameters of the actor update (verl names)."""
+
+    policy_loss: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: Optional[float] = 3.0
+    loss_agg_mode: str = "token-mean"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 8  # trajectories per optimizer step
+    ppo_micro_batch_size: int = 8  # trajectories per forward/backward
+    temperature: float = 1.0
+    logprob_impl: str = "auto"
+    use_rollout_correction: bool = False
+
+
+@flax.struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    step: jax.Array  # optimizer steps taken (int32)
+    skipped: jax.Array  # updates skipped for non-finite loss / gradients (int32)
+
+
+def make_optimizer(*, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0,
+                   betas: tuple[float, float] = (0.9, 0.999)) -> optax.GradientTransformation:
+    """AdamW with linear warm-up to a constant rate and global-norm gradient clipping."""
+    schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0 else lr
+    return optax.chain(
+        optax.clip_by_global_norm(grad_clip),
+        optax.adamw(schedule, b1=betas[0], b2=betas[1], weight_decay=weight_decay),
+    )
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(params=params, opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
+                      skipped=jnp.zeros((), jnp.int32))
+
+
+def response_logprobs(graphdef, params, batch: dict, *, response_len: int, temperature: float = 1.0,
+                      impl: str = "auto", mesh: Optional[Mesh] = None) -> tuple[jax.Array, jax.Array]:
+    """``(logp, entropy) [B, T]`` of the response tokens, through the fused log-prob (no ``[B,T,V]`` logits)."""
+    ids = batch["input_ids"]
+    prompt_len = ids.shape[1] - response_len
+    hidden = F.forward(graphdef, params, ids, positions=batch["positions"], mask=batch["attention_mask"], mesh=mesh)
+    hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_len]
+    targets = ids[:, prompt_len:]
+    unembed = F.unembedding(params)
+    if mesh is None:
+        return fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl)
+    hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
+    return fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, temperature=temperature, impl=impl)
+
+
+def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array], cfg: ActorConfig,
+               mesh: Optional[Mesh]) -> tuple[jax.Array, dict]:
+    """Policy loss (+ KL loss, - entropy bonus) of one micro-batch, normalised by mini-batch counts."""
+    num_tokens, num_seqs = counts
+    mask = micro["loss_mask"]
+    logp, entropy = response_logprobs(graphdef, params, micro, response_len=mask.shape[1],
+                                      temperature=cfg.temperature, impl=cfg.logprob_impl, mesh=mesh)
+    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+    pg_loss, pg_metrics = rl.policy_loss(
+        logp, micro["old_logp"], micro["advantages"], mask, mode=cfg.policy_loss,
+        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+        loss_agg_mode=cfg.loss_agg_mode,
+        is_weights=micro.get("rollout_is_weights") if cfg.use_rollout_correction else None, **agg)
+    entropy_agg = rl.aggregate(entropy, mask, mode=cfg.loss_agg_mode, **agg)
+    loss = pg_loss - cfg.entropy_coeff * entropy_agg
+    metrics = {"pg_loss": pg_loss, "entropy": entropy_agg}
+    if cfg.use_kl_loss:
+        kl = rl.aggregate(rl.kl_penalty(logp, micro["ref_logp"], kind=cfg.kl_loss_type), mask,
+                          mode=cfg.loss_agg_mode, **agg)
+        loss = loss + cfg.kl_loss_coef * kl
+        metrics["kl_loss"] = kl
+    # Per-micro-batch ratios (clip fractions, ppo_kl) are token-weighted when summed below.
+    weight = jnp.sum(mask) / jnp.maximum(num_tokens, 1.0)
+    metrics.update({k: v * weight for k, v in pg_metrics.items()})
+    return loss, metrics
+
+
+def _split(tree, n: int):
+    """``[B, ...] -> [n, B/n, ...]`` for every leaf."""
+    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+
+
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: ActorConfig,
+                    mesh: Optional[Mesh] = None) -> Callable:
+    """``train_step(state, batch, key) -> (state, metrics)``, jitted.
+
+    ``B`` must be a multiple of ``ppo_mini_batch_size``, itself a multiple of
+    ``ppo_micro_batch_size`` (the config validates this before anything runs).
+    """
+    mini, micro_size = cfg.ppo_mini_batch_size, cfg.ppo_micro_batch_size
+    if mini % micro_size:
+        raise ValueError(f"ppo_mini_batch_size={mini} must be a multiple of ppo_micro_batch_size={micro_size}")
+
+    grad_fn = jax.value_and_grad(actor_loss, has_aux=True)
+
+    def constrain(tree):
+        if mesh is None:
+            return tree
+        return jax.tree.map(lambda x: with_logical_constraint(x, ("batch", "length")[: x.ndim] + (None,) * (x.ndim - 2), mesh), tree)
+
+    def minibatch_update(state: TrainState, minibatch: dict):
+        counts = (jnp.sum(minibatch["loss_mask"]).astype(jnp.float32),
+                  jnp.sum(jnp.any(minibatch["loss_mask"] > 0, axis=-1)).astype(jnp.float32))
+
+        def accumulate(carry, micro):
+            grads_acc, loss_acc, metrics_acc = carry
+            (loss, metrics), grads = grad_fn(state.params, graphdef, constrain(micro), counts, cfg, mesh)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
+            return (grads_acc, loss_acc + loss, metrics_acc), None
+
+        micro_batches = _split(minibatch, mini // micro_size)
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        metric_shapes = jax.eval_shape(lambda: actor_loss(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])
+        metric_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+        (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
+                                                 micro_batches)
+        grad_norm = optax.tree.norm(grads)
+        ok = jnp.isfinite(loss) & _all_finite(grads)
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+        state = TrainState(params=keep(new_params, state.params), opt_state=keep(new_opt, state.opt_state),
+                           step=state.step + ok.astype(jnp.int32), skipped=state.skipped + (~ok).astype(jnp.int32))
+        metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
+        return state, metrics
+
+    def train_step(state: TrainState, batch: dict, key: jax.Array):
+        batch_size = batch["loss_mask"].shape[0]
+        if batch_size % mini:
+            raise ValueError(f"batch of {batch_size} trajectories does not divide into mini-batches of {mini}")
+        all_metrics = []
+        for epoch_key in jax.random.split(key, cfg.ppo_epochs):
+            perm = jax.random.permutation(epoch_key, batch_size)
+            shuffled = jax.tree.map(lambda x: x[perm], batch)
+            state, metrics = jax.lax.scan(minibatch_update, state, _split(shuffled, batch_size // mini))
+            all_metrics.append(metrics)
+        metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.concatenate(xs)), *all_metrics)
+        metrics["skipped_updates"] = state.skipped
+        return state, metrics
+
+    return jax.jit(train_step, donate_argnums=(0,))
+
+
+def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: str = "auto",
+                    mesh: Optional[Mesh] = None, micro_batch_size: Optional[int] = None) -> Callable:
+    """Jitted ``(params, batch) -> (logp, entropy)`` for old / reference log-probs, in micro-batches."""
+
+    def compute(params, batch):
+        fields = {k: batch[k] for k in ("input_ids", "attention_mask", "positions")}
+        b = fields["input_ids"].shape[0]
+        n = 1 if micro_batch_size is None else max(b // micro_batch_size, 1)
+        fn = lambda chunk: response_logprobs(graphdef, params, chunk, response_len=response_len,  # noqa: E731
+                                             temperature=temperature, impl=impl, mesh=mesh)
+        logp, entropy = jax.lax.map(fn, _split(fields, n))
+        return logp.reshape(b, -1), entropy.reshape(b, -1)
+
+    return jax.jit(compute)
