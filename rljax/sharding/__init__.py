@@ -12,7 +12,7 @@ Model and data code name logical axes (``batch``, ``length``, ``embed``, ``heads
 This package imports no other rljax package.
 """
 
-from rljax.sharding.mesh import MESH_AXES, make_mesh, mesh_sizes, parse_mesh, topology
+from rljax.sharding.mesh import MESH_AXES, make_mesh, mesh_sizes, parse_mesh, spec_device_count, topology
 from rljax.sharding.rules import (
     KV_CACHE_AXES,
     LOGICAL_AXIS_RULES,
@@ -45,6 +45,7 @@ __all__ = [
     "mesh_sizes",
     "parse_mesh",
     "reshard",
+    "spec_device_count",
     "topology",
     "tree_logical_shardings",
     "with_logical_constraint",

@@ -69,6 +69,12 @@ def parse_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | int | Non
         integer, a repeated axis, an empty spec, or a product that differs from the
         device count.
     """
+    text, sizes = _parse_spec(spec)
+    return _check_axis_sizes(text, sizes, devices)
+
+
+def _parse_spec(spec: str | Mapping[str, int]) -> tuple[str, dict[str, int]]:
+    """Syntax check of a mesh spec: ``(normalised text, {axis: size})`` for the axes it names."""
     if isinstance(spec, Mapping):
         items = list(spec.items())
         text = ",".join(f"{k}{v}" for k, v in items)
@@ -113,7 +119,16 @@ def parse_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | int | Non
         if size <= 0:
             raise ValueError(f"mesh spec {text!r}: size of {axis!r} is {size}; sizes must be positive integers")
         sizes[axis] = int(size)
-    return _check_axis_sizes(text, sizes, devices)
+    return text, sizes
+
+
+def spec_device_count(spec: str | Mapping[str, int]) -> int:
+    """The number of devices ``spec`` needs, checking only its syntax (never touches JAX).
+
+    The launcher calls this before JAX initialises, to create that many virtual CPU devices.
+    """
+    _, sizes = _parse_spec(spec)
+    return math.prod(sizes.values())
 
 
 def make_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
