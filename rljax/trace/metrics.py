@@ -1,0 +1,68 @@
+"""``metrics.jsonl`` (one JSON object per step, verl-style names) and TensorBoard events."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Optional
+
+
+def _scalar(v: Any) -> Optional[float]:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f
+
+
+class MetricsWriter:
+    """Appends ``{"step": s, name: value, ...}`` lines to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+
+    Non-finite values are written as JSON ``null`` (and skipped in TensorBoard) so the file
+    stays valid JSON for every reader.
+    """
+
+    def __init__(self, run_dir: str, *, tensorboard: bool = True, enabled: bool = True):
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.enabled = enabled
+        self._tb = None
+        if enabled and tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=os.path.join(run_dir, "tensorboard"), flush_secs=10)
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record: dict[str, Any] = {"step": int(step)}
+        for name, value in sorted(metrics.items()):
+            f = _scalar(value)
+            if f is None:
+                record[name] = value if isinstance(value, (str, bool, list, dict)) else None
+                continue
+            record[name] = f if math.isfinite(f) else None
+            if self._tb is not None and math.isfinite(f):
+                self._tb.add_scalar(name, f, global_step=int(step))
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` in order (later records of a step win on resume)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    by_step: dict[int, dict] = {}
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                rec = json.loads(line)
+                by_step.setdefault(rec["step"], {}).update(rec)
+    return [by_step[s] for s in sorted(by_step)]
