@@ -1,0 +1,89 @@
+"""Typed run configuration: code defaults, YAML presets, ``key=value`` overrides, provenance.
+
+>>> from rljax.config import resolve, write_resolved, non_default_fields
+>>> cfg, prov = resolve("default", ["rollout.n=4", "actor.optim.lr=1e-6"])
+>>> cfg.rollout.n, prov["rollout.n"]
+(4, 'cli')
+
+Pure Python plus PyYAML: the launcher resolves and validates the configuration before
+JAX initialises. Errors are :class:`ConfigError` (a ``ValueError``) with one line naming
+the key and what is accepted. Units of the batch sizes are documented in
+:mod:`rljax.config._schema`.
+"""
+
+from rljax.config._errors import ConfigError
+from rljax.config._resolve import (
+    CLI,
+    DEFAULT,
+    Change,
+    FieldSpec,
+    describe,
+    field_specs,
+    find_preset,
+    get,
+    load_preset,
+    load_resolved,
+    non_default_fields,
+    parse_override,
+    preset_dirs,
+    resolve,
+    to_dict,
+    to_flat_dict,
+    write_resolved,
+)
+from rljax.config._schema import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    CriticConfig,
+    DataConfig,
+    EmbeddedTaskConfig,
+    KLControlConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardConfig,
+    RolloutConfig,
+    TraceConfig,
+    TrainerConfig,
+    ValKwargsConfig,
+)
+from rljax.config._validate import check_reward_spec, parse_mesh_spec, validate, validate_for_mesh
+
+__all__ = [
+    "CLI",
+    "DEFAULT",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "Change",
+    "Config",
+    "ConfigError",
+    "CriticConfig",
+    "DataConfig",
+    "EmbeddedTaskConfig",
+    "FieldSpec",
+    "KLControlConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TraceConfig",
+    "TrainerConfig",
+    "ValKwargsConfig",
+    "check_reward_spec",
+    "describe",
+    "field_specs",
+    "find_preset",
+    "get",
+    "load_preset",
+    "load_resolved",
+    "non_default_fields",
+    "parse_mesh_spec",
+    "parse_override",
+    "preset_dirs",
+    "resolve",
+    "to_dict",
+    "to_flat_dict",
+    "validate",
+    "validate_for_mesh",
+    "write_resolved",
+]

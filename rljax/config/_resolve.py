@@ -1,0 +1,525 @@
+"""Resolution: code defaults, then a YAML preset, then ``key=value`` overrides, with provenance.
+
+Every leaf field of :class:`~rljax.config.Config` is addressed by its dotted key
+(``actor.optim.lr``). :func:`resolve` returns the frozen config and a provenance map
+``{dotted_key: source}`` where source is ``"default"``, the preset file path, or ``"cli"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import string
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rljax.config._errors import ConfigError
+from rljax.config._schema import Config
+
+DEFAULT = "default"
+CLI = "cli"
+_SOURCE_TAG = "  # from: "
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_MISSING = object()
+
+
+# ---------------------------------------------------------------------------- schema walk
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    key: str  # dotted
+    type: Any
+    default: Any
+    doc: str
+    bounds: tuple  # (gt, ge, lt, le)
+
+
+def _is_section(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+@lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _default_of(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()
+
+
+def _walk(cls, prefix: str, default_obj) -> list[FieldSpec]:
+    out = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        value = getattr(default_obj, f.name)
+        if _is_section(tp):
+            out.extend(_walk(tp, key + ".", value))
+        else:
+            m = f.metadata
+            out.append(FieldSpec(key, tp, value, m.get("doc", ""), (m.get("gt"), m.get("ge"), m.get("lt"), m.get("le"))))
+    return out
+
+
+@lru_cache(maxsize=None)
+def field_specs() -> dict[str, FieldSpec]:
+    """Every leaf field of :class:`Config` by dotted key, in schema order."""
+    return {s.key: s for s in _walk(Config, "", Config())}
+
+
+@lru_cache(maxsize=None)
+def _section_keys() -> frozenset:
+    keys = set()
+    for k in field_specs():
+        parts = k.split(".")
+        for i in range(1, len(parts)):
+            keys.add(".".join(parts[:i]))
+    return frozenset(keys)
+
+
+# ---------------------------------------------------------------------------- type coercion
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return f"a list of {len(args)} numbers" if args and args[-1] is not Ellipsis else "a list"
+    return {int: "int", float: "float", bool: "bool", str: "str"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _show(value) -> str:
+    return repr(value) if isinstance(value, str) else _scalar_text(value)
+
+
+def _coerce(key: str, value: Any, tp) -> Any:
+    """``value`` (as YAML loaded it) checked against and converted to the field type ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            if value is None:
+                raise ConfigError(f"{key}=null is not accepted; expected {_type_name(inner[0])}")
+            return _coerce(key, value, inner[0])
+    if value is None:
+        raise ConfigError(f"{key}=null is not accepted; expected {_type_name(tp)}")
+    if origin is typing.Literal:
+        accepted = typing.get_args(tp)
+        if value not in accepted or isinstance(value, bool):
+            raise ConfigError(f"{key}={_show(value)} is not accepted; accepted: {', '.join(map(str, accepted))}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or (args[-1] is not Ellipsis and len(value) != len(args)):
+            raise ConfigError(f"{key}={_show(value)} has the wrong type; expected {_type_name(tp)}, e.g. [0.9,0.999]")
+        elem = args[0] if args[-1] is Ellipsis else None
+        return tuple(_coerce(key, v, elem or a) for v, a in zip(value, args if elem is None else [elem] * len(value)))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # YAML 1.1 reads '1e-6' (no dot) as a string; accept it as the float it means.
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - schema only uses the types above
+        raise TypeError(f"unsupported field type {tp!r} for {key}")
+    raise ConfigError(f"{key}={_show(value)} has the wrong type; expected {_type_name(tp)}")
+
+
+def _check_bounds(spec: FieldSpec, value) -> None:
+    if value is None or isinstance(value, (str, bool, tuple)):
+        return
+    gt, ge, lt, le = spec.bounds
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{spec.key}={value} is out of range; it must be a finite number")
+    for bound, ok, word in ((gt, lambda b: value > b, ">"), (ge, lambda b: value >= b, ">="),
+                            (lt, lambda b: value < b, "<"), (le, lambda b: value <= b, "<=")):
+        if bound is not None and not ok(bound):
+            rng = " and ".join(f"{w} {b}" for b, w in zip(spec.bounds, (">", ">=", "<", "<=")) if b is not None)
+            raise ConfigError(f"{spec.key}={value} is out of range; it must be {rng}")
+
+
+# ---------------------------------------------------------------------------- keys
+
+
+def _suggest(key: str) -> str:
+    candidates = list(field_specs()) + sorted(_section_keys())
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if not close:  # a misspelt last component under the right section, or a right leaf under the wrong one
+        leaf = key.rsplit(".", 1)[-1]
+        by_leaf: dict[str, str] = {}
+        for k in field_specs():  # the first section holding a leaf name wins (actor before critic)
+            by_leaf.setdefault(k.rsplit(".", 1)[-1], k)
+        hit = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
+        close = [by_leaf[hit[0]]] if hit else []
+    return f"; did you mean {close[0]}?" if close else "; see rljax.config.describe() for the accepted keys"
+
+
+def _unknown(key: str, where: str) -> ConfigError:
+    return ConfigError(f"unknown config key {key!r}{where}{_suggest(key)}")
+
+
+def _flatten(tree: Mapping, where: str, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"config key {k!r}{where} is not a string")
+        key = f"{prefix}{k}"
+        if key in field_specs():
+            out[key] = v
+        elif key in _section_keys():
+            if not isinstance(v, Mapping):
+                raise ConfigError(f"{key}{where} is a section; it needs a mapping of keys, got {_show(v)}")
+            out.update(_flatten(v, where, key + "."))
+        else:
+            raise _unknown(key, where)
+    return out
+
+
+# ---------------------------------------------------------------------------- presets and overrides
+
+
+def _repo_configs_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
+def preset_dirs() -> list[Path]:
+    """Where bare preset names are looked up: ``$RLJAX_CONFIGS``, ``./configs``, the repository's ``configs/``."""
+    dirs = []
+    if os.environ.get("RLJAX_CONFIGS"):
+        dirs.append(Path(os.environ["RLJAX_CONFIGS"]))
+    dirs += [Path.cwd() / "configs", _repo_configs_dir()]
+    seen, out = set(), []
+    for d in dirs:
+        r = d.resolve()
+        if r not in seen:
+            seen.add(r)
+            out.append(d)
+    return out
+
+
+def find_preset(name_or_path: str | os.PathLike) -> Path:
+    """A preset path: an existing file as given, else ``<name>.yaml`` in :func:`preset_dirs`."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    name = p.name if p.suffix in (".yaml", ".yml") else p.name + ".yaml"
+    if len(p.parts) == 1:
+        for d in preset_dirs():
+            if (d / name).is_file():
+                return d / name
+    available = sorted({q.stem for d in preset_dirs() if d.is_dir() for q in d.glob("*.yaml")})
+    raise ConfigError(
+        f"preset {str(name_or_path)!r} not found (a file path, or a name in {', '.join(map(str, preset_dirs()))}); "
+        f"available: {', '.join(available) or 'none'}"
+    )
+
+
+def load_preset(path: str | os.PathLike) -> dict[str, Any]:
+    """A preset file as ``{dotted_key: raw value}``; unknown keys raise :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read preset {str(path)!r}: {e.strerror or e}") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"preset {str(path)!r}{at} is not valid YAML: {getattr(e, 'problem', e)}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"preset {str(path)!r} must be a mapping of config keys, got {type(tree).__name__}")
+    return _flatten(tree, f" in preset {str(path)!r}")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"actor.optim.lr=1e-6"`` -> ``("actor.optim.lr", 1e-06)``; values follow YAML scalar rules.
+
+    ``key=`` gives the empty string; ``key=null`` gives None; ``key=[0.9,0.999]`` a list.
+    """
+    if not isinstance(text, str) or "=" not in text:
+        raise ConfigError(f"malformed override {text!r}; expected key=value, e.g. rollout.n=8")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if key.startswith("--"):
+        key = key[2:]
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(f"malformed override {text!r}; expected key=value with a dotted key, e.g. rollout.n=8")
+    if key not in field_specs():
+        if key in _section_keys():
+            raise ConfigError(f"override {text!r} names the section {key!r}; set one of its keys, e.g. {_first_leaf(key)}=...")
+        raise _unknown(key, " (command line)")
+    return key, _parse_value(raw, field_specs()[key].type)
+
+
+def _is_textual(tp) -> bool:
+    """str, a Literal of strings, or Optional of those: such values are taken verbatim."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_textual(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is typing.Literal:
+        return all(isinstance(a, str) for a in typing.get_args(tp))
+    return tp is str
+
+
+def _parse_value(raw: str, tp) -> Any:
+    text = raw.strip()
+    if text in ("null", "Null", "NULL", "~"):
+        return None
+    if _is_textual(tp) and not (len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""):
+        return raw  # verbatim: paths, templates with ':' or '#', names like qwen2.5-0.5b
+    if text == "":
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return raw  # not YAML (e.g. an unbalanced bracket): type checking reports it
+    if isinstance(value, (dict, set)) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
+        return raw
+    return value
+
+
+def _first_leaf(section: str) -> str:
+    return next(k for k in field_specs() if k.startswith(section + "."))
+
+
+# ---------------------------------------------------------------------------- build
+
+
+def _build(cls, values: Mapping[str, Any], prefix: str = ""):
+    kwargs = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if _is_section(hints[f.name]):
+            kwargs[f.name] = _build(hints[f.name], values, key + ".")
+        else:
+            kwargs[f.name] = values[key]
+    return cls(**kwargs)
+
+
+def _apply(values: dict, provenance: dict, raw: Mapping[str, Any], source: str) -> None:
+    specs = field_specs()
+    for key, v in raw.items():
+        spec = specs[key]
+        value = _coerce(key, v, spec.type)
+        _check_bounds(spec, value)
+        values[key] = value
+        provenance[key] = source
+
+
+def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *, validate: bool = True):
+    """Resolves the configuration: code defaults, then the preset, then the overrides.
+
+    Args:
+      preset_path: a YAML preset (a path, or a bare name such as ``"default"`` looked up by
+        :func:`find_preset`); None uses the code defaults only.
+      overrides: ``key=value`` strings applied in order (later wins).
+      validate: run the cross-field checks of :func:`rljax.config.validate`.
+
+    Returns:
+      ``(config, provenance)``: the frozen :class:`Config` and ``{dotted_key: source}`` with
+      source ``"default"``, the preset path as a string, or ``"cli"``.
+
+    Raises:
+      ConfigError: one line naming the key and what is accepted.
+    """
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides must be a list of key=value strings, got the single string {overrides!r}")
+    specs = field_specs()
+    values = {k: s.default for k, s in specs.items()}
+    provenance = {k: DEFAULT for k in specs}
+    if preset_path is not None:
+        path = find_preset(preset_path)
+        _apply(values, provenance, load_preset(path), str(path))
+    parsed = [parse_override(o) for o in overrides]
+    _apply(values, provenance, dict(parsed), CLI)
+    config = _build(Config, values)
+    if validate:
+        from rljax.config._validate import validate as _validate
+
+        _validate(config)
+    return config, provenance
+
+
+# ---------------------------------------------------------------------------- views
+
+
+def to_flat_dict(config) -> dict[str, Any]:
+    """``{dotted_key: value}`` of every leaf field, in schema order (tuples stay tuples)."""
+    out = {}
+    for key in field_specs():
+        obj = config
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        out[key] = obj
+    return out
+
+
+def to_dict(config) -> dict[str, Any]:
+    """The config as nested plain dicts and lists (YAML/JSON friendly)."""
+    def conv(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        return v
+
+    return conv(config)
+
+
+def get(config, key: str) -> Any:
+    """The value at a dotted key, e.g. ``get(cfg, "actor.optim.lr")``."""
+    if key not in field_specs():
+        raise _unknown(key, "")
+    return to_flat_dict(config)[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A field whose resolved value differs from its code default."""
+
+    key: str
+    value: Any
+    default: Any
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={_scalar_text(self.value)} (default {_scalar_text(self.default)}; from {self.source})"
+
+
+def non_default_fields(config, provenance: Mapping[str, str]) -> list[Change]:
+    """Fields whose value differs from the code default, with their source, in schema order."""
+    specs = field_specs()
+    return [
+        Change(k, v, specs[k].default, provenance.get(k, DEFAULT))
+        for k, v in to_flat_dict(config).items()
+        if v != specs[k].default or type(v) is not type(specs[k].default)
+    ]
+
+
+def describe() -> str:
+    """Every accepted key with its type, default and meaning (for ``--help``)."""
+    lines = []
+    for s in field_specs().values():
+        lines.append(f"{s.key} ({_type_name(s.type)}; default {_scalar_text(s.default)}): {s.doc}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- config.resolved.yaml
+
+
+def _scalar_text(v: Any) -> str:
+    """One-line YAML for a scalar or a flat list, loadable back to the same value."""
+    if isinstance(v, tuple):
+        v = list(v)
+    if isinstance(v, str) and any(c in v for c in "\n\r\t") or (isinstance(v, str) and not v.isprintable()):
+        return json.dumps(v, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
+    text = yaml.safe_dump([v], default_flow_style=True, width=sys.maxsize, allow_unicode=True).strip()
+    return text[1:-1]
+
+
+def write_resolved(config, provenance: Mapping[str, str], path: str | os.PathLike) -> Path:
+    """Writes ``config.resolved.yaml``: nested YAML with ``# from: <source>`` beside each field.
+
+    The file loads back with plain ``yaml.safe_load`` (the comments are ignored), can be
+    used as a preset to rerun with the same values, and :func:`load_resolved` recovers the
+    provenance too. ``path`` may be a directory (the file is then
+    ``<path>/config.resolved.yaml``). The file is written atomically.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.resolved.yaml"
+    flat = to_flat_dict(config)
+    lines = [
+        "# rljax resolved configuration. Each field's source: default (code), a preset file, or cli.",
+        "# Rerun with the same values: python -m rljax.launch --config <this file>",
+    ]
+    open_sections: list[str] = []
+    for key, value in flat.items():
+        *sections, leaf = key.split(".")
+        common = 0
+        while common < min(len(sections), len(open_sections)) and sections[common] == open_sections[common]:
+            common += 1
+        for depth in range(common, len(sections)):
+            lines.append("  " * depth + f"{sections[depth]}:")
+        open_sections = sections
+        source = provenance.get(key, DEFAULT).replace("\n", " ")
+        lines.append("  " * len(sections) + f"{leaf}: {_scalar_text(value)}{_SOURCE_TAG}{source}")
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_resolved(path: str | os.PathLike):
+    """Reads a ``config.resolved.yaml`` back: ``(config, provenance)`` as written."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.resolved.yaml"
+    raw = load_preset(path)
+    specs = field_specs()
+    values = {k: s.default for k, s in specs.items()}
+    _apply(values, {}, raw, "")
+    provenance = {k: DEFAULT for k in specs}
+    stack: list[tuple[int, str]] = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        name = line.strip().split(":", 1)[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = ".".join([s for _, s in stack] + [name])
+        if key in specs and _SOURCE_TAG in line:
+            provenance[key] = line.rsplit(_SOURCE_TAG, 1)[1].strip()
+        elif key in _section_keys():
+            stack.append((indent, name))
+    return _build(Config, values), provenance
+
+
+def check_template(key: str, template: str | None) -> None:
+    """A prompt template must be a format string whose only field is ``{prompt}``."""
+    if template is None:
+        return
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise ConfigError(f"{key}={template!r} is not a valid format string ({e}); use {{prompt}} and double other braces") from None
+    if fields != {"prompt"}:
+        raise ConfigError(f"{key}={template!r} must contain the field {{prompt}} and no other; found {sorted(fields) or 'none'}")

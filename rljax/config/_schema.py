@@ -1,0 +1,225 @@
+"""The typed configuration schema: every field, its type, its default and its bounds.
+
+Names follow verl wherever the meaning is the same (``data.train_batch_size``,
+``actor.ppo_mini_batch_size``, ``rollout.n``, ``algorithm.adv_estimator`` ...), with
+verl's ``actor_rollout_ref.`` prefix dropped. Units of the batch sizes:
+
+* ``data.train_batch_size``: **prompts** per training step (verl's meaning); the step
+  generates ``train_batch_size * rollout.n`` trajectories.
+* ``actor.ppo_mini_batch_size``: **prompts** per optimizer update (verl's meaning); one
+  update consumes ``ppo_mini_batch_size * rollout.n`` trajectories, so a step makes
+  ``train_batch_size / ppo_mini_batch_size`` updates per PPO epoch.
+* ``actor.ppo_micro_batch_size``: **trajectories** per forward/backward pass, *global*
+  (summed over data-parallel devices, unlike verl's ``*_per_gpu``); gradients of
+  ``ppo_mini_batch_size * rollout.n / ppo_micro_batch_size`` micro-batches are
+  accumulated into one update. ``null`` means one micro-batch per mini-batch.
+
+This module is pure Python: the launcher resolves and validates the configuration before
+JAX initialises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "gae")
+#: Estimators that compare the samples of one prompt group and so need ``rollout.n >= 2``.
+GROUP_ESTIMATORS = ("grpo", "rloo")
+KL_LOSS_TYPES = ("k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSSES = ("vanilla", "gspo", "cispo")
+LOGPROB_IMPLS = ("auto", "chunked", "naive", "pallas")
+TRUNCATIONS = ("error", "left", "right")
+CORRECTIONS = ("none", "token", "sequence")
+DATASETS = ("embedded", "gsm8k")
+EMBEDDED_TASKS = ("add", "reverse")
+DTYPES = ("float32", "bfloat16")
+#: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
+#: that validating a config does not import JAX).
+MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b")
+#: Built-in reward functions (see :mod:`rljax.reward`); ``auto`` picks the dataset's own.
+REWARD_BUILTINS = ("auto", "embedded", "gsm8k", "exact_match")
+
+
+def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None):
+    meta = {"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _section(cls, doc: str):
+    return dataclasses.field(default_factory=cls, metadata={"doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddedTaskConfig:
+    task: Literal["add", "reverse"] = _f("add", "add: 'a+b=' -> decimal sum; reverse: 'rev abc=' -> 'cba'")
+    max_operand: int = _f(9, "add: operands are drawn uniformly from [0, max_operand]", ge=1, le=10**6)
+    length: int = _f(3, "reverse: length of the lowercase string", ge=1, le=64)
+    num_train: int = _f(2048, "examples in the train split", ge=1)
+    num_test: int = _f(128, "examples in the test split", ge=1)
+    seed: int = _f(0, "generation seed of the dataset content (independent of trainer.seed)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    dataset: Literal["embedded", "gsm8k"] = _f("embedded", "embedded synthetic task, or GSM8K-format local files")
+    path: Optional[str] = _f(None, "gsm8k: the manual_dir holding train/test .jsonl or .parquet files")
+    data_dir: Optional[str] = _f(None, "TFDS data_dir for the prepared array_record files (null: TFDS default)")
+    prompt_key: str = _f("question", "gsm8k: field holding the question in the local files")
+    answer_key: str = _f("answer", "gsm8k: field holding the solution ('... #### 42') in the local files")
+    prompt_template: Optional[str] = _f(None, "format string with one '{prompt}' field (null: the dataset's own)")
+    train_batch_size: int = _f(32, "prompts per training step", ge=1)
+    val_batch_size: Optional[int] = _f(None, "prompts per validation batch (null: the whole test split)", ge=1)
+    max_prompt_length: int = _f(16, "prompt tokens after formatting", ge=1)
+    max_response_length: int = _f(8, "generated tokens per response", ge=1)
+    filter_overlong_prompts: bool = _f(False, "drop prompts longer than max_prompt_length before training")
+    truncation: Literal["error", "left", "right"] = _f("error", "what to do with an overlong prompt that was not filtered")
+    shuffle: bool = _f(True, "shuffle the train split each epoch, from (seed, epoch)")
+    seed: Optional[int] = _f(None, "seed of the epoch shuffles (null: trainer.seed)")
+    embedded: EmbeddedTaskConfig = _section(EmbeddedTaskConfig, "the embedded synthetic task")
+
+
+@dataclasses.dataclass(frozen=True)
+class KLControlConfig:
+    type: Literal["fixed", "adaptive"] = _f("fixed", "KL-in-reward coefficient controller")
+    kl_coef: float = _f(0.001, "KL-in-reward coefficient (initial value when adaptive)", ge=0.0)
+    target_kl: float = _f(0.1, "adaptive: target KL", gt=0.0)
+    horizon: int = _f(10000, "adaptive: controller horizon", ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline", "gae"] = _f("grpo", "advantage estimator")
+    norm_adv_by_std_in_grpo: bool = _f(True, "grpo: divide by the group standard deviation (false: Dr. GRPO)")
+    use_kl_in_reward: bool = _f(False, "subtract a KL penalty to the reference policy from the token rewards")
+    kl_penalty: Literal["k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+"] = _f(
+        "kl", "KL estimator of the in-reward penalty"
+    )
+    kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward controller")
+    gamma: float = _f(1.0, "discount factor (gae, reinforce_plus_plus)", ge=0.0, le=1.0)
+    lam: float = _f(1.0, "GAE lambda", ge=0.0, le=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    lr: float = _f(1e-6, "peak learning rate (AdamW)", gt=0.0)
+    weight_decay: float = _f(0.01, "AdamW weight decay", ge=0.0)
+    betas: tuple[float, float] = _f((0.9, 0.999), "AdamW (beta1, beta2)")
+    eps: float = _f(1e-8, "AdamW epsilon", gt=0.0)
+    warmup_steps: int = _f(0, "linear warm-up steps", ge=0)
+    lr_scheduler: Literal["constant", "cosine"] = _f("constant", "schedule after warm-up")
+    min_lr_ratio: float = _f(0.0, "cosine: final lr as a fraction of lr", ge=0.0, le=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig:
+    ppo_mini_batch_size: int = _f(16, "prompts per optimizer update; divides data.train_batch_size", ge=1)
+    ppo_micro_batch_size: Optional[int] = _f(
+        None, "trajectories per forward/backward (global); divides ppo_mini_batch_size*rollout.n; null: no accumulation", ge=1
+    )
+    ppo_epochs: int = _f(1, "passes over each step's batch", ge=1)
+    shuffle: bool = _f(False, "shuffle trajectories before splitting into mini-batches")
+    use_kl_loss: bool = _f(False, "add a KL loss to the reference policy")
+    kl_loss_coef: float = _f(0.001, "KL loss coefficient", ge=0.0)
+    kl_loss_type: Literal["k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+"] = _f(
+        "low_var_kl", "KL estimator of the KL loss"
+    )
+    clip_ratio_low: float = _f(0.2, "PPO lower clip epsilon", ge=0.0, lt=1.0)
+    clip_ratio_high: float = _f(0.2, "PPO upper clip epsilon (raise for clip-higher / DAPO)", ge=0.0)
+    clip_ratio_c: float = _f(3.0, "dual-clip constant for negative advantages", gt=1.0)
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = _f("token-mean", "how token losses are reduced")
+    policy_loss: Literal["vanilla", "gspo", "cispo"] = _f("vanilla", "policy loss")
+    entropy_coeff: float = _f(0.0, "entropy bonus coefficient", ge=0.0)
+    grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
+    logprob_impl: Literal["auto", "chunked", "naive", "pallas"] = _f("auto", "fused log-prob/entropy kernel")
+    optim: OptimConfig = _section(OptimConfig, "actor optimizer")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+    cliprange_value: float = _f(0.5, "value clipping range", gt=0.0)
+    grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = _f("token-mean", "how token value losses are reduced")
+    optim: OptimConfig = _f(None, "critic optimizer", factory=lambda: OptimConfig(lr=1e-5))
+
+
+@dataclasses.dataclass(frozen=True)
+class ValKwargsConfig:
+    n: int = _f(1, "samples per validation prompt", ge=1)
+    temperature: float = _f(0.0, "validation temperature (0: greedy)", ge=0.0)
+    top_p: float = _f(1.0, "validation nucleus mass", gt=0.0, le=1.0)
+    top_k: int = _f(-1, "validation top-k (-1 or 0: off)", ge=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    n: int = _f(8, "samples per prompt (the group size)", ge=1)
+    temperature: float = _f(1.0, "sampling temperature", gt=0.0)
+    top_p: float = _f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
+    top_k: int = _f(-1, "top-k sampling (-1 or 0: off)", ge=-1)
+    tp: int = _f(1, "sampler tensor parallelism; replicas = devices / tp", ge=1)
+    calculate_log_probs: bool = _f(True, "record the sampler's log-prob of each token (rollout_logp)")
+    max_slots: Optional[int] = _f(None, "concurrent decode slots of the sampler (null: the whole batch)", ge=1)
+    correction: Literal["none", "token", "sequence"] = _f("none", "rollout-vs-learner importance correction (TIS)")
+    correction_threshold: float = _f(2.0, "truncation C of the correction weights", gt=0.0)
+    max_staleness: int = _f(0, "accepted weight-version lag of a trajectory (0: synchronous)", ge=0)
+    val_kwargs: ValKwargsConfig = _section(ValKwargsConfig, "decoding for validation")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    function: str = _f("auto", "auto | embedded | gsm8k | exact_match | path/to/file.py:function_name")
+    max_error_fraction: float = _f(0.1, "fail the step when more of the batch raises in the reward", ge=0.0, le=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("tiny", "model preset of rljax.models")
+    path: Optional[str] = _f(None, "local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
+    tokenizer: Optional[str] = _f(None, "'char', or a tokenizer.json path (null: model.path's, else 'char')")
+    dtype: Literal["float32", "bfloat16"] = _f("float32", "compute dtype")
+    param_dtype: Literal["float32", "bfloat16"] = _f("float32", "parameter storage dtype")
+    remat: bool = _f(False, "rematerialise each layer in the backward pass")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    total_steps: int = _f(200, "training steps", ge=1)
+    seed: int = _f(0, "seed of parameter init, sampling and data order")
+    mesh: Optional[str] = _f(None, "mesh spec such as dp8 or dp2,tp2,sp2 (null: dp over all devices)")
+    save_freq: int = _f(-1, "checkpoint every this many steps (<= 0: only at the end)", ge=-1)
+    test_freq: int = _f(-1, "validate every this many steps (<= 0: never)", ge=-1)
+    val_before_train: bool = _f(False, "validate once before the first step")
+    max_checkpoints: Optional[int] = _f(3, "checkpoints kept (null: all)", ge=1)
+    resume_mode: Literal["auto", "disable"] = _f("auto", "auto: resume from the latest checkpoint in output_dir")
+    project_name: str = _f("rljax", "project name (logging)")
+    experiment_name: str = _f("default", "experiment name (logging, run directory)")
+    output_dir: str = _f("runs/default", "run directory: config.resolved.yaml, trace, metrics, checkpoints")
+    log_freq: int = _f(1, "print metrics every this many steps", ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceConfig:
+    groups: int = _f(1, "prompt groups traced per step (0: off)", ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole run configuration; see :func:`rljax.config.resolve`."""
+
+    data: DataConfig = _section(DataConfig, "dataset, batch sizes and prompt lengths")
+    algorithm: AlgorithmConfig = _section(AlgorithmConfig, "advantage estimator and KL-in-reward")
+    actor: ActorConfig = _section(ActorConfig, "policy update")
+    critic: CriticConfig = _section(CriticConfig, "value model (adv_estimator=gae)")
+    rollout: RolloutConfig = _section(RolloutConfig, "sampler")
+    reward: RewardConfig = _section(RewardConfig, "reward function")
+    model: ModelConfig = _section(ModelConfig, "policy model")
+    trainer: TrainerConfig = _section(TrainerConfig, "step loop, checkpoints, mesh")
+    trace: TraceConfig = _section(TraceConfig, "stage tracing")

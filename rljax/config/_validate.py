@@ -1,0 +1,135 @@
+"""Cross-field checks: contradictions between fields, and fit to a mesh. Pure Python."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from rljax.config._errors import ConfigError
+from rljax.config._resolve import check_template
+from rljax.config._schema import GROUP_ESTIMATORS, MODEL_PRESETS, REWARD_BUILTINS
+
+MESH_AXES = ("dp", "tp", "sp")
+_MESH_ITEM = re.compile(r"^(dp|tp|sp)([1-9]\d*)$")
+
+
+def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, int] | None:
+    """``"dp2,tp2"`` -> ``{"dp": 2, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
+    if spec is None:
+        return None
+    sizes: dict[str, int] = {}
+    for item in str(spec).replace(" ", "").split(","):
+        m = _MESH_ITEM.match(item)
+        if not m:
+            raise ConfigError(
+                f"{key}={spec!r} is not a mesh spec; expected comma-separated <axis><size> with axes dp, tp, sp, e.g. dp8 or dp2,tp2,sp2"
+            )
+        if m.group(1) in sizes:
+            raise ConfigError(f"{key}={spec!r} names the axis {m.group(1)} twice")
+        sizes[m.group(1)] = int(m.group(2))
+    return {a: sizes.get(a, 1) for a in MESH_AXES}
+
+
+def check_reward_spec(spec: str, key: str = "reward.function") -> None:
+    """Syntax of a reward spec: a built-in name, or ``path/to/file.py:function_name``."""
+    if spec in REWARD_BUILTINS:
+        return
+    if ":" not in spec:
+        raise ConfigError(
+            f"{key}={spec!r} is not a built-in reward ({', '.join(REWARD_BUILTINS)}) nor path/to/file.py:function_name"
+        )
+    path, name = spec.rsplit(":", 1)
+    if not path or not name.isidentifier():
+        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name with a Python identifier after ':'")
+
+
+def validate(config) -> None:
+    """Checks that no two fields contradict each other; raises :class:`ConfigError`."""
+    d, a, r = config.data, config.actor, config.rollout
+    if d.train_batch_size % a.ppo_mini_batch_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} must divide data.train_batch_size={d.train_batch_size} "
+            "(both count prompts)"
+        )
+    mini_traj = a.ppo_mini_batch_size * r.n
+    if a.ppo_micro_batch_size is not None and mini_traj % a.ppo_micro_batch_size:
+        raise ConfigError(
+            f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size} (trajectories) must divide "
+            f"actor.ppo_mini_batch_size*rollout.n={a.ppo_mini_batch_size}*{r.n}={mini_traj}"
+        )
+    if config.algorithm.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
+        raise ConfigError(
+            f"rollout.n={r.n} is too small for algorithm.adv_estimator={config.algorithm.adv_estimator}, "
+            "which compares samples of one prompt; use rollout.n>=2"
+        )
+    if r.correction != "none" and not r.calculate_log_probs:
+        raise ConfigError(
+            f"rollout.correction={r.correction} needs the sampler's log-probs; set rollout.calculate_log_probs=true"
+        )
+    if d.dataset == "gsm8k" and not d.path:
+        raise ConfigError("data.path is required for data.dataset=gsm8k: the directory with train/test .jsonl or .parquet files")
+    check_template("data.prompt_template", d.prompt_template)
+    check_reward_spec(config.reward.function)
+    if config.reward.function == "embedded" and d.dataset != "embedded":
+        raise ConfigError(f"reward.function=embedded scores the embedded task only; data.dataset={d.dataset}")
+    parse_mesh_spec(config.trainer.mesh)
+    m = config.model
+    if m.path is None and m.name not in MODEL_PRESETS:
+        raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")
+    if m.tokenizer is None and m.path is None and m.name != "tiny":
+        raise ConfigError(
+            f"model.name={m.name} needs a tokenizer: set model.path to the local checkpoint or model.tokenizer to a tokenizer.json"
+        )
+
+
+def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int | None = None) -> dict[str, int]:
+    """Checks the batch sizes against a mesh; returns the derived sizes.
+
+    Args:
+      config: a resolved :class:`~rljax.config.Config`.
+      mesh_sizes: ``{"dp": .., "tp": .., "sp": ..}`` (missing axes are 1).
+      num_devices: the device count (default: the product of the mesh sizes).
+
+    Returns:
+      ``{"devices", "dp", "tp", "sp", "trajectories_per_step", "trajectories_per_minibatch",
+      "micro_batch", "grad_accum", "rollout_replicas"}``.
+
+    Raises:
+      ConfigError: when the step's trajectories (``train_batch_size * rollout.n``), a
+      mini-batch (``ppo_mini_batch_size * rollout.n``) or a micro-batch do not divide
+      ``dp``, when ``rollout.tp`` does not divide the devices, or when the mesh needs a
+      different number of devices.
+    """
+    unknown = set(mesh_sizes) - set(MESH_AXES)
+    if unknown:
+        raise ConfigError(f"mesh axes {sorted(unknown)} are not accepted; accepted: {', '.join(MESH_AXES)}")
+    sizes = {ax: int(mesh_sizes.get(ax, 1)) for ax in MESH_AXES}
+    if any(v < 1 for v in sizes.values()):
+        raise ConfigError(f"mesh sizes must be >= 1, got {sizes}")
+    devices = math.prod(sizes.values())
+    if num_devices is not None and num_devices != devices:
+        raise ConfigError(f"mesh {sizes} needs {devices} devices, found {num_devices}")
+    dp = sizes["dp"]
+    d, a, r = config.data, config.actor, config.rollout
+    per_step = d.train_batch_size * r.n
+    per_mini = a.ppo_mini_batch_size * r.n
+    micro = a.ppo_micro_batch_size or per_mini
+    for name, value in (
+        (f"data.train_batch_size*rollout.n={d.train_batch_size}*{r.n}", per_step),
+        (f"actor.ppo_mini_batch_size*rollout.n={a.ppo_mini_batch_size}*{r.n}", per_mini),
+        ("actor.ppo_micro_batch_size", micro),
+    ):
+        if value % dp:
+            raise ConfigError(f"{name}={value} trajectories must be divisible by the mesh's dp={dp}")
+    if devices % r.tp:
+        raise ConfigError(f"rollout.tp={r.tp} must divide the device count {devices}")
+    return {
+        "devices": devices,
+        **sizes,
+        "trajectories_per_step": per_step,
+        "trajectories_per_minibatch": per_mini,
+        "micro_batch": micro,
+        "grad_accum": per_mini // micro,
+        "rollout_replicas": devices // r.tp,
+    }
