@@ -1,0 +1,33 @@
+"""Rewards: rule-based functions, ``path/to/file.py:function_name`` plugins, error isolation.
+
+A reward function has the signature ``fn(response: str, answer: str, **extra) -> float``.
+:func:`score_batch` calls it per row, scores failures 0, counts them and raises
+:class:`RewardError` when too many fail. Pure Python and NumPy.
+"""
+
+from rljax.reward._batch import RewardError, RewardReport, score_batch
+from rljax.reward._plugin import BUILTIN_REWARDS, DATASET_REWARDS, get_reward_fn, load_reward_plugin
+from rljax.reward._rules import (
+    embedded_reward,
+    exact_match_reward,
+    extract_gsm8k_answer,
+    gsm8k_ground_truth,
+    gsm8k_reward,
+    normalize_number,
+)
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "DATASET_REWARDS",
+    "RewardError",
+    "RewardReport",
+    "embedded_reward",
+    "exact_match_reward",
+    "extract_gsm8k_answer",
+    "get_reward_fn",
+    "gsm8k_ground_truth",
+    "gsm8k_reward",
+    "load_reward_plugin",
+    "normalize_number",
+    "score_batch",
+]

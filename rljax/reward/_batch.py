@@ -1,0 +1,127 @@
+"""Scoring a batch with error isolation: one bad sample scores 0; too many fail the step."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+logger = logging.getLogger("rljax.reward")
+_MAX_MSG = 200
+
+
+class RewardError(RuntimeError):
+    """More of the batch failed in the reward function than ``reward.max_error_fraction`` allows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardReport:
+    """What happened while scoring one batch.
+
+    Attributes:
+      num_scored: rows the reward function was called on (padding excluded).
+      num_padding: padding rows (score 0, never scored).
+      errors: rows whose reward raised or returned a non-finite value or a non-number.
+      error_uids: their uids, in batch order.
+      first_error: ``"<uid>: <ExceptionType>: <message>"`` of the first failure, or None.
+    """
+
+    num_scored: int
+    num_padding: int
+    errors: int
+    error_uids: tuple
+    first_error: str | None
+
+    @property
+    def error_fraction(self) -> float:
+        return self.errors / self.num_scored if self.num_scored else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """verl-style metrics: ``reward/errors``, ``reward/error_fraction``."""
+        return {"reward/errors": float(self.errors), "reward/error_fraction": self.error_fraction}
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= _MAX_MSG else text[: _MAX_MSG - 3] + "..."
+
+
+def _as_score(value) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        return float(value)
+    if isinstance(value, np.ndarray) and value.shape == ():
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"returned {type(value).__name__}, not a number")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"returned non-finite {v}")
+    return v
+
+
+def score_batch(
+    fn: Callable[..., float],
+    responses: Sequence[str],
+    answers: Sequence[str],
+    uids: Sequence,
+    *,
+    max_error_fraction: float,
+    is_padding: Sequence[bool] | np.ndarray | None = None,
+    extras: Sequence[Mapping] | None = None,
+) -> tuple[np.ndarray, RewardReport]:
+    """Scores each row with ``fn(response, answer, **extra)``, isolating failures.
+
+    A row whose call raises, or returns a non-number or a non-finite value, scores 0, is
+    counted in ``report.errors`` and its uid is logged (warning, ``rljax.reward`` logger;
+    the message, never the response text). Padding rows are not scored (score 0, not
+    counted). The error fraction is ``errors / non-padding rows``.
+
+    Args:
+      fn: the reward function (see :func:`rljax.reward.get_reward_fn`).
+      responses, answers, uids: one per row (uids are trace keys, e.g. ``{uid}_{session}_{index}``).
+      max_error_fraction: the largest accepted error fraction, in ``[0, 1]``.
+      is_padding: ``[B]`` bool, rows added only to make shapes divide the mesh.
+      extras: per-row keyword arguments for ``fn`` (e.g. ``{"uid": ..., "row": ...}``).
+
+    Returns:
+      ``(scores, report)``: ``scores`` is ``[B]`` float32.
+
+    Raises:
+      RewardError: when ``errors / non-padding rows > max_error_fraction``.
+      ValueError: mismatched lengths or a bad ``max_error_fraction``.
+    """
+    n = len(responses)
+    if len(answers) != n or len(uids) != n:
+        raise ValueError(f"score_batch: {n} responses, {len(answers)} answers and {len(uids)} uids must match")
+    if extras is not None and len(extras) != n:
+        raise ValueError(f"score_batch: {len(extras)} extras for {n} responses")
+    if not 0.0 <= max_error_fraction <= 1.0:
+        raise ValueError(f"max_error_fraction={max_error_fraction} must be in [0, 1]")
+    pad = np.zeros(n, bool) if is_padding is None else np.asarray(is_padding, bool).reshape(-1)
+    if pad.shape != (n,):
+        raise ValueError(f"score_batch: is_padding has {pad.shape[0]} rows for {n} responses")
+    scores = np.zeros(n, np.float32)
+    error_uids, first = [], None
+    for i in range(n):
+        if pad[i]:
+            continue
+        try:
+            scores[i] = _as_score(fn(responses[i], answers[i], **(dict(extras[i]) if extras is not None else {})))
+        except Exception as e:  # noqa: BLE001 - a user reward may raise anything; isolate it
+            scores[i] = 0.0
+            error_uids.append(uids[i])
+            msg = f"{uids[i]}: {type(e).__name__}: {_short(e)}"
+            first = first or msg
+            logger.warning("reward failed for uid %s (scored 0): %s: %s", uids[i], type(e).__name__, _short(e))
+    num_scored = int(n - pad.sum())
+    report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first)
+    if report.error_fraction > max_error_fraction:
+        raise RewardError(
+            f"reward failed for {report.errors}/{num_scored} rows ({report.error_fraction:.1%}), more than "
+            f"reward.max_error_fraction={max_error_fraction}; first error: {first}"
+        )
+    return scores, report

@@ -1,0 +1,102 @@
+"""Reward functions by name: the built-ins, or ``path/to/file.py:function_name`` plugins."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rljax.config import ConfigError
+from rljax.reward._rules import embedded_reward, exact_match_reward, gsm8k_reward
+
+RewardFn = Callable[..., float]
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "embedded": embedded_reward,
+    "gsm8k": gsm8k_reward,
+    "exact_match": exact_match_reward,
+}
+#: The reward ``reward.function=auto`` picks for each ``data.dataset``.
+DATASET_REWARDS = {"embedded": "embedded", "gsm8k": "gsm8k"}
+
+
+def load_reward_plugin(spec: str, *, key: str = "reward.function") -> RewardFn:
+    """Loads ``function_name`` from the Python file ``path/to/file.py`` (relative paths from the CWD).
+
+    The file is executed as a fresh module (its directory is not added to ``sys.path``).
+    The function must accept ``(response: str, answer: str, **extra)``; a function without
+    ``**extra`` receives only the extra keys it names.
+
+    Raises:
+      ConfigError: malformed spec, missing or unreadable file, error while executing the
+        file, missing attribute, or an attribute that is not callable.
+    """
+    if ":" not in spec:
+        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name")
+    path_text, name = spec.rsplit(":", 1)
+    if not path_text or not name.isidentifier():
+        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name with a Python identifier after ':'")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{key}={spec!r}: file {str(path)!r} not found (cwd {os.getcwd()})")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    mod_name = f"rljax_reward_plugin_{path.stem}_{digest}"
+    try:
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError("not a Python source file")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module  # dataclasses and pickling look modules up by name
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any failure of user code is a config problem
+        sys.modules.pop(mod_name, None)
+        raise ConfigError(f"{key}={spec!r}: importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
+    if not hasattr(module, name):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ConfigError(
+            f"{key}={spec!r}: {str(path)!r} has no attribute {name!r}; callables there: {', '.join(public) or 'none'}"
+        )
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise ConfigError(f"{key}={spec!r}: {name!r} is not callable (it is {type(fn).__name__})")
+    try:
+        sig = inspect.signature(fn)
+        sig.bind("response", "answer")
+    except TypeError as e:
+        raise ConfigError(f"{key}={spec!r}: {name} must accept (response, answer, **extra): {e}") from None
+    except ValueError:  # builtins without a signature: call as is
+        return fn
+    return _with_extra_filter(fn, sig)
+
+
+def _with_extra_filter(fn: RewardFn, sig: inspect.Signature) -> RewardFn:
+    params = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return fn
+    names = {p.name for p in params[2:] if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+
+    def call(response, answer, **extra):
+        return fn(response, answer, **{k: v for k, v in extra.items() if k in names})
+
+    call.__name__ = getattr(fn, "__name__", "reward")
+    call.__wrapped__ = fn
+    return call
+
+
+def get_reward_fn(spec: str = "auto", *, dataset: str | None = None) -> RewardFn:
+    """The reward function for ``reward.function``: ``auto`` (the dataset's own), a built-in
+    name (``embedded``, ``gsm8k``, ``exact_match``), or ``path/to/file.py:function_name``."""
+    if spec == "auto":
+        if dataset not in DATASET_REWARDS:
+            raise ConfigError(
+                f"reward.function=auto has no default for data.dataset={dataset!r}; "
+                f"set reward.function to one of {', '.join(BUILTIN_REWARDS)} or path/to/file.py:function_name"
+            )
+        spec = DATASET_REWARDS[dataset]
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    return load_reward_plugin(spec)
