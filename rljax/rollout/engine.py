@@ -1,0 +1,506 @@
+"""A JetStream ``Engine`` for the rljax decoder: batched prefill, slot insert, multi-step decode.
+
+Lifecycle (the JetStream contract, plus the batched calls the RL sampler uses)::
+
+    engine = RljaxEngine(config, num_slots=32, max_prefill_length=256, max_decode_length=512, mesh=mesh)
+    params = engine.load_params(params)                    # resharded to the sampler layout
+    state = engine.init_decode_state(DecodeParams(...))    # KV cache [L, slots, max_len, K, D]
+    prefix = engine.prefill_batch(params, [[5, 6, 7], [8, 9]])     # one call for many prompts
+    state = engine.insert_many(prefix, state, rows=[0, 0, 1], slots=[0, 1, 2], keys=keys)
+    state, steps = engine.generate_chunk(params, state, num_steps=16)  # device-side loop
+
+The single-request JetStream calls (``prefill`` / ``insert`` / ``generate``) are thin
+wrappers over the same jitted functions.
+
+Prefix. Prompts are right-padded (real tokens at ``0..len-1``) to a power-of-two length
+bucket and a power-of-two batch bucket, so few shapes are compiled. A :class:`Prefix`
+holds the K/V of every prompt row, the logits at its last real token and its length; the
+first response token is sampled at *insert* time with the slot's own key, so one prefix
+serves the ``n`` samples of a group (insert the same row into ``n`` slots).
+
+Decode state. Per slot: the last sampled token (not yet in the cache), its cache index,
+the number of tokens generated, ``active`` / ``done`` flags, the trajectory key, and the
+generated tokens and log-probs so far (``[slots, max_decode_length]``). The sampling
+temperature / top-k / top-p / max-new-tokens / EOS ids are arrays in the state, so
+changing them does not recompile; the log-prob mode is static.
+
+``generate_chunk`` runs up to ``num_steps`` decode steps in one ``lax.while_loop`` and
+stops early once every active slot is done or ``exit_after`` slots have finished, so
+the host synchronises once per chunk, not once per token. Only active, unfinished slots
+advance; the other slots' rows are computed and discarded.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from rljax.models import functional as F
+from rljax.models.config import ModelConfig
+from rljax.rollout._jetstream import jetstream_api
+from rljax.rollout.sampling import DecodeParams, sample_tokens
+from rljax.rollout.tokenizer import BYTE_TOKENIZER_PATH, ByteTokenizer
+from rljax.sharding import kv_cache_sharding, reshard
+
+_api = jetstream_api()
+engine_api = _api.engine_api
+
+
+@flax.struct.dataclass
+class Prefix:
+    """Prefill result for ``B`` prompt rows (JetStream's ``Prefix``).
+
+    Attributes:
+      kv: ``KVCache`` with ``k, v [L, B, T, K, D]`` (``T`` the length bucket).
+      logits: ``[B, V]`` float32 logits at each row's last prompt token.
+      lengths: ``[B]`` int32 prompt lengths.
+      keys: ``uint32 [B, 2]`` keys used by the single-slot :meth:`RljaxEngine.insert`.
+    """
+
+    kv: F.KVCache
+    logits: jax.Array
+    lengths: jax.Array
+    keys: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.logits.shape[0]
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """Everything a decode step transforms (JetStream's ``DecodeState``); see the module docstring."""
+
+    cache: F.KVCache
+    tokens: jax.Array  # [S] int32: last sampled token, written to the cache by the next step
+    index: jax.Array  # [S] int32: cache index of `tokens` (= prompt length + generated - 1)
+    step: jax.Array  # [S] int32: tokens generated so far
+    active: jax.Array  # [S] bool: the slot holds a trajectory
+    done: jax.Array  # [S] bool: that trajectory ended (EOS or max_new_tokens)
+    keys: jax.Array  # [S, 2] uint32: the trajectory key
+    out_tokens: jax.Array  # [S, max_decode_length] int32
+    out_logp: jax.Array  # [S, max_decode_length] float32
+    temperature: jax.Array  # [] float32 (0: greedy)
+    top_k: jax.Array  # [] int32 (0: all)
+    top_p: jax.Array  # [] float32
+    max_new_tokens: jax.Array  # [] int32
+    eos_ids: jax.Array  # [E] int32
+    logprobs: str = flax.struct.field(pytree_node=False, default="tempered")
+
+
+@flax.struct.dataclass
+class RljaxResultTokens(engine_api.ResultTokens):
+    """JetStream ``ResultTokens`` plus ``log_probs [S, 1]``: the recorded log-prob of each token."""
+
+    log_probs: jax.Array = None
+
+    def convert_to_numpy(self) -> "RljaxResultTokens":
+        return RljaxResultTokens(
+            np.asarray(self.data), self.tokens_idx, self.valid_idx, self.length_idx, self.samples_per_slot,
+            np.asarray(self.log_probs),
+        )
+
+
+def _bucket(n: int, lo: int, hi: int) -> int:
+    """Smallest power of two ``>= n`` (at least ``lo``), capped at ``hi``."""
+    return min(hi, max(lo, 1 << max(0, math.ceil(math.log2(max(n, 1))))))
+
+
+# --------------------------------------------------------------------------- jitted bodies
+
+
+def _prefill_impl(graphdef, mesh, params, tokens, lengths):
+    t = tokens.shape[1]
+    mask = jnp.arange(t)[None, :] < lengths[:, None]
+    hidden, kv = F.prefill(graphdef, params, tokens, mask=mask, mesh=mesh)
+    last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
+    return kv, F.compute_logits(params, last)
+
+
+def _is_eos(tokens, eos_ids):
+    return jnp.any(tokens[:, None] == eos_ids[None, :], axis=-1)
+
+
+def _sample(state: DecodeState, logits, keys):
+    return sample_tokens(
+        logits, keys, temperature=state.temperature, top_k=state.top_k, top_p=state.top_p, logprobs=state.logprobs
+    )
+
+
+def _insert_impl(state: DecodeState, prefix: Prefix, rows, slots, keys):
+    """Writes prefix rows ``rows [R]`` into ``slots [R]`` (slot ``>= S``: padding, dropped)."""
+    t = prefix.kv.k.shape[2]
+    k = state.cache.k.at[:, slots, :t].set(prefix.kv.k[:, rows].astype(state.cache.k.dtype), mode="drop")
+    v = state.cache.v.at[:, slots, :t].set(prefix.kv.v[:, rows].astype(state.cache.v.dtype), mode="drop")
+    keys = keys.astype(jnp.uint32)
+    tok, logp = _sample(state, prefix.logits[rows], jax.vmap(jax.random.fold_in)(keys, jnp.zeros(rows.shape, jnp.uint32)))
+    done = _is_eos(tok, state.eos_ids) | (state.max_new_tokens <= 1)
+    put = lambda a, x: a.at[slots].set(x, mode="drop")
+    return state.replace(
+        cache=F.KVCache(k=k, v=v),
+        tokens=put(state.tokens, tok),
+        index=put(state.index, prefix.lengths[rows]),
+        step=put(state.step, jnp.ones_like(tok)),
+        active=put(state.active, True),
+        done=put(state.done, done),
+        keys=put(state.keys, keys),
+        out_tokens=state.out_tokens.at[slots, 0].set(tok, mode="drop"),
+        out_logp=state.out_logp.at[slots, 0].set(logp, mode="drop"),
+    )
+
+
+def _step_impl(graphdef, mesh, params, state: DecodeState):
+    """One decode step for every slot; returns ``(state, tokens, logp, live, finished)``."""
+    live = state.active & ~state.done
+    hidden, cache = F.decode(graphdef, params, state.cache, state.tokens, cache_index=state.index, mesh=mesh)
+    logits = F.compute_logits(params, hidden)
+    keys = jax.vmap(jax.random.fold_in)(state.keys, state.step.astype(jnp.uint32))
+    tok, logp = _sample(state, logits, keys)
+    rows = jnp.arange(tok.shape[0])
+    col = jnp.where(live, state.step, state.out_tokens.shape[1])  # out of range: dropped
+    step = state.step + live
+    finished = live & (_is_eos(tok, state.eos_ids) | (step >= state.max_new_tokens))
+    state = state.replace(
+        cache=cache,
+        tokens=jnp.where(live, tok, state.tokens),
+        index=state.index + live,
+        step=step,
+        done=state.done | finished,
+        out_tokens=state.out_tokens.at[rows, col].set(tok, mode="drop"),
+        out_logp=state.out_logp.at[rows, col].set(logp, mode="drop"),
+    )
+    return state, tok, logp, live, finished
+
+
+def _chunk_impl(graphdef, mesh, params, state: DecodeState, num_steps, exit_after):
+    def cond(carry):
+        i, st, finished = carry
+        return (i < num_steps) & jnp.any(st.active & ~st.done) & (finished < exit_after)
+
+    def body(carry):
+        i, st, finished = carry
+        st, _, _, _, fin = _step_impl(graphdef, mesh, params, st)
+        return i + 1, st, finished + jnp.sum(fin, dtype=jnp.int32)
+
+    steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
+    return state, steps
+
+
+def _generate_impl(graphdef, mesh, params, state: DecodeState):
+    state, tok, logp, live, _ = _step_impl(graphdef, mesh, params, state)
+    data = jnp.stack([tok, live.astype(jnp.int32), state.step], axis=1)
+    return state, RljaxResultTokens(data, (0, 1), (1, 2), (2, 3), 1, logp[:, None])
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class RljaxEngine(engine_api.Engine):
+    """JetStream ``Engine`` for an rljax ``ModelConfig``.
+
+    Args:
+      config: the model configuration.
+      num_slots: concurrent decodes (``max_concurrent_decodes``), static.
+      max_prefill_length: longest prompt, in tokens.
+      max_decode_length: most tokens generated per request; the cache holds
+        ``max_prefill_length + max_decode_length`` entries per slot.
+      mesh: the sampler mesh (``dp`` replicas x ``tp``); parameters use the model's
+        logical layout on it and the KV cache puts slots on ``dp`` and kv heads on ``tp``.
+        ``None``: one device.
+      prefill_batch_size: most prompts per prefill call.
+      tokenizer_path: what :meth:`get_tokenizer` reports: ``"rljax:bytes"`` (the default,
+        :class:`ByteTokenizer`), a Hugging Face ``tokenizer.json`` file or a directory
+        holding one, or a SentencePiece model (JetStream's own tokenizer).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        num_slots: int,
+        max_prefill_length: int,
+        max_decode_length: int,
+        mesh: Mesh | None = None,
+        prefill_batch_size: int = 8,
+        tokenizer_path: str = BYTE_TOKENIZER_PATH,
+    ):
+        for name, value in (
+            ("num_slots", num_slots),
+            ("max_prefill_length", max_prefill_length),
+            ("max_decode_length", max_decode_length),
+            ("prefill_batch_size", prefill_batch_size),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"RljaxEngine: {name} is {value!r}; accepted: an integer >= 1")
+        if max_prefill_length + max_decode_length > config.max_position_embeddings:
+            raise ValueError(
+                f"RljaxEngine: max_prefill_length + max_decode_length = {max_prefill_length + max_decode_length} exceeds "
+                f"the model's max_position_embeddings ({config.max_position_embeddings})"
+            )
+        self.config = config
+        self._num_slots = int(num_slots)
+        self._max_prefill_length = int(max_prefill_length)
+        self.max_decode_length = int(max_decode_length)
+        self.max_len = self._max_prefill_length + self.max_decode_length
+        self.prefill_batch_size = int(prefill_batch_size)
+        self._mesh = mesh
+        self.tokenizer_path = tokenizer_path
+        self.graphdef, _ = F.abstract_params(config)
+        #: Calls made and rows processed, for tests and metrics (prefill_calls,
+        #: prefill_rows, insert_calls, inserted_slots, generate_calls, decode_chunks).
+        self.stats: Counter = Counter()
+        g, m = self.graphdef, mesh
+        self._prefill_fn = jax.jit(functools.partial(_prefill_impl, g, m))
+        self._insert_fn = jax.jit(_insert_impl, donate_argnums=0)
+        self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m), donate_argnums=1)
+        self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m), donate_argnums=1)
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self._num_slots
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self._max_prefill_length
+
+    @property
+    def mesh(self) -> Mesh | None:
+        return self._mesh
+
+    @property
+    def colocated_cpus(self) -> None:
+        return None
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    # ----------------------------------------------------------------- layout
+
+    def _replicated(self):
+        if self._mesh is None:
+            return SingleDeviceSharding(jax.devices()[0])
+        return NamedSharding(self._mesh, PartitionSpec())
+
+    def param_shardings(self) -> Any:
+        """The sampler layout of the parameters (a ``NamedSharding`` per leaf)."""
+        if self._mesh is None:
+            _, shapes = F.abstract_params(self.config)
+            return jax.tree.map(lambda _: self._replicated(), shapes)
+        return F.param_shardings(self.config, self._mesh)
+
+    def get_prefix_destination_sharding(self) -> Prefix:
+        """Shardings of a one-row :class:`Prefix` of ``max_prefill_length`` on this engine's mesh."""
+        c = self.config
+        shape = (c.num_layers, 1, self._max_prefill_length, c.num_kv_heads, c.head_dim)
+        kv = self._replicated() if self._mesh is None else kv_cache_sharding(shape, self._mesh)
+        rep = self._replicated()
+        return Prefix(kv=F.KVCache(k=kv, v=kv), logits=rep, lengths=rep, keys=rep)
+
+    def load_params(self, params: Any = None, *, seed: int = 0) -> Any:
+        """``params`` resharded to :meth:`param_shardings`, or fresh ones from ``seed`` when ``None``."""
+        if params is None:
+            return F.init_params(self.config, seed=seed, mesh=self._mesh)[1]
+        check_params(self.config, params)
+        return reshard(params, self.param_shardings())
+
+    # ----------------------------------------------------------------- tokenizer
+
+    def get_tokenizer(self):
+        return _api.tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path)
+
+    def build_tokenizer(self, metadata):
+        path = metadata.path
+        if path == BYTE_TOKENIZER_PATH:
+            return ByteTokenizer(self.config.vocab_size)
+        if path.endswith(".json") or os.path.isfile(os.path.join(path, "tokenizer.json")):
+            from rljax.rollout.tokenizer import HFTokenizer  # pylint: disable=import-outside-toplevel
+
+            return HFTokenizer(path, eos_id=self.config.eos_token_id, pad_id=self.config.pad_token_id)
+        return super().build_tokenizer(metadata)
+
+    # ----------------------------------------------------------------- prefill
+
+    def check_prompt(self, tokens, *, name: str = "prompt") -> np.ndarray:
+        """``tokens`` as ``int32 [len]`` or a ``ValueError`` (empty, too long, bad ids)."""
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"{name} must be a 1-D sequence of integer token ids, got shape {arr.shape} dtype {arr.dtype}")
+        if arr.size == 0:
+            raise ValueError(f"{name} is empty; every prompt needs at least one token")
+        if arr.size > self._max_prefill_length:
+            raise ValueError(
+                f"{name} has {arr.size} tokens, more than the engine's max_prefill_length ({self._max_prefill_length})"
+            )
+        bad = (arr < 0) | (arr >= self.config.vocab_size)
+        if bad.any():
+            raise ValueError(
+                f"{name} has token id {int(arr[bad][0])} outside the vocabulary [0, {self.config.vocab_size})"
+            )
+        return arr.astype(np.int32)
+
+    def prefill_batch(self, params, prompts: Sequence, keys=None) -> Prefix:
+        """Prefills several prompts in one call; returns a :class:`Prefix` with one row per prompt.
+
+        Rows are right-padded to a power-of-two length and the batch to a power of two
+        (at most ``prefill_batch_size`` prompts per call); padding rows follow the real ones.
+        """
+        prompts = [self.check_prompt(p, name=f"prompt {i}") for i, p in enumerate(prompts)]
+        b = len(prompts)
+        if not 1 <= b <= self.prefill_batch_size:
+            raise ValueError(f"prefill_batch takes 1 to prefill_batch_size={self.prefill_batch_size} prompts, got {b}")
+        t = _bucket(max(len(p) for p in prompts), 8, self._max_prefill_length)
+        bp = _bucket(b, 1, max(self.prefill_batch_size, 1))
+        tokens = np.zeros((bp, t), np.int32)
+        lengths = np.ones((bp,), np.int32)
+        for i, p in enumerate(prompts):
+            tokens[i, : len(p)] = p
+            lengths[i] = len(p)
+        kv, logits = self._prefill_fn(params, jnp.asarray(tokens), jnp.asarray(lengths))
+        if keys is None:
+            keys = np.zeros((bp, 2), np.uint32)
+        else:
+            keys = np.concatenate([np.asarray(keys, np.uint32).reshape(b, 2), np.zeros((bp - b, 2), np.uint32)])
+        self.stats["prefill_calls"] += 1
+        self.stats["prefill_rows"] += b
+        return Prefix(kv=kv, logits=logits, lengths=jnp.asarray(lengths), keys=jnp.asarray(keys))
+
+    def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int, rng=None) -> Prefix:
+        """JetStream single-prompt prefill of ``padded_tokens[:true_length]``.
+
+        ``rng`` (a ``uint32 [2]`` key, default ``PRNGKey(0)``) is the trajectory key the
+        single-slot :meth:`insert` samples with. ``existing_prefix`` is not supported.
+        """
+        if existing_prefix is not None:
+            raise ValueError("RljaxEngine.prefill does not continue an existing_prefix; pass existing_prefix=None")
+        tokens = np.asarray(padded_tokens).reshape(-1)
+        if not isinstance(true_length, (int, np.integer)) or not 1 <= true_length <= tokens.size:
+            raise ValueError(f"true_length is {true_length!r}; accepted: an integer in [1, {tokens.size}]")
+        key = np.asarray(jax.random.PRNGKey(0) if rng is None else rng, np.uint32).reshape(1, 2)
+        return self.prefill_batch(params, [tokens[:true_length]], keys=key)
+
+    # ----------------------------------------------------------------- decode
+
+    def init_decode_state(self, decode: DecodeParams | None = None, *args, **kwargs) -> DecodeState:
+        """An empty decode state (zero KV cache) sampling with ``decode`` (default ``DecodeParams()``)."""
+        del args, kwargs
+        decode = DecodeParams() if decode is None else decode
+        self.check_decode(decode)
+        s, t = self._num_slots, self.max_decode_length
+        cache = F.init_kv_cache(self.config, s, self.max_len, mesh=self._mesh)
+        dev = self._replicated()
+        put = lambda x: jax.device_put(x, dev)
+        eos = self.eos_ids(decode)
+        return DecodeState(
+            cache=cache,
+            tokens=put(np.zeros(s, np.int32)),
+            index=put(np.zeros(s, np.int32)),
+            step=put(np.zeros(s, np.int32)),
+            active=put(np.zeros(s, bool)),
+            done=put(np.zeros(s, bool)),
+            keys=put(np.zeros((s, 2), np.uint32)),
+            out_tokens=put(np.zeros((s, t), np.int32)),
+            out_logp=put(np.zeros((s, t), np.float32)),
+            temperature=put(np.float32(decode.temperature)),
+            top_k=put(np.int32(decode.top_k)),
+            top_p=put(np.float32(decode.top_p)),
+            max_new_tokens=put(np.int32(decode.max_new_tokens)),
+            eos_ids=put(np.asarray(eos, np.int32).reshape(-1)),
+            logprobs=decode.logprobs,
+        )
+
+    def eos_ids(self, decode: DecodeParams) -> tuple[int, ...]:
+        if decode.eos_ids is not None:
+            return decode.eos_ids
+        return () if self.config.eos_token_id is None else (int(self.config.eos_token_id),)
+
+    def check_decode(self, decode: DecodeParams) -> None:
+        if not isinstance(decode, DecodeParams):
+            raise ValueError(f"decode must be a rljax.rollout.DecodeParams, got {type(decode).__name__}")
+        if decode.max_new_tokens > self.max_decode_length:
+            raise ValueError(
+                f"DecodeParams.max_new_tokens is {decode.max_new_tokens}; this engine accepts at most "
+                f"max_decode_length={self.max_decode_length}"
+            )
+        for e in self.eos_ids(decode):
+            if not 0 <= e < self.config.vocab_size:
+                raise ValueError(f"DecodeParams.eos_ids has {e}, outside the vocabulary [0, {self.config.vocab_size})")
+
+    def insert_many(self, prefix: Prefix, decode_state: DecodeState, *, rows, slots, keys) -> DecodeState:
+        """Inserts prefix rows ``rows`` into decode ``slots`` (a row may go to several slots).
+
+        Each slot samples its first token from the row's last logits with its own key
+        ``keys [R, 2]`` (its trajectory key), then decodes independently.
+        """
+        rows = np.asarray(rows, np.int32).reshape(-1)
+        slots = np.asarray(slots, np.int32).reshape(-1)
+        keys = np.asarray(keys, np.uint32).reshape(-1, 2)
+        r, s = rows.size, self._num_slots
+        if not (slots.size == r == keys.shape[0]) or r > s:
+            raise ValueError(f"insert_many: rows, slots and keys must have the same length <= {s}, got {r}, {slots.size}, {keys.shape[0]}")
+        if r and (rows.min() < 0 or rows.max() >= prefix.batch_size or slots.min() < 0 or slots.max() >= s):
+            raise ValueError(f"insert_many: rows must be in [0, {prefix.batch_size}) and slots in [0, {s})")
+        if len(set(slots.tolist())) != r:
+            raise ValueError("insert_many: a slot appears twice")
+        pad = s - r  # fixed shapes: pad to num_slots with out-of-range slots (dropped)
+        rows = np.concatenate([rows, np.zeros(pad, np.int32)])
+        slots = np.concatenate([slots, np.full(pad, s, np.int32)])
+        keys = np.concatenate([keys, np.zeros((pad, 2), np.uint32)])
+        self.stats["insert_calls"] += 1
+        self.stats["inserted_slots"] += r
+        return self._insert_fn(decode_state, prefix, jnp.asarray(rows), jnp.asarray(slots), jnp.asarray(keys))
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+        """JetStream insert: row 0 of ``prefix`` into ``slot``, with the prefix's key."""
+        return self.insert_many(prefix, decode_state, rows=[0], slots=[slot], keys=np.asarray(prefix.keys)[:1])
+
+    def generate(self, params, decode_state: DecodeState) -> tuple[DecodeState, RljaxResultTokens]:
+        """One decode step for every slot (JetStream ``generate``).
+
+        Returns the new state and :class:`RljaxResultTokens`: per slot the new token,
+        whether it is valid (the slot was active and unfinished) and the generated length,
+        plus ``log_probs [S, 1]``.
+        """
+        self.stats["generate_calls"] += 1
+        return self._generate_fn(params, decode_state)
+
+    def generate_chunk(self, params, decode_state: DecodeState, *, num_steps: int, exit_after: int | None = None):
+        """Up to ``num_steps`` decode steps on device; returns ``(state, steps_run)``.
+
+        Stops early when no slot is active and unfinished, or once ``exit_after`` slots
+        have finished during this chunk (default: never), so freed slots can be refilled.
+        ``num_steps`` and ``exit_after`` are traced: changing them does not recompile.
+        """
+        self.stats["decode_chunks"] += 1
+        exit_after = self._num_slots + 1 if exit_after is None else exit_after
+        return self._chunk_fn(params, decode_state, jnp.int32(num_steps), jnp.int32(exit_after))
+
+
+def check_params(config: ModelConfig, params: Any) -> None:
+    """``ValueError`` unless ``params`` has the structure and shapes of ``config``'s model."""
+    _, expected = F.abstract_params(config)
+    want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(expected)}
+    got = {jax.tree_util.keystr(p): tuple(getattr(x, "shape", ())) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    if want.keys() != got.keys():
+        missing = sorted(want.keys() - got.keys())[:3]
+        extra = sorted(got.keys() - want.keys())[:3]
+        raise ValueError(f"params do not match the model's parameter tree: missing {missing}, unexpected {extra}")
+    for key, shape in want.items():
+        if got[key] != shape:
+            raise ValueError(f"params{key} has shape {got[key]}; the model expects {shape}")

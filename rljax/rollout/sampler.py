@@ -1,0 +1,409 @@
+"""The RL sampler: continuous batching over an :class:`RljaxEngine`, with versioned weights.
+
+::
+
+    sampler = Sampler(engine, params, version=0)
+    traj = sampler.generate(prompt_token_lists, uids=uids, n=8, decode=DecodeParams(temperature=1.0))
+    ...                                        # learner step(s)
+    sampler.update_weights(new_params, version=1)
+
+The host loop only schedules: it prefills waiting prompts in batches (each prompt once,
+however large ``n``), inserts each prefix into as many free slots as it has samples left,
+runs decode chunks of up to ``steps_per_sync`` steps on device, and after each chunk
+fetches two ``[slots]`` vectors (done flags and lengths) to free finished slots. Tokens
+and log-probs stay on device until the call returns. When prompts are waiting, a chunk
+ends early as soon as ``refill_batch`` slots finish, so a freed slot is refilled while
+the others keep decoding.
+
+Versions. Every trajectory records the weight versions it was generated with:
+``min_version`` (the version of its prompt's prefill) and ``max_version`` (the version
+of its last decode chunk). New weights are installed only between decode chunks -- from
+``on_chunk`` (called between chunks, e.g. by an async trainer) or from another thread
+(picked up at the next chunk boundary) -- and apply to every slot from then on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.rollout.engine import RljaxEngine
+from rljax.rollout.sampling import DecodeParams, trajectory_keys
+from rljax.rollout.trajectory import RolloutStats, Trajectories
+
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkInfo:
+    """What ``on_chunk`` receives after each decode chunk of a ``generate`` call."""
+
+    chunk: int  # 0-based index of the chunk just run
+    steps: int  # decode steps it ran
+    total_steps: int  # decode steps so far in this call
+    finished: int  # trajectories finished so far
+    active: int  # trajectories in slots, unfinished
+    waiting: int  # trajectories not yet in a slot
+    total: int  # trajectories in this call (prompts x n)
+    version: int  # weight version the chunk ran with
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def _collect(res_tokens, res_logp, out_tokens, out_logp, slots, rows):
+    t = res_tokens.shape[1]
+    res_tokens = res_tokens.at[rows].set(out_tokens[slots, :t], mode="drop")
+    res_logp = res_logp.at[rows].set(out_logp[slots, :t], mode="drop")
+    return res_tokens, res_logp
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+class Sampler:
+    """Generates RL trajectories with an :class:`RljaxEngine` and tracks the weight version.
+
+    Args:
+      engine: the engine (its mesh is the sampler layout).
+      params: initial weights, in any layout (resharded to the engine's).
+      version: their version.
+      steps_per_sync: most decode steps per device call (host sync).
+      refill_batch: while prompts wait, end a chunk once this many slots have finished
+        (default ``max(1, num_slots // 8)``).
+      truncation: a prompt longer than ``engine.max_prefill_length`` is an error
+        (``"error"``, default), or keeps its last (``"left"``) or first (``"right"``)
+        ``max_prefill_length`` tokens.
+      pad_id: id written into padding positions (default the model's ``pad_token_id`` or 0).
+    """
+
+    def __init__(
+        self,
+        engine: RljaxEngine,
+        params: Any,
+        *,
+        version: int = 0,
+        steps_per_sync: int = 16,
+        refill_batch: int | None = None,
+        truncation: str = "error",
+        pad_id: int | None = None,
+    ):
+        if not isinstance(engine, RljaxEngine):
+            raise ValueError(f"engine must be a RljaxEngine, got {type(engine).__name__}")
+        if not _is_int(steps_per_sync) or steps_per_sync < 1:
+            raise ValueError(f"steps_per_sync is {steps_per_sync!r}; accepted: an integer >= 1")
+        refill_batch = max(1, engine.num_slots // 8) if refill_batch is None else refill_batch
+        if not _is_int(refill_batch) or refill_batch < 1:
+            raise ValueError(f"refill_batch is {refill_batch!r}; accepted: an integer >= 1")
+        if truncation not in TRUNCATION_MODES:
+            raise ValueError(f"truncation is {truncation!r}; accepted: {', '.join(TRUNCATION_MODES)}")
+        self.engine = engine
+        self.steps_per_sync = int(steps_per_sync)
+        self.refill_batch = int(refill_batch)
+        self.truncation = truncation
+        cfg_pad = engine.config.pad_token_id
+        self.pad_id = int(pad_id if pad_id is not None else (cfg_pad if cfg_pad is not None else 0))
+        self._lock = threading.Lock()
+        self._params = None
+        self._version: int | None = None
+        #: Seconds spent in :meth:`update_weights`: the last call and the running total.
+        self.last_weight_sync_s = 0.0
+        self.total_weight_sync_s = 0.0
+        self.update_weights(params, version)
+
+    # ----------------------------------------------------------------- weights
+
+    @property
+    def version(self) -> int:
+        """The version of the installed weights."""
+        return self._version
+
+    @property
+    def params(self) -> Any:
+        """The installed weights (sampler layout)."""
+        return self._params
+
+    def update_weights(self, params: Any, version: int) -> float:
+        """Reshards ``params`` from any layout (e.g. the learner's) to the sampler's and installs them.
+
+        ``version`` must be an integer greater than the installed one. Safe to call from
+        ``on_chunk`` or from another thread while :meth:`generate` runs: the new weights
+        are used from the next decode chunk on. Returns the seconds the sync took (also in
+        :attr:`last_weight_sync_s`).
+        """
+        if not _is_int(version):
+            raise ValueError(f"version is {version!r}; accepted: an integer greater than the current version {self._version}")
+        with self._lock:
+            current = self._version
+        if current is not None and version <= current:
+            raise ValueError(f"weight version must increase: got {version}, current is {current}")
+        t0 = time.perf_counter()
+        new = self.engine.load_params(params)
+        jax.block_until_ready(new)
+        elapsed = time.perf_counter() - t0
+        with self._lock:
+            if self._version is not None and version <= self._version:
+                raise ValueError(f"weight version must increase: got {version}, current is {self._version}")
+            self._params, self._version = new, int(version)
+            self.last_weight_sync_s = elapsed
+            self.total_weight_sync_s += elapsed
+        return elapsed
+
+    def _snapshot(self):
+        with self._lock:
+            return self._params, self._version
+
+    # ----------------------------------------------------------------- input checks
+
+    def _prepare(self, prompts, uids, n, decode, pad_to_multiple):
+        if not _is_int(n) or n < 1:
+            raise ValueError(f"n is {n!r}; accepted: an integer >= 1 (samples per prompt)")
+        if not _is_int(pad_to_multiple) or pad_to_multiple < 1:
+            raise ValueError(f"pad_to_multiple is {pad_to_multiple!r}; accepted: an integer >= 1")
+        decode = DecodeParams() if decode is None else decode
+        self.engine.check_decode(decode)
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+            raise ValueError(f"prompts must be a sequence of token-id sequences, got {type(prompts).__name__}")
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("prompts is empty; pass at least one prompt")
+        if isinstance(uids, (str, bytes)) or not isinstance(uids, (Sequence, np.ndarray)):
+            raise ValueError(f"uids must be a sequence with one uid (str or int) per prompt, got {type(uids).__name__}")
+        uids = list(uids)
+        if len(uids) != len(prompts):
+            raise ValueError(f"uids has {len(uids)} entries for {len(prompts)} prompts; give one uid per prompt")
+        for u in uids:
+            if not isinstance(u, (str, int, np.integer)) or isinstance(u, bool):
+                raise ValueError(f"uid {u!r} is a {type(u).__name__}; accepted: str or int")
+        keys = [str(u) for u in uids]
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise ValueError(f"uid {dup!r} appears more than once; uids name prompt groups and must be unique per call")
+        limit = self.engine.max_prefill_length
+        out = []
+        for i, (p, u) in enumerate(zip(prompts, uids)):
+            arr = np.asarray(p)
+            if arr.ndim == 1 and arr.size > limit:
+                if self.truncation == "error":
+                    raise ValueError(
+                        f"prompt {i} (uid {u!r}) has {arr.size} tokens, more than the engine's max_prefill_length "
+                        f"({limit}); shorten it or build the Sampler with truncation='left' or 'right'"
+                    )
+                arr = arr[-limit:] if self.truncation == "left" else arr[:limit]
+            out.append(self.engine.check_prompt(arr, name=f"prompt {i} (uid {u!r})"))
+        return out, keys, decode
+
+    # ----------------------------------------------------------------- generation
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        uids: Sequence[str | int],
+        n: int = 1,
+        decode: DecodeParams | None = None,
+        on_chunk: Callable[[ChunkInfo], None] | None = None,
+        pad_to_multiple: int = 1,
+    ) -> Trajectories:
+        """Samples ``n`` trajectories (sessions ``0..n-1``) for each prompt.
+
+        Args:
+          prompts: token-id sequences, one per prompt group.
+          uids: one unique ``str`` / ``int`` per prompt: the group key. Trajectory
+            ``(uid, session)`` draws from the random stream ``(decode.seed, uid, session)``.
+          n: samples per prompt (``rollout.n``).
+          decode: :class:`DecodeParams` (default ``DecodeParams()``).
+          on_chunk: called with a :class:`ChunkInfo` after every decode chunk; it may call
+            :meth:`update_weights` (the new version applies from the next chunk).
+          pad_to_multiple: append padding rows (``is_padding``) so ``B`` divides this.
+
+        Returns:
+          :class:`Trajectories` with rows ordered ``prompt * n + session``.
+
+        Raises:
+          ValueError: before anything is generated, for an empty prompt list or prompt,
+            a prompt longer than ``max_prefill_length`` (unless truncating), token ids
+            outside the vocabulary, ``n < 1``, bad or duplicate uids, or bad decode
+            parameters.
+        """
+        prompts, uids, decode = self._prepare(prompts, uids, n, decode, pad_to_multiple)
+        eng = self.engine
+        num_prompts, num_slots, t_max = len(prompts), eng.num_slots, decode.max_new_tokens
+        total = num_prompts * n
+        row_uid = [uids[i // n] for i in range(total)]
+        row_session = [i % n for i in range(total)]
+        keys = trajectory_keys(decode.seed, row_uid, row_session)
+
+        t0 = time.perf_counter()
+        sync_before = self.total_weight_sync_s
+        stats_before = dict(eng.stats)
+        params, version = self._snapshot()
+        version_start = version
+        state = eng.init_decode_state(decode)
+        rep = eng._replicated()  # pylint: disable=protected-access
+        res_tokens = jax.device_put(np.zeros((total, t_max), np.int32), rep)
+        res_logp = jax.device_put(np.zeros((total, t_max), np.float32), rep)
+
+        length = np.zeros(total, np.int32)
+        min_version = np.zeros(total, np.int64)
+        max_version = np.zeros(total, np.int64)
+        queue_s = np.zeros(total, np.float32)
+        prefill_s = np.zeros(total, np.float32)
+        decode_s = np.zeros(total, np.float32)
+        t_insert = np.zeros(total, np.float64)
+
+        slot_row = np.full(num_slots, -1, np.int64)
+        free = deque(range(num_slots))
+        ready: deque = deque()  # [prefix, prefix_row, prompt, next_session, prefill_version, prefill_seconds]
+        next_prompt = inserted = finished = 0
+        prefill_total = decode_total = 0.0
+        chunk = total_steps = 0
+
+        while finished < total:
+            latest_params, latest_version = self._snapshot()
+            if latest_version != version:
+                params, version = latest_params, latest_version
+                occupied = slot_row[slot_row >= 0]
+                max_version[occupied] = version
+
+            # Fill free slots: remaining samples of prefilled prompts first, then new prefills.
+            pending: dict[int, tuple] = {}
+            while free and (ready or next_prompt < num_prompts):
+                if not ready:
+                    k = min(eng.prefill_batch_size, num_prompts - next_prompt, math.ceil(len(free) / n))
+                    tp = time.perf_counter()
+                    prefix = eng.prefill_batch(params, prompts[next_prompt : next_prompt + k])
+                    jax.block_until_ready(prefix.logits)
+                    took = time.perf_counter() - tp
+                    prefill_total += took
+                    ready.extend([prefix, r, next_prompt + r, 0, version, took] for r in range(k))
+                    next_prompt += k
+                entry = ready[0]
+                prefix, prow, prompt, session, pversion, took = entry
+                take = min(len(free), n - session)
+                now = time.perf_counter()
+                group = pending.setdefault(id(prefix), (prefix, [], [], []))
+                for j in range(take):
+                    slot, row = free.popleft(), prompt * n + session + j
+                    slot_row[slot] = row
+                    group[1].append(prow)
+                    group[2].append(slot)
+                    group[3].append(row)
+                    min_version[row], max_version[row] = min(pversion, version), version
+                    queue_s[row], prefill_s[row], t_insert[row] = now - t0, took, now
+                entry[3] += take
+                inserted += take
+                if entry[3] == n:
+                    ready.popleft()
+            for prefix, prows, slots, rows in pending.values():
+                state = eng.insert_many(prefix, state, rows=prows, slots=slots, keys=keys[rows])
+
+            waiting = total - inserted
+            exit_after = min(waiting, self.refill_batch) if waiting else num_slots + 1
+            tc = time.perf_counter()
+            state, steps = eng.generate_chunk(params, state, num_steps=self.steps_per_sync, exit_after=exit_after)
+            done, step, steps = jax.device_get((state.done, state.step, steps))
+            now = time.perf_counter()
+            decode_total += now - tc
+            total_steps += int(steps)
+
+            fin_slots = np.nonzero((slot_row >= 0) & done)[0]
+            if fin_slots.size:
+                rows = slot_row[fin_slots]
+                length[rows] = step[fin_slots]
+                decode_s[rows] = now - t_insert[rows]
+                pad = num_slots - fin_slots.size
+                res_tokens, res_logp = _collect(
+                    res_tokens, res_logp, state.out_tokens, state.out_logp,
+                    jnp.asarray(np.concatenate([fin_slots, np.zeros(pad, np.int64)]), jnp.int32),
+                    jnp.asarray(np.concatenate([rows, np.full(pad, total, np.int64)]), jnp.int32),
+                )
+                slot_row[fin_slots] = -1
+                free.extend(int(s) for s in fin_slots)
+                finished += fin_slots.size
+            if on_chunk is not None:
+                on_chunk(ChunkInfo(
+                    chunk=chunk, steps=int(steps), total_steps=total_steps, finished=finished,
+                    active=int((slot_row >= 0).sum()), waiting=total - inserted, total=total, version=version,
+                ))
+            chunk += 1
+
+        tokens, logp = jax.device_get((res_tokens, res_logp))
+        wall = time.perf_counter() - t0
+        stats_after = eng.stats
+        stats = RolloutStats(
+            wall_s=wall,
+            prefill_s=prefill_total,
+            decode_s=decode_total,
+            weight_sync_s=self.total_weight_sync_s - sync_before,
+            generated_tokens=int(length.sum()),
+            prefill_calls=stats_after["prefill_calls"] - stats_before.get("prefill_calls", 0),
+            prefill_rows=stats_after["prefill_rows"] - stats_before.get("prefill_rows", 0),
+            decode_chunks=chunk,
+            num_slots=num_slots,
+            version_start=version_start,
+            version_end=version,
+        )
+        return self._assemble(
+            prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s, decode_s,
+            stats, pad_to_multiple,
+        )
+
+    def _assemble(self, prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s,
+                  decode_s, stats, pad_to_multiple) -> Trajectories:
+        total, t_max = tokens.shape
+        padded = -(-total // pad_to_multiple) * pad_to_multiple
+        extra = padded - total
+        s_max = self.engine.max_prefill_length
+
+        def pad_rows(x, value=0):
+            return np.concatenate([x, np.full((extra,) + x.shape[1:], value, x.dtype)]) if extra else x
+
+        response_mask = np.arange(t_max)[None, :] < length[:, None]
+        eos = np.asarray(self.engine.eos_ids(decode), np.int32)
+        last = tokens[np.arange(total), np.maximum(length - 1, 0)]
+        truncated = ~np.isin(last, eos)
+        prompt_ids = np.full((total, s_max), self.pad_id, np.int32)
+        prompt_mask = np.zeros((total, s_max), bool)
+        prompt_length = np.zeros(total, np.int32)
+        for b in range(total):
+            p = prompts[b // n]
+            prompt_ids[b, s_max - len(p):] = p
+            prompt_mask[b, s_max - len(p):] = True
+            prompt_length[b] = len(p)
+        response_mask = pad_rows(response_mask, False)
+        is_padding = np.arange(padded) >= total
+        return Trajectories(
+            prompt_ids=pad_rows(prompt_ids, self.pad_id),
+            prompt_mask=pad_rows(prompt_mask, False),
+            response_ids=pad_rows(np.where(response_mask[:total], tokens, self.pad_id).astype(np.int32), self.pad_id),
+            response_mask=response_mask,
+            loss_mask=response_mask & ~is_padding[:, None],
+            rollout_logp=pad_rows(np.where(response_mask[:total], logp, 0.0).astype(np.float32)),
+            prompt_length=pad_rows(prompt_length),
+            response_length=pad_rows(length.astype(np.int32)),
+            truncated=pad_rows(truncated, False),
+            group_id=pad_rows((np.arange(total) // n).astype(np.int32)),
+            min_version=pad_rows(min_version.astype(np.int32)),
+            max_version=pad_rows(max_version.astype(np.int32)),
+            is_padding=is_padding,
+            queue_s=pad_rows(queue_s),
+            prefill_s=pad_rows(prefill_s),
+            decode_s=pad_rows(decode_s),
+            uid=tuple(uids[b // n] for b in range(total)) + ("",) * extra,
+            session=tuple(b % n for b in range(total)) + (-1,) * extra,
+            index=(0,) * total + (-1,) * extra,
+            decode=decode,
+            stats=stats,
+            num_groups=len(prompts),
+            pad_id=self.pad_id,
+        )

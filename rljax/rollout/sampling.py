@@ -1,0 +1,175 @@
+"""Decode parameters, per-trajectory random streams and the sampling function.
+
+Random streams. Trajectory ``(uid, session)`` under decode seed ``seed`` owns the key
+:func:`trajectory_key` ``(seed, uid, session)``; its ``t``-th generated token is drawn
+with ``fold_in(key, t)``. Nothing depends on the slot, the batch or the other requests in
+flight, so the same trajectory gets the same tokens with 2 slots or 16.
+
+Log-probabilities (``rollout_logp``). With ``temperature > 0`` the default
+(``logprobs="tempered"``) records ``log_softmax(logits / temperature)[token]``: the
+distribution after temperature and *before* top-k / top-p truncation, which is what the
+learner recomputes (``log_softmax(logits / T)``) and what verl/vLLM report.
+``logprobs="truncated"`` records the log-prob under the renormalised top-k / top-p
+distribution the token was actually drawn from. Greedy decoding (``temperature == 0``)
+is a point mass; it records ``log_softmax(logits)[token]`` (temperature 1) instead, so
+the values stay usable for importance ratios against a temperature-1 learner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LOGPROB_MODES = ("tempered", "truncated")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeParams:
+    """How one ``Sampler.generate`` call samples; recorded verbatim in the trajectories.
+
+    Attributes:
+      max_new_tokens: tokens generated at most per trajectory (EOS included), ``>= 1``.
+      temperature: ``0`` for greedy, else ``> 0``.
+      top_k: keep the ``top_k`` most likely tokens; ``0`` keeps all.
+      top_p: nucleus sampling: the smallest set of most likely tokens whose probability
+        (after top-k) reaches ``top_p``; ``1.0`` keeps all. In ``(0, 1]``.
+      seed: root of every trajectory's random stream (see the module docstring).
+      eos_ids: token ids that end a trajectory (the EOS is kept in the response, with
+        ``response_mask = 1``). ``None``: the model config's ``eos_token_id`` (none if unset).
+      logprobs: ``"tempered"`` (default) or ``"truncated"``; see the module docstring.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    eos_ids: tuple[int, ...] | None = None
+    logprobs: str = "tempered"
+
+    def __post_init__(self):
+        if isinstance(self.eos_ids, (int, np.integer)):
+            object.__setattr__(self, "eos_ids", (int(self.eos_ids),))
+        elif self.eos_ids is not None:
+            object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
+        _positive_int(self.max_new_tokens, "max_new_tokens")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise ValueError(f"DecodeParams.top_k is {self.top_k!r}; accepted: an integer >= 0 (0 keeps every token)")
+        if not isinstance(self.temperature, (int, float, np.floating, np.integer)) or not np.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"DecodeParams.temperature is {self.temperature!r}; accepted: 0 (greedy) or a finite number > 0")
+        if not isinstance(self.top_p, (int, float, np.floating, np.integer)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"DecodeParams.top_p is {self.top_p!r}; accepted: a number in (0, 1]")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"DecodeParams.seed is {self.seed!r}; accepted: an integer in [0, 2**32)")
+        if self.logprobs not in LOGPROB_MODES:
+            raise ValueError(f"DecodeParams.logprobs is {self.logprobs!r}; accepted: {', '.join(LOGPROB_MODES)}")
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "seed", int(self.seed))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def replace(self, **changes) -> "DecodeParams":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"DecodeParams.{name} is {value!r}; accepted: an integer >= 1")
+
+
+# --------------------------------------------------------------------------- random streams
+
+
+def uid_hash(uid) -> tuple[int, int]:
+    """Two stable 32-bit words from ``str(uid)`` (blake2b; not Python's salted ``hash``)."""
+    digest = hashlib.blake2b(str(uid).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little")
+
+
+@jax.jit
+def _keys(seed, words, sessions):
+    def one(w, s):
+        key = jax.random.PRNGKey(seed)
+        key = jax.random.fold_in(jax.random.fold_in(key, w[0]), w[1])
+        return jax.random.fold_in(key, s)
+
+    return jax.vmap(one)(words, sessions)
+
+
+def trajectory_keys(seed: int, uids: Sequence, sessions: Sequence[int]) -> np.ndarray:
+    """Raw threefry keys ``uint32 [N, 2]``, one per ``(uid, session)``, from decode ``seed``."""
+    words = np.asarray([uid_hash(u) for u in uids], np.uint32).reshape(-1, 2)
+    sessions = np.asarray(sessions, np.uint32).reshape(-1)
+    return np.asarray(_keys(np.uint32(seed), words, sessions))
+
+
+def trajectory_key(seed: int, uid, session: int) -> np.ndarray:
+    """The key ``uint32 [2]`` of one trajectory; token ``t`` uses ``fold_in(key, t)``."""
+    return trajectory_keys(seed, [uid], [session])[0]
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def truncate_logits(scaled: jax.Array, top_k, top_p) -> jax.Array:
+    """Sets logits outside the top-k, then top-p (nucleus), set to ``-inf``.
+
+    Args:
+      scaled: ``[..., V]`` float32 logits (already divided by the temperature).
+      top_k: int (may be traced); ``0`` keeps all.
+      top_p: float (may be traced) in ``(0, 1]``; ``1`` keeps all.
+
+    Top-p is applied to the distribution renormalised after top-k (as in HF
+    ``generate``). Tokens tied with the last kept logit are kept too.
+    """
+    v = scaled.shape[-1]
+    desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+    rank = jnp.arange(v)
+    desc = jnp.where(rank < k, desc, -jnp.inf)
+    probs = jax.nn.softmax(desc, axis=-1)
+    # Keep a sorted token while the mass strictly before it is below top_p (always >= 1 token).
+    before = jnp.cumsum(probs, axis=-1) - probs
+    keep = (before < top_p) & (rank < k)
+    count = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
+    threshold = jnp.take_along_axis(desc, count - 1, axis=-1)
+    return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
+def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top_p, logprobs: str = "tempered"):
+    """Draws one token per row and returns ``(tokens [S] int32, logp [S] float32)``.
+
+    Args:
+      logits: ``[S, V]`` float32.
+      keys: ``uint32 [S, 2]``: one key per row (``fold_in(trajectory_key, t)``).
+      temperature, top_k, top_p: scalars (may be traced); ``temperature == 0`` is greedy.
+      logprobs: static; ``"tempered"`` or ``"truncated"`` (see the module docstring).
+
+    Sampling draws ``argmax(truncated_logits + Gumbel(key))`` per row, so a row's token
+    depends only on its logits and its key.
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = temperature == 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)
+    truncating = (top_k > 0) | (top_p < 1.0)
+    truncated = jax.lax.cond(truncating, lambda x: truncate_logits(x, top_k, top_p), lambda x: x, scaled)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
+    drawn = jnp.argmax(truncated + gumbel, axis=-1)
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    dist = truncated if logprobs == "truncated" else scaled
+    dist = jnp.where(greedy, logits, dist)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(dist, axis=-1), tokens[:, None], axis=-1)[:, 0]
+    return tokens, logp

@@ -1,0 +1,106 @@
+"""Sampling function, decode parameters and random streams (no model needed)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax.rollout import DecodeParams, sample_tokens, trajectory_key, trajectory_keys, truncate_logits
+
+
+def _logits(seed=0, rows=4, vocab=16):
+    return jax.random.normal(jax.random.PRNGKey(seed), (rows, vocab), jnp.float32) * 2.0
+
+
+def test_truncate_top_k_keeps_exactly_k_largest():
+    x = _logits()
+    out = np.asarray(truncate_logits(x, 3, 1.0))
+    for row, o in zip(np.asarray(x), out):
+        kept = np.isfinite(o)
+        assert kept.sum() == 3
+        np.testing.assert_array_equal(np.sort(np.argsort(-row)[:3]), np.nonzero(kept)[0])
+        np.testing.assert_array_equal(o[kept], row[kept])
+
+
+def test_truncate_top_p_keeps_smallest_set_reaching_p():
+    x = jnp.log(jnp.asarray([[0.5, 0.25, 0.15, 0.1]]))
+    kept = lambda p: np.isfinite(np.asarray(truncate_logits(x, 0, p)))[0].tolist()
+    assert kept(0.5) == [True, False, False, False]
+    assert kept(0.6) == [True, True, False, False]
+    assert kept(0.75) == [True, True, False, False]
+    assert kept(0.76) == [True, True, True, False]
+    assert kept(1.0) == [True, True, True, True]
+    # top-p runs on the distribution renormalised after top-k: {0.5, 0.25} -> {2/3, 1/3}.
+    assert np.isfinite(np.asarray(truncate_logits(x, 2, 0.6)))[0].tolist() == [True, False, False, False]
+    assert np.isfinite(np.asarray(truncate_logits(x, 2, 0.7)))[0].tolist() == [True, True, False, False]
+
+
+def test_greedy_is_argmax_and_records_untempered_logp():
+    x = _logits()
+    keys = jax.random.split(jax.random.PRNGKey(1), 4)
+    tok, logp = sample_tokens(x, keys, temperature=0.0, top_k=0, top_p=1.0)
+    np.testing.assert_array_equal(tok, jnp.argmax(x, -1))
+    np.testing.assert_allclose(logp, jnp.max(jax.nn.log_softmax(x), -1), rtol=0, atol=1e-6)
+
+
+def test_samples_follow_the_tempered_truncated_distribution():
+    logits = jnp.log(jnp.asarray([0.4, 0.3, 0.2, 0.1]))
+    n = 20000
+    rows = jnp.broadcast_to(logits, (n, 4))
+    keys = jax.random.split(jax.random.PRNGKey(7), n)
+    temp = 0.5
+    tok, logp = jax.jit(lambda r, k: sample_tokens(r, k, temperature=temp, top_k=3, top_p=1.0))(rows, keys)
+    tempered = np.asarray(jax.nn.softmax(logits / temp))
+    expected = tempered[:3] / tempered[:3].sum()
+    freq = np.bincount(np.asarray(tok), minlength=4) / n
+    assert freq[3] == 0  # outside top-k: never drawn
+    np.testing.assert_allclose(freq[:3], expected, atol=0.015)
+    # default "tempered" log-probs: after temperature, before top-k truncation
+    np.testing.assert_allclose(logp, np.log(tempered)[np.asarray(tok)], atol=1e-6)
+    _, logp_trunc = sample_tokens(rows[:64], keys[:64], temperature=temp, top_k=3, top_p=1.0, logprobs="truncated")
+    tok64 = np.asarray(tok[:64])
+    np.testing.assert_allclose(logp_trunc, np.log(expected)[tok64], atol=1e-6)
+
+
+def test_row_token_depends_only_on_its_logits_and_key():
+    x = _logits(rows=6)
+    keys = jax.random.split(jax.random.PRNGKey(3), 6)
+    tok, _ = sample_tokens(x, keys, temperature=1.0, top_k=0, top_p=0.9)
+    perm = np.asarray([5, 2, 0, 4, 1, 3])
+    tok_p, _ = sample_tokens(x[perm], keys[perm], temperature=1.0, top_k=0, top_p=0.9)
+    np.testing.assert_array_equal(np.asarray(tok)[perm], tok_p)
+    sub, _ = sample_tokens(x[:2], keys[:2], temperature=1.0, top_k=0, top_p=0.9)
+    np.testing.assert_array_equal(np.asarray(tok)[:2], sub)
+
+
+def test_trajectory_keys_are_stable_and_distinct():
+    k = trajectory_keys(0, ["a", "a", "b", 7], [0, 1, 0, 0])
+    assert k.shape == (4, 2) and k.dtype == np.uint32
+    assert len({tuple(r) for r in k}) == 4
+    np.testing.assert_array_equal(trajectory_key(0, "a", 1), k[1])
+    np.testing.assert_array_equal(trajectory_key(0, "7", 0), k[3])  # uids are keyed by str(uid)
+    assert not np.array_equal(trajectory_key(1, "a", 0), k[0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(seed=-1), "seed"),
+        (dict(logprobs="raw"), "logprobs"),
+    ],
+)
+def test_bad_decode_params_raise(kwargs, field):
+    with pytest.raises(ValueError, match=f"DecodeParams.{field}"):
+        DecodeParams(**kwargs)
+
+
+def test_decode_params_normalise_eos():
+    assert DecodeParams(eos_ids=5).eos_ids == (5,)
+    assert DecodeParams(eos_ids=[1, 2]).eos_ids == (1, 2)
+    assert DecodeParams().greedy is False and DecodeParams(temperature=0).greedy is True
