@@ -1,0 +1,122 @@
+"""Prepared datasets as random-access prompt sources (``tfds.data_source`` over array_record)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_TEMPLATES = {
+    "embedded": "{prompt}",
+    # verl's GSM8K instruction (examples/data_preprocess/gsm8k.py).
+    "gsm8k": '{prompt} Let\'s think step by step and output the final answer after "####".',
+}
+
+
+def hide_tf_gpus() -> None:
+    """If TensorFlow is loaded, keep it off the accelerators (JAX owns them). Never imports TF."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return
+    with contextlib.suppress(Exception):  # RuntimeError once TF has initialised its devices
+        tf.config.set_visible_devices([], "GPU")
+
+
+@contextlib.contextmanager
+def _quiet_tfds():
+    from tensorflow_datasets.core.utils import tqdm_utils
+
+    was = tqdm_utils._active
+    tqdm_utils.display_progress_bar(False)
+    try:
+        yield
+    finally:
+        tqdm_utils.display_progress_bar(was)
+
+
+def prepare(data_cfg, *, data_dir: str | os.PathLike | None = None):
+    """Builds (once; later calls reuse the files) the TFDS dataset of ``data_cfg``; returns the builder.
+
+    Args:
+      data_cfg: a :class:`rljax.config.DataConfig`.
+      data_dir: TFDS data_dir (default ``data_cfg.data_dir``, then the TFDS default).
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow_datasets as tfds
+
+    from rljax.data import _builders, _local
+
+    data_dir = data_dir if data_dir is not None else data_cfg.data_dir
+    data_dir = None if data_dir is None else str(Path(data_dir).expanduser())
+    download_config = None
+    if data_cfg.dataset == "embedded":
+        builder = _builders.RljaxEmbedded(
+            config=_builders.EmbeddedBuilderConfig.from_task(data_cfg.embedded), data_dir=data_dir, file_format="array_record"
+        )
+    elif data_cfg.dataset == "gsm8k":
+        if not data_cfg.path:
+            raise ValueError("data.path is required for data.dataset=gsm8k")
+        name = "files-" + _local.fingerprint(data_cfg.path, data_cfg.prompt_key, data_cfg.answer_key)
+        config = _builders.Gsm8kBuilderConfig(
+            name=name, version=_builders._VERSION, prompt_key=data_cfg.prompt_key, answer_key=data_cfg.answer_key
+        )
+        builder = _builders.RljaxGsm8k(config=config, data_dir=data_dir, file_format="array_record")
+        download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
+    else:
+        raise ValueError(f"unknown data.dataset {data_cfg.dataset!r}; accepted: embedded, gsm8k")
+    with _quiet_tfds():
+        builder.download_and_prepare(download_config=download_config)
+    hide_tf_gpus()
+    return builder
+
+
+class PromptSource(Sequence):
+    """Random-access examples of one split: ``source[i]`` is a dict with
+
+    * ``prompt``: the formatted prompt text (``data.prompt_template`` applied),
+    * ``raw_prompt``: the text before formatting,
+    * ``answer``: the reference answer given to the reward function,
+    * ``index``: the example's row in the dataset's generation order (the trace's
+      "dataset row index"), ``position``: ``i``.
+    """
+
+    def __init__(self, data_source, template: str, split: str):
+        self._ds = data_source
+        self._template = template
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for a split of {n} examples")
+        i = int(i) % n
+        rec = self._ds[i]
+        raw = _text(rec["prompt"])
+        return {
+            "prompt": self._template.format(prompt=raw),
+            "raw_prompt": raw,
+            "answer": _text(rec["answer"]),
+            "index": int(rec["index"]),
+            "position": i,
+        }
+
+
+def _text(v) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def load_split(data_cfg, split: str, *, data_dir: str | os.PathLike | None = None) -> PromptSource:
+    """The ``split`` (``"train"`` or ``"test"``) of ``data_cfg``'s dataset, building it if needed."""
+    builder = prepare(data_cfg, data_dir=data_dir)
+    splits = sorted(builder.info.splits.keys())
+    if split not in splits:
+        raise ValueError(f"data.dataset={data_cfg.dataset} has no {split!r} split; available: {', '.join(splits)}")
+    template = data_cfg.prompt_template if data_cfg.prompt_template is not None else DEFAULT_TEMPLATES[data_cfg.dataset]
+    return PromptSource(builder.as_data_source(split=split), template, split)
