@@ -338,3 +338,22 @@ def test_iterator_state_errors():
         D.PromptIterator(list(range(3)), 4, seed=0)
     with pytest.raises(ValueError, match="empty dataset"):
         D.PromptIterator([], 1, seed=0)
+
+
+def test_hide_tf_gpus_only_touches_an_already_imported_tensorflow(monkeypatch):
+    calls = []
+
+    class _Config:
+        @staticmethod
+        def set_visible_devices(devices, kind):
+            calls.append((devices, kind))
+            raise RuntimeError("Visible devices cannot be modified after being initialized")  # guarded
+
+    fake_tf = type(sys)("tensorflow")
+    fake_tf.config = _Config
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    D.hide_tf_gpus()
+    assert "tensorflow" not in sys.modules  # never imports TF itself
+    monkeypatch.setitem(sys.modules, "tensorflow", fake_tf)
+    D.hide_tf_gpus()
+    assert calls == [([], "GPU")]

@@ -85,12 +85,15 @@ def test_embedded_reward_values():
     assert embedded_reward("15", "15") == 1.0
     assert embedded_reward(" 15 ", "15") == 1.0
     assert embedded_reward("", "15") == 0.0
-    assert embedded_reward("16", "15") == pytest.approx(0.1 + 0.4 * 1 / 2)
-    assert embedded_reward("15x", "15") == pytest.approx(0.0 + 0.4 * 2 / 3)  # not well formed, runs on
-    assert embedded_reward("99", "15") == pytest.approx(0.1)  # well formed, nothing matches
+    assert embedded_reward("16", "15") == pytest.approx((0.1 * 2 + 0.4 * 1) / 2)
+    assert embedded_reward("15x", "15") == pytest.approx((0.1 * 2 + 0.4 * 2) / 3)  # runs on past the answer
+    assert embedded_reward("99", "15") == pytest.approx(0.1)  # digits, nothing matches
+    assert embedded_reward("x", "15") == 0.0
+    assert embedded_reward("9999", "8") == pytest.approx(0.1)
+    assert embedded_reward("8x", "8") == pytest.approx((0.1 + 0.4) / 2)
     assert embedded_reward("cba", "cba") == 1.0
-    assert embedded_reward("cbb", "cba") == pytest.approx(0.1 + 0.4 * 2 / 3)
-    assert embedded_reward("cb1", "cba") == pytest.approx(0.4 * 2 / 3)
+    assert embedded_reward("cbb", "cba") == pytest.approx((0.1 * 3 + 0.4 * 2) / 3)
+    assert embedded_reward("cb1", "cba") == pytest.approx((0.1 * 2 + 0.4 * 2) / 3)
 
 
 @given(st.text(alphabet="0123456789abc x", max_size=8), st.text(alphabet="0123456789", min_size=1, max_size=3))

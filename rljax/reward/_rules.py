@@ -95,12 +95,13 @@ def embedded_reward(response: str, answer: str, **extra) -> float:
     """Reward of the embedded synthetic task (:mod:`rljax.data`), in ``[0, 1]``.
 
     * 1.0 for an exact match (surrounding whitespace stripped);
-    * otherwise ``0.1 * well_formed + 0.4 * matched / max(len(response), len(answer))``:
-      ``well_formed`` when the response is non-empty and uses only the answer's alphabet
-      (digits for ``add``, lowercase letters for ``reverse``), ``matched`` the number of
-      positions where response and answer agree. A non-exact response scores below 0.5,
-      so exact match is always strictly best; a response that runs on past the answer
-      (no end-of-sequence) is penalised through the longer denominator.
+    * otherwise ``(0.1 * in_alphabet + 0.4 * matched) / max(len(response), len(answer))``:
+      ``in_alphabet`` counts the response's characters from the answer's alphabet (digits
+      for ``add``, lowercase letters for ``reverse``), ``matched`` the positions where
+      response and answer agree. Both credits are per character, so a randomly
+      initialised policy gets a graded signal; a non-exact response scores below 0.5, so
+      exact match is always strictly best; a response that runs on past the answer (no
+      end-of-sequence) is penalised through the longer denominator.
     """
     r, a = response.strip(), answer.strip()
     if r == a:
@@ -108,6 +109,6 @@ def embedded_reward(response: str, answer: str, **extra) -> float:
     if not r:
         return 0.0
     alphabet = set(string.digits) if a.isdigit() else set(string.ascii_lowercase) if a.isalpha() else set(a)
-    well_formed = all(c in alphabet for c in r)
+    in_alphabet = sum(c in alphabet for c in r)
     matched = sum(x == y for x, y in zip(r, a))
-    return EMBEDDED_FORMAT_CREDIT * well_formed + EMBEDDED_POSITION_CREDIT * matched / max(len(r), len(a))
+    return (EMBEDDED_FORMAT_CREDIT * in_alphabet + EMBEDDED_POSITION_CREDIT * matched) / max(len(r), len(a))
