@@ -195,6 +195,14 @@ def test_empty_preset_is_defaults(tmp_path):
     assert cfg == C.Config() and set(prov.values()) == {"default"}
 
 
+def test_preset_integer_for_a_string_field_is_its_text(tmp_path):
+    p = tmp_path / "names.yaml"
+    p.write_text("trainer:\n  experiment_name: 2024\n  project_name: [a]\n")
+    assert "trainer.project_name=[a] has the wrong type; expected str" in _err([], p)
+    p.write_text("trainer:\n  experiment_name: 2024\n")
+    assert resolve(p)[0].trainer.experiment_name == "2024"
+
+
 def test_dotted_keys_in_presets(tmp_path):
     p = tmp_path / "dotted.yaml"
     p.write_text("rollout.n: 4\nactor:\n  optim.lr: 2.0e-5\n")

@@ -152,6 +152,8 @@ def _coerce(key: str, value: Any, tp) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, int) and not isinstance(value, bool):  # `experiment_name: 2024` in a preset
+            return str(value)
     else:  # pragma: no cover - schema only uses the types above
         raise TypeError(f"unsupported field type {tp!r} for {key}")
     raise ConfigError(f"{key}={_show(value)} has the wrong type; expected {_type_name(tp)}")
