@@ -31,7 +31,6 @@ DEFAULT = "default"
 CLI = "cli"
 _SOURCE_TAG = "  # from: "
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-_MISSING = object()
 
 
 # ---------------------------------------------------------------------------- schema walk

@@ -55,7 +55,7 @@ def _section(cls, doc: str):
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddedTaskConfig:
-    task: Literal["add", "reverse"] = _f("add", "add: 'a+b=' -> decimal sum; reverse: 'rev abc=' -> 'cba'")
+    task: Literal[EMBEDDED_TASKS] = _f("add", "add: 'a+b=' -> decimal sum; reverse: 'rev abc=' -> 'cba'")
     max_operand: int = _f(9, "add: operands are drawn uniformly from [0, max_operand]", ge=1, le=10**6)
     length: int = _f(3, "reverse: length of the lowercase string", ge=1, le=64)
     num_train: int = _f(2048, "examples in the train split", ge=1)
@@ -65,7 +65,7 @@ class EmbeddedTaskConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    dataset: Literal["embedded", "gsm8k"] = _f("embedded", "embedded synthetic task, or GSM8K-format local files")
+    dataset: Literal[DATASETS] = _f("embedded", "embedded synthetic task, or GSM8K-format local files")
     path: Optional[str] = _f(None, "gsm8k: the manual_dir holding train/test .jsonl or .parquet files")
     data_dir: Optional[str] = _f(None, "TFDS data_dir for the prepared array_record files (null: TFDS default)")
     prompt_key: str = _f("question", "gsm8k: field holding the question in the local files")
@@ -76,7 +76,7 @@ class DataConfig:
     max_prompt_length: int = _f(16, "prompt tokens after formatting", ge=1)
     max_response_length: int = _f(8, "generated tokens per response", ge=1)
     filter_overlong_prompts: bool = _f(False, "drop prompts longer than max_prompt_length before training")
-    truncation: Literal["error", "left", "right"] = _f("error", "what to do with an overlong prompt that was not filtered")
+    truncation: Literal[TRUNCATIONS] = _f("error", "what to do with an overlong prompt that was not filtered")
     shuffle: bool = _f(True, "shuffle the train split each epoch, from (seed, epoch)")
     seed: Optional[int] = _f(None, "seed of the epoch shuffles (null: trainer.seed)")
     embedded: EmbeddedTaskConfig = _section(EmbeddedTaskConfig, "the embedded synthetic task")
@@ -92,10 +92,10 @@ class KLControlConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline", "gae"] = _f("grpo", "advantage estimator")
+    adv_estimator: Literal[ADV_ESTIMATORS] = _f("grpo", "advantage estimator")
     norm_adv_by_std_in_grpo: bool = _f(True, "grpo: divide by the group standard deviation (false: Dr. GRPO)")
     use_kl_in_reward: bool = _f(False, "subtract a KL penalty to the reference policy from the token rewards")
-    kl_penalty: Literal["k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+"] = _f(
+    kl_penalty: Literal[KL_LOSS_TYPES] = _f(
         "kl", "KL estimator of the in-reward penalty"
     )
     kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward controller")
@@ -124,19 +124,17 @@ class ActorConfig:
     shuffle: bool = _f(False, "shuffle trajectories before splitting into mini-batches")
     use_kl_loss: bool = _f(False, "add a KL loss to the reference policy")
     kl_loss_coef: float = _f(0.001, "KL loss coefficient", ge=0.0)
-    kl_loss_type: Literal["k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+"] = _f(
+    kl_loss_type: Literal[KL_LOSS_TYPES] = _f(
         "low_var_kl", "KL estimator of the KL loss"
     )
     clip_ratio_low: float = _f(0.2, "PPO lower clip epsilon", ge=0.0, lt=1.0)
     clip_ratio_high: float = _f(0.2, "PPO upper clip epsilon (raise for clip-higher / DAPO)", ge=0.0)
     clip_ratio_c: float = _f(3.0, "dual-clip constant for negative advantages", gt=1.0)
-    loss_agg_mode: Literal[
-        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = _f("token-mean", "how token losses are reduced")
-    policy_loss: Literal["vanilla", "gspo", "cispo"] = _f("vanilla", "policy loss")
+    loss_agg_mode: Literal[LOSS_AGG_MODES] = _f("token-mean", "how token losses are reduced")
+    policy_loss: Literal[POLICY_LOSSES] = _f("vanilla", "policy loss")
     entropy_coeff: float = _f(0.0, "entropy bonus coefficient", ge=0.0)
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
-    logprob_impl: Literal["auto", "chunked", "naive", "pallas"] = _f("auto", "fused log-prob/entropy kernel")
+    logprob_impl: Literal[LOGPROB_IMPLS] = _f("auto", "fused log-prob/entropy kernel")
     optim: OptimConfig = _section(OptimConfig, "actor optimizer")
 
 
@@ -144,9 +142,7 @@ class ActorConfig:
 class CriticConfig:
     cliprange_value: float = _f(0.5, "value clipping range", gt=0.0)
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
-    loss_agg_mode: Literal[
-        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = _f("token-mean", "how token value losses are reduced")
+    loss_agg_mode: Literal[LOSS_AGG_MODES] = _f("token-mean", "how token value losses are reduced")
     optim: OptimConfig = _f(None, "critic optimizer", factory=lambda: OptimConfig(lr=1e-5))
 
 
@@ -167,7 +163,7 @@ class RolloutConfig:
     tp: int = _f(1, "sampler tensor parallelism; replicas = devices / tp", ge=1)
     calculate_log_probs: bool = _f(True, "record the sampler's log-prob of each token (rollout_logp)")
     max_slots: Optional[int] = _f(None, "concurrent decode slots of the sampler (null: the whole batch)", ge=1)
-    correction: Literal["none", "token", "sequence"] = _f("none", "rollout-vs-learner importance correction (TIS)")
+    correction: Literal[CORRECTIONS] = _f("none", "rollout-vs-learner importance correction (TIS)")
     correction_threshold: float = _f(2.0, "truncation C of the correction weights", gt=0.0)
     max_staleness: int = _f(0, "accepted weight-version lag of a trajectory (0: synchronous)", ge=0)
     val_kwargs: ValKwargsConfig = _section(ValKwargsConfig, "decoding for validation")
@@ -184,8 +180,8 @@ class ModelConfig:
     name: str = _f("tiny", "model preset of rljax.models")
     path: Optional[str] = _f(None, "local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
     tokenizer: Optional[str] = _f(None, "'char', or a tokenizer.json path (null: model.path's, else 'char')")
-    dtype: Literal["float32", "bfloat16"] = _f("float32", "compute dtype")
-    param_dtype: Literal["float32", "bfloat16"] = _f("float32", "parameter storage dtype")
+    dtype: Literal[DTYPES] = _f("float32", "compute dtype")
+    param_dtype: Literal[DTYPES] = _f("float32", "parameter storage dtype")
     remat: bool = _f(False, "rematerialise each layer in the backward pass")
 
 
