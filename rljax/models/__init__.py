@@ -1,0 +1,111 @@
+"""Llama / Qwen2-family policy model in Flax NNX, with a pure functional API.
+
+Build and split::
+
+    from rljax import models, sharding
+    config = models.get_config("tiny")                  # or a preset / load_hf_checkpoint
+    mesh = sharding.make_mesh("dp2,tp2,sp2")
+    graphdef, params = models.init_params(config, seed=0, mesh=mesh)   # sharded at birth
+    # or: model = models.create_model(config); graphdef, params = models.split(model)
+    # or: config, params = models.load_hf_checkpoint(path, mesh=mesh)
+    #     graphdef = models.abstract_params(config)[0]
+
+``params`` is a plain nested dict of arrays (``params["layers"][i]["attn"]["q_proj"]``),
+ready for ``jax.grad``, optax and orbax; ``graphdef`` is static (close over it or pass it
+as a static argument). ``param_shardings(config, mesh)`` gives its ``NamedSharding`` tree
+and ``param_logical_axes(config)`` the logical axis names behind it.
+
+Training / scoring (pure, jit-able)::
+
+    hidden = models.forward(graphdef, params, tokens, positions=None, mask=None, mesh=mesh)
+    # tokens [B,T] int, mask [B,T] bool (True on real tokens, either padding side),
+    # positions [B,T] (default cumsum(mask)-1). hidden [B,T,H] after the final norm.
+    unembed = models.unembedding(params)              # [H,V] (embedding.T when tied)
+    logits = models.compute_logits(params, hidden)    # [B,T,V] float32, when you need them
+
+Attention is causal by token index, never attends to padding, and with ``sp > 1`` runs
+sequence-parallel in ``jax.shard_map`` (keys/values all-gathered over ``sp``). Passing
+``mesh`` only adds sharding constraints: the numbers equal the single-device ones.
+
+KV-cached decoding (for the sampler / JetStream engine)::
+
+    cache = models.init_kv_cache(config, num_slots=S, max_len=M, mesh=mesh)
+    # KVCache(k, v), each [L, S, M, K, D], logical axes sharding.KV_CACHE_AXES
+    # (slots on dp, kv heads on tp); models.kv_cache_shardings(cache, mesh).
+    hidden, kv = models.prefill(graphdef, params, prompt_tokens, mask=prompt_mask)
+    # prompts RIGHT-padded [B,P]: real tokens at 0..len-1; kv is KVCache [L,B,P,K,D]
+    cache = models.insert_kv(cache, kv, slots)        # slots [B] int: rows 0..P-1 of each slot
+    first = argmax(compute_logits(params, hidden[b, len_b - 1]))
+    hidden, cache = models.decode(graphdef, params, cache, tokens, cache_index=lengths)
+    # tokens [S] (or [S,Tn]); lengths [S] = tokens already in each slot, different per
+    # slot; the new token is written at cache index lengths[s] and attends to 0..lengths[s].
+    # positions default to lengths; returns hidden [S,H] (or [S,Tn,H]).
+
+Entries past a slot's length are never read, so stale data from a previous occupant or
+from prompt padding is harmless; writes at or past ``M`` are dropped (keep
+``lengths + Tn <= M``). ``decode`` is jit-able with ``cache`` donated.
+
+Hugging Face checkpoints: :func:`load_hf_checkpoint` / :func:`save_hf_checkpoint` for
+``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (no torch needed). Tokenizers:
+:class:`CharTokenizer` (built in) and :func:`load_tokenizer` (``tokenizer.json``).
+"""
+
+from rljax.models.config import PRESETS, ModelConfig, get_config
+from rljax.models.functional import (
+    KV_CACHE_LOGICAL_AXES,
+    KVCache,
+    abstract_params,
+    compute_logits,
+    create_model,
+    decode,
+    default_positions,
+    forward,
+    init_kv_cache,
+    init_params,
+    insert_kv,
+    kv_cache_shardings,
+    merge,
+    param_logical_axes,
+    param_shardings,
+    prefill,
+    split,
+    unembedding,
+)
+from rljax.models.hf import SUPPORTED_ARCHITECTURES, config_from_hf, config_to_hf, load_hf_checkpoint, save_hf_checkpoint
+from rljax.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
+from rljax.models.transformer import Transformer, dense_attention, sequence_parallel_attention
+
+__all__ = [
+    "KV_CACHE_LOGICAL_AXES",
+    "PRESETS",
+    "SUPPORTED_ARCHITECTURES",
+    "CharTokenizer",
+    "HFTokenizer",
+    "KVCache",
+    "ModelConfig",
+    "Transformer",
+    "abstract_params",
+    "compute_logits",
+    "config_from_hf",
+    "config_to_hf",
+    "create_model",
+    "decode",
+    "default_positions",
+    "dense_attention",
+    "forward",
+    "get_config",
+    "init_kv_cache",
+    "init_params",
+    "insert_kv",
+    "kv_cache_shardings",
+    "load_hf_checkpoint",
+    "load_tokenizer",
+    "merge",
+    "param_logical_axes",
+    "param_shardings",
+    "prefill",
+    "save_hf_checkpoint",
+    "sequence_parallel_attention",
+    "split",
+    "unembedding",
+]

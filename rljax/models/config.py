@@ -1,0 +1,162 @@
+"""Model configuration and presets (tiny test model, Qwen2.5-0.5B/1.5B, Llama-3.2-1B)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_ARCHS = ("llama", "qwen2")
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _dtype_name(value: Any, field: str) -> str:
+    if isinstance(value, str) and value in _DTYPES:
+        return value
+    try:
+        name = jnp.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in _DTYPES:
+        raise ValueError(f"ModelConfig.{field} is {value!r}; accepted: {', '.join(_DTYPES)}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of a Llama/Qwen2-family decoder-only transformer.
+
+    Frozen and hashable (it lives in the NNX graphdef). ``dtype`` is the compute dtype,
+    ``param_dtype`` the storage dtype; both are ``"float32"`` or ``"bfloat16"`` (a
+    ``jnp.dtype`` is accepted and stored by name). ``rope_scaling`` is ``None`` or a
+    tuple of ``(key, value)`` pairs such as
+    ``(("rope_type", "llama3"), ("factor", 32.0), ("low_freq_factor", 1.0),
+    ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))``; a dict is
+    accepted and stored as sorted pairs. ``remat`` rematerialises each layer in the
+    backward pass.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: Any = None
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    dtype: Any = "float32"
+    param_dtype: Any = "float32"
+    remat: bool = False
+    architecture: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ModelConfig.{name} is {v!r}; it must be a positive integer")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        head_dim = self.head_dim
+        if head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"ModelConfig.hidden_size ({self.hidden_size}) is not divisible by num_heads ({self.num_heads}); set head_dim"
+                )
+            head_dim = self.hidden_size // self.num_heads
+        if head_dim <= 0 or head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim is {head_dim}; it must be a positive even integer (rotary embedding)")
+        object.__setattr__(self, "head_dim", int(head_dim))
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype, "dtype"))
+        object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype, "param_dtype"))
+        if self.architecture not in _ARCHS:
+            raise ValueError(f"ModelConfig.architecture is {self.architecture!r}; accepted: {', '.join(_ARCHS)}")
+        scaling = self.rope_scaling
+        if isinstance(scaling, dict):
+            scaling = tuple(sorted(scaling.items()))
+            object.__setattr__(self, "rope_scaling", scaling)
+        if scaling is not None:
+            rope_type = dict(scaling).get("rope_type", dict(scaling).get("type", "default"))
+            if rope_type not in _ROPE_TYPES:
+                raise ValueError(f"ModelConfig.rope_scaling type {rope_type!r} is not supported; accepted: {', '.join(_ROPE_TYPES)}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"ModelConfig.rope_theta is {self.rope_theta}; it must be positive")
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        h, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        if self.qkv_bias:
+            attn += d * (self.num_heads + 2 * self.num_kv_heads)
+        layer = attn + 3 * h * f + 2 * h
+        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
+        return self.num_layers * layer + embed + h
+
+
+_LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+PRESETS: dict[str, ModelConfig] = {
+    # Tests and the CPU default run: GQA, QKV bias, untied; sizes divide tp/sp up to 4.
+    "tiny": ModelConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=False,
+        max_position_embeddings=512, architecture="qwen2",
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
+        head_dim=64, rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
+        max_position_embeddings=32768, dtype="bfloat16", param_dtype="bfloat16", architecture="qwen2",
+        bos_token_id=151643, eos_token_id=151643,
+    ),
+    "qwen2.5-1.5b": ModelConfig(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12, num_kv_heads=2,
+        head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
+        max_position_embeddings=131072, dtype="bfloat16", param_dtype="bfloat16", architecture="qwen2",
+        bos_token_id=151643, eos_token_id=151643,
+    ),
+    "llama-3.2-1b": ModelConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
+        head_dim=64, rope_theta=500000.0, rope_scaling=_LLAMA3_SCALING, rms_norm_eps=1e-5, qkv_bias=False,
+        tie_embeddings=True, max_position_embeddings=131072, dtype="bfloat16", param_dtype="bfloat16",
+        architecture="llama", bos_token_id=128000, eos_token_id=128001,
+    ),
+}
+
+
+def get_config(name: str, **overrides) -> ModelConfig:
+    """A preset by name (``tiny``, ``qwen2.5-0.5b``, ``qwen2.5-1.5b``, ``llama-3.2-1b``) with field overrides."""
+    key = name.lower().replace("_", "-")
+    if key not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; accepted: {', '.join(PRESETS)}")
+    return PRESETS[key].replace(**overrides) if overrides else PRESETS[key]

@@ -1,0 +1,258 @@
+"""Functional view of the NNX model: ``graphdef, params = split(model)`` and pure functions.
+
+``params`` is a plain nested dict of arrays (``nnx.State.to_pure_dict()``): keys are
+module attribute names and, under ``"layers"``, the integer layer index. It is what the
+trainer differentiates, optax updates and the sampler receives; the ``graphdef`` is static
+(it holds the :class:`ModelConfig`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rljax.models.config import ModelConfig
+from rljax.models.transformer import Transformer
+from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, tree_logical_shardings, with_logical_constraint
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Per-layer keys and values, stacked: ``k, v [layers, slots, max_len, kv_heads, head_dim]``.
+
+    Logical axes :data:`rljax.sharding.KV_CACHE_AXES` (slots on ``dp``, kv heads on
+    ``tp``); ``rljax.sharding.kv_cache_spec`` gives the partition spec. Entry ``[l, s, j]``
+    holds layer ``l``'s rotated key / value of the token at cache index ``j`` of slot ``s``.
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+KV_CACHE_LOGICAL_AXES = KVCache(k=KV_CACHE_AXES, v=KV_CACHE_AXES)
+
+
+def create_model(config: ModelConfig, *, rngs: nnx.Rngs | None = None, seed: int = 0) -> Transformer:
+    """A freshly initialised :class:`Transformer` (on the default device, unsharded)."""
+    return Transformer(config, rngs=rngs if rngs is not None else nnx.Rngs(seed))
+
+
+def split(model: Transformer) -> tuple[nnx.GraphDef, dict]:
+    """``(graphdef, params)``: the static structure and a pure dict of parameter arrays."""
+    graphdef, state = nnx.split(model)
+    return graphdef, nnx.to_pure_dict(state)
+
+
+def merge(graphdef: nnx.GraphDef, params: dict) -> Transformer:
+    """Inverse of :func:`split`."""
+    return nnx.merge(graphdef, params)
+
+
+def _nested(pairs) -> dict:
+    out: dict = {}
+    for path, value in pairs:
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract(config: ModelConfig):
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    flat = list(nnx.to_flat_state(state))
+    shapes = _nested((p, jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype)) for p, v in flat)
+    axes = _nested((p, tuple(v.get_metadata()["out_sharding"])) for p, v in flat)
+    return graphdef, shapes, axes
+
+
+def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, dict]:
+    """``(graphdef, params)`` with ``jax.ShapeDtypeStruct`` leaves; allocates nothing."""
+    graphdef, shapes, _ = _abstract(config)
+    return graphdef, shapes
+
+
+def param_logical_axes(config: ModelConfig) -> dict:
+    """The params tree with a tuple of logical axis names per leaf, e.g. ``("embed", "mlp")``."""
+    return _abstract(config)[2]
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh, *, rules=None) -> dict:
+    """A ``NamedSharding`` per parameter: heads, MLP hidden and vocab on ``tp`` (Megatron)."""
+    _, shapes, axes = _abstract(config)
+    return tree_logical_shardings(axes, shapes, mesh, rules=rules)
+
+
+def init_params(config: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None, rules=None) -> tuple[nnx.GraphDef, dict]:
+    """Initialises parameters directly in their sharded layout (or on one device without ``mesh``).
+
+    The values do not depend on the mesh: the same ``seed`` gives the same weights.
+    """
+
+    def init():
+        return split(Transformer(config, rngs=nnx.Rngs(seed)))[1]
+
+    graphdef = _abstract(config)[0]
+    shardings = None if mesh is None else param_shardings(config, mesh, rules=rules)
+    return graphdef, jax.jit(init, out_shardings=shardings)()
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _check_tokens(tokens, name="tokens", rank=2):
+    if not hasattr(tokens, "shape") or tokens.ndim != rank or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        shape = getattr(tokens, "shape", None)
+        raise ValueError(f"{name} must be an integer array of rank {rank}, got shape {shape} dtype {getattr(tokens, 'dtype', type(tokens).__name__)}")
+
+
+def _check_like(x, tokens, name):
+    if x is not None and tuple(x.shape) != tuple(tokens.shape):
+        raise ValueError(f"{name} must have the shape of tokens {tuple(tokens.shape)}, got {tuple(x.shape)}")
+
+
+def default_positions(mask: jax.Array) -> jax.Array:
+    """Position ids from a padding mask: ``cumsum(mask) - 1`` (0 on leading padding).
+
+    Left-padded rows thus get positions ``0, 1, ...`` on their real tokens, exactly as
+    the same rows without padding.
+    """
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _inputs(tokens, positions, mask):
+    _check_tokens(tokens)
+    _check_like(positions, tokens, "positions")
+    _check_like(mask, tokens, "mask")
+    mask = jnp.ones(tokens.shape, bool) if mask is None else mask.astype(bool)
+    positions = default_positions(mask) if positions is None else positions.astype(jnp.int32)
+    return tokens, positions, mask
+
+
+# --------------------------------------------------------------------------- forward modes
+
+
+def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None) -> jax.Array:
+    """Final hidden states ``[B,T,H]`` (after the last RMSNorm), in the compute dtype.
+
+    Args:
+      graphdef, params: from :func:`split` / :func:`init_params` / ``load_hf_checkpoint``.
+      tokens: ``[B,T]`` int token ids.
+      positions: ``[B,T]`` int position ids for the rotary embedding; default
+        :func:`default_positions` of ``mask`` (``0..T-1`` without a mask).
+      mask: ``[B,T]`` bool, True on real tokens; padding keys are never attended to.
+        Attention is causal by token index; padding may be on either side.
+      mesh: a mesh from ``rljax.sharding.make_mesh``; activations are constrained to the
+        logical layout and, when the sequence is split over ``sp``, attention runs
+        sequence-parallel inside ``jax.shard_map``. ``None``: single-device semantics.
+    """
+    tokens, positions, mask = _inputs(tokens, positions, mask)
+    return merge(graphdef, params)(tokens, positions, mask, mesh)
+
+
+def prefill(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
+    """Like :func:`forward`, also returning the rotated K/V of every position: ``KVCache [L,B,T,K,D]``.
+
+    For the decode cache, prefill *right-padded* prompts (real tokens at indices
+    ``0..len-1``), copy them into slots with :func:`insert_kv`, and continue decoding at
+    ``cache_index = len``.
+    """
+    tokens, positions, mask = _inputs(tokens, positions, mask)
+    hidden, (k, v) = merge(graphdef, params)(tokens, positions, mask, mesh, return_kv=True)
+    return hidden, KVCache(k=k, v=v)
+
+
+def decode(graphdef, params, cache: KVCache, tokens, *, cache_index, positions=None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
+    """One decode step for every slot, each at its own length.
+
+    Args:
+      cache: :class:`KVCache` ``[L,S,M,K,D]``.
+      tokens: ``[S]`` (one new token per slot) or ``[S,Tn]`` (a chunk per slot).
+      cache_index: ``[S]`` int, where slot ``s``'s first new token is written -- the
+        number of tokens already in that slot. Token ``t`` attends to cache entries
+        ``0 .. cache_index[s] + t``. Writes at or past ``max_len`` are dropped, so the
+        caller keeps ``cache_index + Tn <= max_len``; idle slots may carry any index.
+      positions: ``[S]`` / ``[S,Tn]`` rotary positions; default ``cache_index + t``.
+      mesh: used only to keep the returned cache in its ``KV_CACHE_AXES`` layout.
+
+    Returns ``(hidden [S,H] or [S,Tn,H], updated cache)``.
+    """
+    squeeze = hasattr(tokens, "ndim") and tokens.ndim == 1
+    if squeeze:
+        tokens = tokens[:, None]
+        positions = None if positions is None else positions[:, None]
+    _check_tokens(tokens)
+    if not isinstance(cache, KVCache):
+        raise ValueError(f"cache must be a KVCache, got {type(cache).__name__}")
+    s, tn = tokens.shape
+    if cache.k.shape[1] != s:
+        raise ValueError(f"tokens have {s} slots but the cache has {cache.k.shape[1]}")
+    cache_index = jnp.asarray(cache_index, jnp.int32)
+    if cache_index.shape != (s,):
+        raise ValueError(f"cache_index must have shape ({s},), got {cache_index.shape}")
+    if positions is None:
+        positions = cache_index[:, None] + jnp.arange(tn, dtype=jnp.int32)[None, :]
+    _check_like(positions, tokens, "positions")
+    hidden, k, v = merge(graphdef, params).decode(tokens, positions.astype(jnp.int32), cache.k, cache.v, cache_index)
+    if mesh is not None:
+        k = with_logical_constraint(k, KV_CACHE_AXES, mesh)
+        v = with_logical_constraint(v, KV_CACHE_AXES, mesh)
+    return (hidden[:, 0] if squeeze else hidden), KVCache(k=k, v=v)
+
+
+def init_kv_cache(config: ModelConfig, num_slots: int, max_len: int, *, mesh: Mesh | None = None, dtype=None) -> KVCache:
+    """An all-zero cache ``[L, num_slots, max_len, K, D]`` in ``dtype`` (default the compute dtype)."""
+    if num_slots <= 0 or max_len <= 0:
+        raise ValueError(f"init_kv_cache needs positive num_slots and max_len, got {num_slots} and {max_len}")
+    shape = (config.num_layers, num_slots, max_len, config.num_kv_heads, config.head_dim)
+    dtype = config.jnp_dtype if dtype is None else dtype
+    device = None if mesh is None else kv_cache_sharding(shape, mesh)
+    return KVCache(k=jnp.zeros(shape, dtype, device=device), v=jnp.zeros(shape, dtype, device=device))
+
+
+def kv_cache_shardings(cache: KVCache, mesh: Mesh, *, rules=None) -> KVCache:
+    """``NamedSharding`` for each array of ``cache`` (slots on ``dp``, kv heads on ``tp``)."""
+    return KVCache(k=kv_cache_sharding(cache.k.shape, mesh, rules=rules), v=kv_cache_sharding(cache.v.shape, mesh, rules=rules))
+
+
+def insert_kv(cache: KVCache, kv: KVCache, slots) -> KVCache:
+    """Copies prefill K/V ``[L,B,T,K,D]`` into cache slots ``slots [B]`` at indices ``0..T-1``."""
+    slots = jnp.asarray(slots, jnp.int32)
+    b, t = kv.k.shape[1], kv.k.shape[2]
+    if slots.shape != (b,):
+        raise ValueError(f"slots must have shape ({b},) for a prefill batch of {b}, got {slots.shape}")
+    if t > cache.max_len:
+        raise ValueError(f"prefill length {t} exceeds the cache max_len {cache.max_len}")
+    k = cache.k.at[:, slots, :t].set(kv.k.astype(cache.k.dtype))
+    v = cache.v.at[:, slots, :t].set(kv.v.astype(cache.v.dtype))
+    return KVCache(k=k, v=v)
+
+
+# --------------------------------------------------------------------------- unembedding
+
+
+def unembedding(params: dict) -> jax.Array:
+    """The unembedding matrix ``[H, V]`` (the transposed token embedding when tied)."""
+    return params["lm_head"] if "lm_head" in params else params["embed"].T
+
+
+def compute_logits(params: dict, hidden: jax.Array) -> jax.Array:
+    """``hidden [..., H] @ unembedding [H, V]`` -> float32 logits ``[..., V]``."""
+    w = unembedding(params)
+    return jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)

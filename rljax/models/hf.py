@@ -1,0 +1,310 @@
+"""Hugging Face checkpoint import/export for ``LlamaForCausalLM`` and ``Qwen2ForCausalLM``.
+
+A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or several
+``*.safetensors`` listed in ``model.safetensors.index.json``. Tensors are memory-mapped and
+each device reads only its own shard (``jax.make_array_from_callback``), so loading onto a
+mesh never builds a full copy of the model per device. Needs neither torch nor the
+``safetensors`` package (see :mod:`rljax.models.safetensors_io`).
+
+Layout differences from HF (``nn.Linear`` stores ``[out, in]``): our projections are
+``[in, ...out]`` with heads split out, e.g. ``q_proj`` is ``[H, N, D]``, ``o_proj``
+``[N, D, H]``, ``lm_head`` ``[H, V]``. Rotary embedding uses the same rotate-half
+convention as HF, so no permutation of q/k is needed.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from rljax.models.config import ModelConfig
+from rljax.models.functional import abstract_params, param_shardings
+from rljax.models.safetensors_io import read_safetensors, write_safetensors
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+_ARCH_NAMES = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+# --------------------------------------------------------------------------- config
+
+
+def config_from_hf(cfg: dict, *, dtype=None) -> ModelConfig:
+    """A :class:`ModelConfig` from a parsed HF ``config.json`` dict."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"unsupported architecture {arch!r} (model_type {cfg.get('model_type')!r}); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    family = SUPPORTED_ARCHITECTURES[arch]
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"unsupported hidden_act {act!r} in config.json; supported: 'silu'")
+    if cfg.get("mlp_bias"):
+        raise ValueError("unsupported config.json: mlp_bias=true (the MLP has no bias)")
+    if family == "qwen2" and cfg.get("use_sliding_window"):
+        raise ValueError("unsupported config.json: Qwen2 use_sliding_window=true is not supported")
+    rope_params = dict(cfg.get("rope_parameters") or {})
+    theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or rope_params or None
+    if scaling:
+        scaling = dict(scaling)
+        if "type" in scaling and "rope_type" not in scaling:
+            scaling["rope_type"] = scaling.pop("type")
+        scaling = {k: v for k, v in scaling.items() if k in _SCALING_KEYS}
+        if scaling.get("rope_type", "default") == "default":
+            scaling = None
+    stored = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+    if dtype is None:
+        dtype = stored if stored in ("float32", "bfloat16") else "float32"
+    num_heads = cfg["num_attention_heads"]
+    return ModelConfig(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias")),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        dtype=dtype,
+        param_dtype=dtype,
+        architecture=family,
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_id=cfg.get("eos_token_id") if not isinstance(cfg.get("eos_token_id"), list) else cfg["eos_token_id"][0],
+        pad_token_id=cfg.get("pad_token_id"),
+    )
+
+
+def config_to_hf(config: ModelConfig) -> dict:
+    """The HF ``config.json`` dict for ``config``."""
+    out = {
+        "architectures": [_ARCH_NAMES[config.architecture]],
+        "model_type": config.architecture,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling_dict,
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": config.param_dtype,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+    }
+    if config.architecture == "llama":
+        out.update(attention_bias=config.qkv_bias, mlp_bias=False, pretraining_tp=1)
+    else:
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.num_layers)
+    return out
+
+
+# --------------------------------------------------------------------------- tensor map
+
+# (hf name, our path, hf -> ours, ours -> hf); both directions are numpy views/reshapes.
+_Entry = tuple[str, tuple, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def tensor_map(config: ModelConfig) -> list[_Entry]:
+    """Every HF tensor name with its place in our params tree and the layout conversions."""
+    n, k, d, h = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
+    ident = lambda w: w
+    tr = lambda w: w.T
+
+    def qkv(heads):
+        return (lambda w: w.reshape(heads, d, h).transpose(2, 0, 1), lambda x: x.transpose(1, 2, 0).reshape(heads * d, h))
+
+    def bias(heads):
+        return (lambda w: w.reshape(heads, d), lambda x: x.reshape(heads * d))
+
+    o = (lambda w: w.reshape(h, n, d).transpose(1, 2, 0), lambda x: x.transpose(2, 0, 1).reshape(h, n * d))
+    entries: list[_Entry] = [("model.embed_tokens.weight", ("embed",), ident, ident)]
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        L = ("layers", i)
+        entries += [
+            (p + "input_layernorm.weight", L + ("attn_norm", "scale"), ident, ident),
+            (p + "self_attn.q_proj.weight", L + ("attn", "q_proj"), *qkv(n)),
+            (p + "self_attn.k_proj.weight", L + ("attn", "k_proj"), *qkv(k)),
+            (p + "self_attn.v_proj.weight", L + ("attn", "v_proj"), *qkv(k)),
+            (p + "self_attn.o_proj.weight", L + ("attn", "o_proj"), *o),
+            (p + "post_attention_layernorm.weight", L + ("mlp_norm", "scale"), ident, ident),
+            (p + "mlp.gate_proj.weight", L + ("mlp", "gate_proj"), tr, tr),
+            (p + "mlp.up_proj.weight", L + ("mlp", "up_proj"), tr, tr),
+            (p + "mlp.down_proj.weight", L + ("mlp", "down_proj"), tr, tr),
+        ]
+        if config.qkv_bias:
+            entries += [
+                (p + "self_attn.q_proj.bias", L + ("attn", "q_bias"), *bias(n)),
+                (p + "self_attn.k_proj.bias", L + ("attn", "k_bias"), *bias(k)),
+                (p + "self_attn.v_proj.bias", L + ("attn", "v_bias"), *bias(k)),
+            ]
+    entries.append(("model.norm.weight", ("final_norm", "scale"), ident, ident))
+    if not config.tie_embeddings:
+        entries.append(("lm_head.weight", ("lm_head",), tr, tr))
+    return entries
+
+
+def _get(tree, path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree, path, value):
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+# --------------------------------------------------------------------------- load / save
+
+
+def _open_tensors(path: str) -> dict[str, np.ndarray]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(path, name) for name in files]
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:
+            raise ValueError(f"{index} lists shard files that are missing: {', '.join(os.path.basename(m) for m in missing)}")
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {path} (expected model.safetensors or a sharded set with model.safetensors.index.json)")
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        tensors.update(read_safetensors(file))
+    return tensors
+
+
+def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules=None) -> tuple[ModelConfig, dict]:
+    """Reads a local HF Llama/Qwen2 checkpoint into ``(ModelConfig, params)``.
+
+    Args:
+      path: a directory with ``config.json`` and the safetensors weights.
+      dtype: ``"float32"`` / ``"bfloat16"`` (or a jnp dtype) for parameters and compute;
+        default the checkpoint's ``torch_dtype`` (float16 checkpoints load as float32).
+      mesh: place every tensor directly in its sharded layout on this mesh (each device
+        reads only its shard); default one device, ``jax.devices()[0]``.
+
+    Returns:
+      ``(config, params)``; ``params`` is the pure dict of :func:`rljax.models.split`.
+      The graphdef is ``rljax.models.abstract_params(config)[0]``.
+
+    Raises:
+      ValueError: an unsupported architecture or option, a missing or misshaped tensor.
+    """
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise ValueError(f"{path} is not a Hugging Face checkpoint directory: config.json is missing")
+    with open(cfg_path) as f:
+        config = config_from_hf(json.load(f), dtype=dtype)
+    tensors = _open_tensors(path)
+    entries = tensor_map(config)
+    missing = [name for name, *_ in entries if name not in tensors]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint {path} is missing {len(missing)} tensor(s) for {_ARCH_NAMES[config.architecture]}: {shown}")
+    if config.architecture == "llama" and config.qkv_bias:
+        # HF Llama's attention_bias also gives o_proj a bias, which this model lacks.
+        for i in range(config.num_layers):
+            name = f"model.layers.{i}.self_attn.o_proj.bias"
+            if name in tensors and np.any(np.asarray(tensors[name], np.float32) != 0):
+                raise ValueError(f"unsupported checkpoint: {name} is non-zero (Llama attention_bias with an o_proj bias)")
+    _, shapes = abstract_params(config)
+    shardings = param_shardings(config, mesh, rules=rules) if mesh is not None else None
+    single = SingleDeviceSharding(jax.devices()[0])
+    target = np.dtype(config.jnp_param_dtype)
+    params: dict = {}
+    for name, ours, to_ours, _ in entries:
+        view = to_ours(tensors[name])
+        expect = _get(shapes, ours).shape
+        if tuple(view.shape) != tuple(expect):
+            hf_shape = tuple(tensors[name].shape)
+            raise ValueError(f"tensor {name} has shape {hf_shape}, which does not match config.json (expected {expect} after layout change)")
+        sharding = _get(shardings, ours) if shardings is not None else single
+        arr = jax.make_array_from_callback(
+            tuple(expect), sharding, lambda idx, view=view: np.ascontiguousarray(view[idx]).astype(target, copy=False)
+        )
+        _set(params, ours, arr)
+    return config, params
+
+
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def save_hf_checkpoint(path: str, config: ModelConfig, params: dict, *, max_shard_bytes: int = 5 * 1024**3) -> None:
+    """Writes ``config.json`` and safetensors weights that ``transformers`` (and vLLM, SGLang) load.
+
+    Tensors keep their parameter dtype. Checkpoints above ``max_shard_bytes`` are split
+    into ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``.
+    Multi-host: every process must call it; process 0 writes.
+    """
+    entries = tensor_map(config)
+    host: dict[str, np.ndarray] = {}
+    for name, ours, _, to_hf in entries:
+        try:
+            value = _get(params, ours)
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"params has no entry {'/'.join(map(str, ours))} needed for {name}") from None
+        host[name] = np.ascontiguousarray(to_hf(_to_host(value)))
+    if config.architecture == "llama" and config.qkv_bias:
+        # HF Llama's attention_bias also gives o_proj a bias; ours is zero.
+        for i in range(config.num_layers):
+            host[f"model.layers.{i}.self_attn.o_proj.bias"] = np.zeros((config.hidden_size,), host["model.norm.weight"].dtype)
+    if jax.process_index() != 0:
+        return
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_to_hf(config), f, indent=2)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, arr in host.items():
+        if shards[-1] and size + arr.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = arr
+        size += arr.nbytes
+    for old in glob.glob(os.path.join(path, "*.safetensors")) + glob.glob(os.path.join(path, "model.safetensors.index.json")):
+        os.remove(old)
+    if len(shards) == 1:
+        write_safetensors(os.path.join(path, "model.safetensors"), shards[0])
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(os.path.join(path, fname), shard)
+        weight_map.update({name: fname for name in shard})
+    total = sum(a.nbytes for a in host.values())
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

@@ -1,0 +1,327 @@
+"""Decoder-only transformer (Llama / Qwen2 family) in Flax NNX.
+
+Shapes: ``B`` batch, ``T`` sequence, ``H`` hidden, ``N`` query heads, ``K`` key/value
+heads, ``D`` head dim, ``F`` MLP hidden, ``V`` vocab, ``L`` layers, ``S`` cache slots,
+``M`` cache length. Every parameter carries its logical axes in the ``out_sharding``
+metadata (``nnx.Param(..., out_sharding=("embed", "mlp"))``); :mod:`rljax.sharding`
+maps them to the mesh. Activations are constrained by logical name only when a mesh is
+passed in; without one the model is plain single-device code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, PartitionSpec
+
+from rljax.models.config import ModelConfig
+from rljax.sharding import logical_to_spec, with_logical_constraint
+
+_NEG = float(np.finfo(np.float32).min)
+
+
+def _param(rngs: nnx.Rngs, init, shape, dtype, axes) -> nnx.Param:
+    # eager_sharding=False: the logical names are resolved by rljax.sharding, not by a
+    # global mesh context at construction time.
+    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
+
+
+# --------------------------------------------------------------------------- rotary
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse frequencies ``[D/2]`` (float32) with the configured ``rope_scaling``."""
+    d = config.head_dim
+    inv = (1.0 / (np.float32(config.rope_theta) ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d)))).astype(np.float32)
+    scaling = config.rope_scaling_dict
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return (inv / factor).astype(np.float32)
+    # llama3: long wavelengths divided by `factor`, short kept, a smooth blend in between.
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old = float(scaling["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """``cos, sin`` of shape ``positions.shape + (D,)`` in float32 (halves repeated)."""
+    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
+    angle = jnp.concatenate([angle, angle], axis=-1)
+    return jnp.cos(angle), jnp.sin(angle)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates ``x [B,T,heads,D]`` (rotate-half convention, as in HF Llama/Qwen2)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+# --------------------------------------------------------------------------- attention core
+
+
+def dense_attention(q, k, v, q_index, k_index, k_valid) -> jax.Array:
+    """Causal grouped-query attention.
+
+    Args:
+      q: ``[B,Tq,N,D]``; k, v: ``[B,Tk,K,D]`` with ``N % K == 0`` (query head ``n`` uses
+        key/value head ``n // (N/K)``).
+      q_index, k_index: ``[B,Tq]`` / ``[B,Tk]`` integer indices in the sequence; a query
+        sees keys with ``k_index <= q_index``.
+      k_valid: ``[B,Tk]`` bool, False for padding keys.
+
+    Returns ``[B,Tq,N,D]`` in ``q.dtype``. Softmax runs in float32.
+    """
+    b, tq, n, d = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, tq, kh, n // kh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
+    mask = (k_index[:, None, :] <= q_index[:, :, None]) & k_valid[:, None, :]
+    scores = jnp.where(mask[:, None, None], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, tq, n, d).astype(q.dtype)
+
+
+def _axis_of(spec: PartitionSpec, dim: int):
+    entries = tuple(spec) + (None,) * (dim + 1 - len(spec))
+    return entries[dim]
+
+
+def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None) -> jax.Array:
+    """Causal attention with the sequence split over the mesh axis of logical ``length``.
+
+    Runs inside ``jax.shard_map``: each device holds ``T/sp`` queries and all-gathers the
+    keys, values and key mask over ``sp``, so every query sees its whole causal context.
+    Batch and heads stay split as the logical-axis rules say (heads only where the head
+    counts divide ``tp``; key/value heads are repeated up to ``N`` when only ``N`` does).
+    Sequence indices are the token indices ``0..T-1``; ``q, k, v`` are ``[B,T,heads,D]``
+    and ``k_valid`` is ``[B,T]``. Equals :func:`dense_attention` with ``q_index = k_index
+    = arange(T)``.
+    """
+    b, t, n, d = q.shape
+    kh = k.shape[2]
+    q_spec = logical_to_spec(("batch", "length", "heads", "head_dim"), rules=rules, mesh=mesh, shape=q.shape)
+    sp_axis = _axis_of(q_spec, 1)
+    if sp_axis is None:
+        raise ValueError(f"sequence_parallel_attention: sequence length {t} is not split by mesh {dict(mesh.shape)}")
+    kv_spec = logical_to_spec(("batch", "length", "kv_heads", "head_dim"), rules=rules, mesh=mesh, shape=k.shape)
+    if _axis_of(q_spec, 2) is not None and _axis_of(kv_spec, 2) != _axis_of(q_spec, 2):
+        # query heads split but key/value heads are not: give every query head its own copy.
+        k = jnp.repeat(k, n // kh, axis=2)
+        v = jnp.repeat(v, n // kh, axis=2)
+        kv_spec = q_spec
+    elif _axis_of(q_spec, 2) is None:
+        kv_spec = PartitionSpec(_axis_of(kv_spec, 0), sp_axis)
+    mask_spec = PartitionSpec(_axis_of(q_spec, 0), sp_axis)
+    sp_size = mesh.shape[sp_axis] if isinstance(sp_axis, str) else math.prod(mesh.shape[a] for a in sp_axis)
+
+    def local(q, k, v, k_valid):
+        t_local = q.shape[1]
+        k = jax.lax.all_gather(k, sp_axis, axis=1, tiled=True)
+        v = jax.lax.all_gather(v, sp_axis, axis=1, tiled=True)
+        k_valid = jax.lax.all_gather(k_valid, sp_axis, axis=1, tiled=True)
+        offset = jax.lax.axis_index(sp_axis) * t_local
+        q_index = jnp.broadcast_to(offset + jnp.arange(t_local), q.shape[:2])
+        k_index = jnp.broadcast_to(jnp.arange(t_local * sp_size), k.shape[:2])
+        return dense_attention(q, k, v, q_index, k_index, k_valid)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_spec), out_specs=q_spec)
+    return fn(q, k, v, k_valid)
+
+
+def _uses_sequence_parallel(mesh: Mesh | None, shape) -> bool:
+    if mesh is None:
+        return False
+    spec = logical_to_spec(("batch", "length"), mesh=mesh, shape=shape[:2])
+    return _axis_of(spec, 1) is not None
+
+
+# --------------------------------------------------------------------------- modules
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs):
+        self.scale = _param(rngs, nnx.initializers.ones, (dim,), param_dtype, ("norm",))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c = config
+        h, n, k, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        pd = c.jnp_param_dtype
+        init = nnx.initializers.normal(0.02)
+        self.config = config
+        self.q_proj = _param(rngs, init, (h, n, d), pd, ("embed", "heads", "head_dim"))
+        self.k_proj = _param(rngs, init, (h, k, d), pd, ("embed", "kv_heads", "head_dim"))
+        self.v_proj = _param(rngs, init, (h, k, d), pd, ("embed", "kv_heads", "head_dim"))
+        self.o_proj = _param(rngs, init, (n, d, h), pd, ("heads", "head_dim", "embed"))
+        if c.qkv_bias:
+            self.q_bias = _param(rngs, nnx.initializers.zeros, (n, d), pd, ("heads", "head_dim"))
+            self.k_bias = _param(rngs, nnx.initializers.zeros, (k, d), pd, ("kv_heads", "head_dim"))
+            self.v_bias = _param(rngs, nnx.initializers.zeros, (k, d), pd, ("kv_heads", "head_dim"))
+
+    def project(self, x, positions, mesh):
+        """``x [B,T,H]`` -> rotated ``q [B,T,N,D]``, ``k, v [B,T,K,D]``."""
+        dt = self.config.jnp_dtype
+        q = jnp.einsum("bth,hnd->btnd", x, self.q_proj[...].astype(dt))
+        k = jnp.einsum("bth,hkd->btkd", x, self.k_proj[...].astype(dt))
+        v = jnp.einsum("bth,hkd->btkd", x, self.v_proj[...].astype(dt))
+        if self.config.qkv_bias:
+            q = q + self.q_bias[...].astype(dt)
+            k = k + self.k_bias[...].astype(dt)
+            v = v + self.v_bias[...].astype(dt)
+        cos, sin = rope_cos_sin(positions, self.config)
+        q = with_logical_constraint(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"), mesh)
+        k = with_logical_constraint(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"), mesh)
+        v = with_logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"), mesh)
+        return q, k, v
+
+    def output(self, attn, mesh):
+        out = jnp.einsum("btnd,ndh->bth", attn, self.o_proj[...].astype(self.config.jnp_dtype))
+        return with_logical_constraint(out, ("batch", "length", "embed"), mesh)
+
+    def __call__(self, x, positions, valid, mesh):
+        """Self-attention over the whole sequence; also returns the rotated ``k, v``."""
+        q, k, v = self.project(x, positions, mesh)
+        if _uses_sequence_parallel(mesh, q.shape):
+            attn = sequence_parallel_attention(q, k, v, valid, mesh)
+        else:
+            idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+            attn = dense_attention(q, k, v, idx, idx, valid)
+        return self.output(attn, mesh), (k, v)
+
+    def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
+        """Attention for ``x [S,Tn,H]`` new tokens per slot against layer ``layer`` of a
+        cache ``[L,S,M,K,D]``.
+
+        Writes the new keys/values at ``cache_index[s] + t`` (writes past ``M`` are
+        dropped) and attends to cache entries ``<= cache_index[s] + t``.
+        """
+        q, k, v = self.project(x, positions, None)
+        s, tn = x.shape[:2]
+        write = cache_index[:, None] + jnp.arange(tn)[None, :]
+        rows = jnp.arange(s)[:, None]
+        cache_k = cache_k.at[layer, rows, write].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[layer, rows, write].set(v.astype(cache_v.dtype), mode="drop")
+        m = cache_k.shape[2]
+        k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
+        attn = dense_attention(
+            q, cache_k[layer].astype(q.dtype), cache_v[layer].astype(q.dtype), write, k_index, jnp.ones((s, m), bool)
+        )
+        return self.output(attn, None), cache_k, cache_v
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        h, f, pd = config.hidden_size, config.intermediate_size, config.jnp_param_dtype
+        init = nnx.initializers.normal(0.02)
+        self.dtype = config.jnp_dtype
+        self.gate_proj = _param(rngs, init, (h, f), pd, ("embed", "mlp"))
+        self.up_proj = _param(rngs, init, (h, f), pd, ("embed", "mlp"))
+        self.down_proj = _param(rngs, init, (f, h), pd, ("mlp", "embed"))
+
+    def __call__(self, x, mesh):
+        gate = jnp.einsum("bth,hf->btf", x, self.gate_proj[...].astype(self.dtype))
+        up = jnp.einsum("bth,hf->btf", x, self.up_proj[...].astype(self.dtype))
+        act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"), mesh)
+        out = jnp.einsum("btf,fh->bth", act, self.down_proj[...].astype(self.dtype))
+        return with_logical_constraint(out, ("batch", "length", "embed"), mesh)
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        kw = dict(eps=config.rms_norm_eps, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype, rngs=rngs)
+        self.attn_norm = RMSNorm(config.hidden_size, **kw)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = RMSNorm(config.hidden_size, **kw)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x, positions, valid, mesh):
+        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh)
+        x = x + a
+        x = x + self.mlp(self.mlp_norm(x), mesh)
+        return x, kv
+
+    def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
+        a, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, layer, cache_index)
+        x = x + a
+        x = x + self.mlp(self.mlp_norm(x), None)
+        return x, cache_k, cache_v
+
+
+class Transformer(nnx.Module):
+    """Token embedding -> ``num_layers`` x (RMSNorm, GQA attention, RMSNorm, SwiGLU) -> RMSNorm.
+
+    ``__call__`` returns the final hidden states ``[B,T,H]`` (after the last norm); the
+    unembedding is :meth:`unembedding` (``[H,V]``: the transposed embedding when tied).
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        pd = config.jnp_param_dtype
+        self.embed = _param(rngs, nnx.initializers.normal(0.02), (config.vocab_size, config.hidden_size), pd, ("vocab", "embed"))
+        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(
+            config.hidden_size, eps=config.rms_norm_eps, dtype=config.jnp_dtype, param_dtype=pd, rngs=rngs
+        )
+        if not config.tie_embeddings:
+            self.lm_head = _param(
+                rngs, nnx.initializers.normal(0.02), (config.hidden_size, config.vocab_size), pd, ("embed", "vocab")
+            )
+
+    def embed_tokens(self, tokens, mesh):
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.jnp_dtype)
+        return with_logical_constraint(x, ("batch", "length", "embed"), mesh)
+
+    def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False):
+        x = self.embed_tokens(tokens, mesh)
+        ks, vs = [], []
+        for layer in self.layers:
+            if self.config.remat:
+                step = nnx.remat(lambda blk, x, p, m: blk(x, p, m, mesh), prevent_cse=True)
+                x, (k, v) = step(layer, x, positions, valid)
+            else:
+                x, (k, v) = layer(x, positions, valid, mesh)
+            if return_kv:
+                ks.append(k)
+                vs.append(v)
+        hidden = self.final_norm(x)
+        if return_kv:
+            return hidden, (jnp.stack(ks), jnp.stack(vs))
+        return hidden
+
+    def decode(self, tokens, positions, cache_k, cache_v, cache_index):
+        """``tokens [S,Tn]`` at ``positions [S,Tn]``; cache ``[L,S,M,K,D]`` written at ``cache_index [S]``."""
+        x = self.embed_tokens(tokens, None)
+        for i, layer in enumerate(self.layers):
+            x, cache_k, cache_v = layer.decode(x, positions, cache_k, cache_v, i, cache_index)
+        return self.final_norm(x), cache_k, cache_v
+
+    def unembedding(self) -> jax.Array:
+        return self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
