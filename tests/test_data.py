@@ -357,3 +357,22 @@ def test_hide_tf_gpus_only_touches_an_already_imported_tensorflow(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", fake_tf)
     D.hide_tf_gpus()
     assert calls == [([], "GPU")]
+
+
+def test_train_and_val_iterators_from_a_config(tmp_path):
+    cfg, _ = resolve(None, ["data.embedded.num_train=40", "data.embedded.num_test=10", "data.embedded.max_operand=19",
+                            "data.train_batch_size=8",
+                            "actor.ppo_mini_batch_size=8", "data.val_batch_size=4", "trainer.seed=9",
+                            "data.max_prompt_length=5", "data.filter_overlong_prompts=true"])
+    it = D.train_iterator(cfg, _chars, data_dir=tmp_path)
+    stats = it.source.stats
+    two_digit = sum(len(e["prompt"]) > 5 for e in D.embedded_examples(cfg.data.embedded, "train"))
+    assert 0 < two_digit < 32
+    assert stats.filtered == two_digit and stats.kept == 40 - two_digit and stats.total == 40
+    assert it.seed == 9 and all(len(p.ids) <= 5 for p in next(it))
+    resumed = D.train_iterator(cfg, _chars, data_dir=tmp_path, state=it.state())
+    assert [p.index for p in next(resumed)] == [p.index for p in next(it)]
+    val = D.val_iterator(cfg, _chars, data_dir=tmp_path)
+    sizes = [len(b) for b in val]
+    kept_test = sum(len(e["prompt"]) <= 5 for e in D.embedded_examples(cfg.data.embedded, "test"))
+    assert sum(sizes) == kept_test and all(s == 4 for s in sizes[:-1])

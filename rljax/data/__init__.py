@@ -3,17 +3,17 @@ datasets, prompt length policy, and deterministic resumable iteration.
 
 Typical use by the trainer::
 
-    from rljax.data import load_split, prepare_prompts, PromptIterator
+    from rljax.data import train_iterator, val_iterator
 
-    train = load_split(cfg.data, "train", data_dir=...)          # builds once, offline
-    prompts = prepare_prompts(train, lambda s: tok.encode(s, add_bos=True),
-                              max_length=cfg.data.max_prompt_length,
-                              filter_overlong=cfg.data.filter_overlong_prompts,
-                              truncation=cfg.data.truncation)     # prompts.stats: counts
-    it = PromptIterator(prompts, cfg.data.train_batch_size,
-                        seed=cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed,
-                        shuffle=cfg.data.shuffle, state=saved_state_or_None)
-    batch = next(it)          # list[Prompt]; it.state() goes into the checkpoint
+    tokenize = lambda s: tok.encode(s, add_bos=True)
+    it = train_iterator(cfg, tokenize, data_dir=..., state=saved_state_or_None)  # builds once, offline
+    it.source.stats                     # prompts total / kept / filtered / truncated
+    batch = next(it)                    # list[Prompt] (ids, answer, dataset row index)
+    ckpt["data"] = it.state()           # {"epoch", "position", "seed", "num_examples"}
+    for val_batch in val_iterator(cfg, tokenize, data_dir=...): ...
+
+The pieces (:func:`load_split`, :func:`prepare_prompts`, :class:`PromptIterator`) are
+public too.
 
 Importing this package does not import TensorFlow or TFDS; :func:`load_split` imports
 TFDS (which does not import TensorFlow for array_record data). Nothing is downloaded.
@@ -22,6 +22,7 @@ TFDS (which does not import TensorFlow for array_record data). Nothing is downlo
 from rljax.data._embedded import embedded_example, embedded_examples
 from rljax.data._iterator import PromptIterator
 from rljax.data._local import read_records, split_files
+from rljax.data._pipeline import build_prompts, data_seed, train_iterator, val_iterator
 from rljax.data._prompts import PreparedPrompts, Prompt, PromptStats, prepare_prompts, truncate_ids
 from rljax.data._prng import permutation
 from rljax.data._source import DEFAULT_TEMPLATES, PromptSource, hide_tf_gpus, load_split, prepare
@@ -33,6 +34,8 @@ __all__ = [
     "PromptIterator",
     "PromptSource",
     "PromptStats",
+    "build_prompts",
+    "data_seed",
     "embedded_example",
     "embedded_examples",
     "hide_tf_gpus",
@@ -42,5 +45,7 @@ __all__ = [
     "prepare_prompts",
     "read_records",
     "split_files",
+    "train_iterator",
     "truncate_ids",
+    "val_iterator",
 ]

@@ -94,6 +94,10 @@ class PromptIterator:
         self._epoch, self._position = epoch, position
 
     @property
+    def source(self) -> Sequence:
+        return self._source
+
+    @property
     def epoch(self) -> int:
         return self._epoch
 

@@ -1,0 +1,59 @@
+"""One-call wiring from a resolved :class:`~rljax.config.Config` to prompt iterators."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rljax.data._iterator import PromptIterator
+from rljax.data._prompts import PreparedPrompts, prepare_prompts
+from rljax.data._source import load_split
+
+
+def data_seed(config) -> int:
+    """``data.seed``, or ``trainer.seed`` when it is null."""
+    return config.data.seed if config.data.seed is not None else config.trainer.seed
+
+
+def build_prompts(
+    config, split: str, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None
+) -> PreparedPrompts:
+    """The ``split``'s prompts, formatted, tokenized, filtered/truncated per ``config.data``."""
+    d = config.data
+    return prepare_prompts(
+        load_split(d, split, data_dir=data_dir),
+        tokenize,
+        max_length=d.max_prompt_length,
+        filter_overlong=d.filter_overlong_prompts,
+        truncation=d.truncation,
+    )
+
+
+def train_iterator(
+    config,
+    tokenize: Callable[[str], Sequence[int]],
+    *,
+    data_dir: str | os.PathLike | None = None,
+    state: Mapping[str, Any] | None = None,
+) -> PromptIterator:
+    """Endless batches of ``data.train_batch_size`` prompts from the train split.
+
+    ``iterator.source.stats`` holds the filter/truncation counts; ``iterator.state()`` is
+    what the checkpoint saves and ``state=`` resumes from.
+    """
+    prompts = build_prompts(config, "train", tokenize, data_dir=data_dir)
+    return PromptIterator(
+        prompts, config.data.train_batch_size, seed=data_seed(config), shuffle=config.data.shuffle,
+        drop_last=True, state=state,
+    )
+
+
+def val_iterator(
+    config, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None
+) -> PromptIterator:
+    """One in-order pass over the test split in batches of ``data.val_batch_size`` (null: one
+    batch); the last batch may be shorter (pad it and mark ``is_padding``)."""
+    prompts = build_prompts(config, "test", tokenize, data_dir=data_dir)
+    size = config.data.val_batch_size or len(prompts)
+    return PromptIterator(prompts, size, seed=0, shuffle=False, drop_last=False, num_epochs=1)
