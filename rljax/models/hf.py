@@ -106,8 +106,11 @@ def config_to_hf(config: ModelConfig) -> dict:
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
         "rope_scaling": config.rope_scaling_dict,
+        # transformers >= 5 reads rope_parameters; older releases rope_theta / rope_scaling.
+        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default", **(config.rope_scaling_dict or {})},
         "tie_word_embeddings": config.tie_embeddings,
         "torch_dtype": config.param_dtype,
+        "dtype": config.param_dtype,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id,
