@@ -1,12 +1,12 @@
-"""``python -m rljax.launch [--mesh=dp8]``: device setup, then the job.
+"""``python -m rljax.launch [--mesh=dp8] [--config X] [key=value ...] [--run-dir DIR] [--resume]``
 
-Until the end-to-end GRPO loop lands (issue 6) the job is a mesh self-check: one GRPO
-actor update of the tiny policy on a synthetic batch, computed on the requested mesh and
-on a single device, compared leaf by leaf. It exercises the model, the fused log-prob, the
-losses and the sharded train step exactly as training will.
+Resolves and validates the configuration before JAX starts (a mistake costs nothing and
+writes nothing), sets up the devices (virtual CPU devices on a CPU host; multi-host
+initialisation when asked), writes ``config.resolved.yaml`` and ``topology.json`` to the
+run directory, then trains. With no arguments it runs the embedded default preset.
 
-Usage errors (a bad mesh spec, a device-count mismatch on an accelerator) print one line
-and exit with status 2.
+Usage errors (unknown keys, bad values, contradictions, a bad mesh spec, a device-count
+mismatch on an accelerator) print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -15,19 +15,33 @@ import argparse
 import json
 import os
 import sys
-import time
 
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
+DEFAULT_PRESET = "default"
 
 
 class UsageError(Exception):
-    """A command-line mistake: reported in one line, exit status 2."""
+    """A command-line or configuration mistake: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own convention, kept short)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rljax.launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mesh", default="dp8", help="mesh spec over dp/tp/sp, e.g. dp8 or dp2,tp2,sp2 (default dp8)")
-    p.add_argument("--seed", type=int, default=0)
+    p = _Parser(prog="python -m rljax.launch",
+                description="Train a policy with GRPO/PPO. Overrides are key=value, e.g. rollout.n=4.")
+    p.add_argument("--mesh", help="mesh over dp/tp/sp, e.g. dp8 or dp2,tp2,sp2 (default: trainer.mesh, else dp over all devices)")
+    p.add_argument("--config", default=None, help=f"preset name in configs/ or a YAML path (default: {DEFAULT_PRESET})")
+    p.add_argument("--run-dir", default=None, help="output directory (default: trainer.output_dir)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in the run directory")
+    p.add_argument("--coordinator", help="multi-host: HOST:PORT of process 0 (jax.distributed.initialize)")
+    p.add_argument("--num-processes", type=int, help="multi-host: number of processes")
+    p.add_argument("--process-id", type=int, help="multi-host: this process's index")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host with the environment's auto-detection (TPU pods, SLURM)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="configuration overrides")
     return p
 
 
@@ -40,104 +54,97 @@ def _accelerator_present() -> bool:
     return any(importlib.util.find_spec(m) is not None for m in ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu"))
 
 
-def setup_devices(spec: str) -> dict:
-    """Parse ``spec``; on a CPU host, create the devices it needs before JAX initialises."""
+def resolve_config(args) -> tuple:
+    """``(config, provenance)`` validated (mesh included) with no JAX initialised; UsageError on any mistake."""
+    from rljax.config import ConfigError, resolve, validate_for_mesh
     from rljax.sharding.mesh import parse_mesh, spec_device_count
 
+    overrides = list(args.overrides)
+    if args.mesh is not None:
+        overrides.append(f"trainer.mesh={args.mesh}")
     try:
-        need = spec_device_count(spec)
-    except ValueError as e:
+        cfg, prov = resolve(args.config or DEFAULT_PRESET, overrides)
+        if cfg.trainer.mesh:
+            spec = cfg.trainer.mesh
+            validate_for_mesh(cfg, parse_mesh(spec, devices=spec_device_count(spec)))
+    except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
-    if not _accelerator_present():
+    return cfg, prov
+
+
+def setup_devices(args, spec) -> None:
+    """Multi-host initialisation, then the CPU host device count; both before JAX's backends start."""
+    from rljax.sharding.mesh import spec_device_count
+
+    multi = args.coordinator or args.num_processes or args.process_id is not None or args.distributed
+    need = None if spec is None else spec_device_count(spec)
+    if not _accelerator_present() and need is not None:
+        local = need
+        if args.num_processes:
+            if need % args.num_processes:
+                raise UsageError(f"mesh needs {need} devices, which does not split over {args.num_processes} processes")
+            local = need // args.num_processes
         flags = os.environ.get("XLA_FLAGS", "")
         if _HOST_COUNT_FLAG not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={need}".strip()
+            os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={local}".strip()
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
-            print(f"rljax: CPU host: created {need} virtual CPU devices for mesh {spec} ({_HOST_COUNT_FLAG}={need})")
+            print(f"rljax: CPU host: created {local} virtual CPU devices ({_HOST_COUNT_FLAG}={local})")
     import jax
 
-    try:
-        return parse_mesh(spec, jax.devices())
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def self_check(spec: str, seed: int) -> dict:
-    """One GRPO update of the tiny policy on ``spec`` and on one device; returns the comparison."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    from rljax import loss as rl
-    from rljax.models import functional as F
-    from rljax.models.config import get_config
-    from rljax.sharding import make_mesh, topology
-    from rljax.trainer import ActorConfig, init_state, make_logprob_fn, make_train_step
-
-    config = get_config("tiny")
-    mesh = make_mesh(spec)
-    sizes = dict(mesh.shape)
-    groups, n, prompt_len, response_len = 4, 4, 16, 16
-    b = groups * n
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, config.vocab_size, (b, prompt_len + response_len)).astype(np.int32)
-    lengths = rng.integers(1, response_len + 1, b)
-    resp_mask = np.arange(response_len)[None] < lengths[:, None]
-    attn = np.concatenate([np.ones((b, prompt_len), bool), resp_mask], 1)
-    scores = rng.integers(0, 2, b).astype(np.float32)
-    group_ids = np.repeat(np.arange(groups), n)
-    adv = rl.grpo_advantages(jnp.asarray(scores), jnp.asarray(group_ids), num_groups=groups)
-    batch = {
-        "input_ids": jnp.asarray(np.where(attn, ids, 0)),
-        "attention_mask": jnp.asarray(attn),
-        "positions": F.default_positions(jnp.asarray(attn)),
-        "loss_mask": jnp.asarray(resp_mask, jnp.float32),
-        "advantages": jnp.broadcast_to(adv[:, None], (b, response_len)),
-    }
-    graphdef, params = F.init_params(config, seed=seed)
-    batch["old_logp"] = make_logprob_fn(graphdef, response_len=response_len, temperature=1.0)(params, batch)[0]
-    cfg = ActorConfig(ppo_mini_batch_size=b, ppo_micro_batch_size=max(sizes["dp"], b // 2))
-    opt = optax.sgd(1.0)
-
-    def update(p, m):
-        step = make_train_step(graphdef, opt, cfg, mesh=m)
-        t = time.perf_counter()
-        state, metrics = step(init_state(p, opt), batch, jax.random.key(seed))
-        jax.block_until_ready(state)
-        return state, metrics, time.perf_counter() - t
-
-    single, m1, t1 = update(jax.tree.map(jnp.copy, params), None)
-    sharded, m2, t2 = update(jax.device_put(params, F.param_shardings(config, mesh)), mesh)
-    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)))
-    return {
-        "topology": topology(mesh),
-        "loss_single": float(m1["loss"]),
-        "loss_mesh": float(m2["loss"]),
-        "grad_norm_single": float(m1["grad_norm"]),
-        "grad_norm_mesh": float(m2["grad_norm"]),
-        "max_abs_param_diff": diff,
-        "seconds_single": round(t1, 2),
-        "seconds_mesh": round(t2, 2),
-    }
+    if multi:
+        if not args.distributed and not (args.coordinator and args.num_processes and args.process_id is not None):
+            raise UsageError("multi-host needs --coordinator HOST:PORT --num-processes N --process-id I together "
+                             "(or --distributed for auto-detection)")
+        kwargs = {} if args.distributed else dict(coordinator_address=args.coordinator,
+                                                   num_processes=args.num_processes, process_id=args.process_id)
+        if not _accelerator_present():
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(**kwargs)
+    if need is not None and jax.device_count() != need:
+        raise UsageError(f"mesh {spec} needs {need} devices, found {jax.device_count()} ({jax.devices()[0].platform})")
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        setup_devices(args.mesh)
+        cfg, prov = resolve_config(args)
+        run_dir = os.path.abspath(args.run_dir or cfg.trainer.output_dir)
+        ckpt_dir = os.path.join(run_dir, "checkpoints")
+        if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+            raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume to continue it "
+                             "or --run-dir for a new run")
+        setup_devices(args, cfg.trainer.mesh)
     except UsageError as e:
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
-    report = self_check(args.mesh, args.seed)
-    topo = report["topology"]
-    print(f"mesh {args.mesh}: {topo['mesh']} on {topo['world_size']} {topo['platform']} device(s); "
-          f"actor_dp = world_size / (tp * sp) = {topo['world_size']} / "
-          f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}")
-    print(json.dumps({k: v for k, v in report.items() if k != "topology"}, indent=2))
-    ok = report["max_abs_param_diff"] <= 1e-4 and abs(report["loss_single"] - report["loss_mesh"]) <= 1e-4
-    print("self-check: " + ("PASS — the mesh gives the single-device update" if ok else "FAIL — the mesh differs"))
-    return 0 if ok else 1
+
+    import jax
+
+    from rljax.config import non_default_fields, write_resolved
+    from rljax.sharding import make_mesh, topology
+    from rljax.trainer.loop import Trainer, format_summary
+
+    spec = cfg.trainer.mesh or f"dp{jax.device_count()}"
+    mesh = make_mesh(spec)
+    topo = topology(mesh)
+    topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["world_size"] // cfg.rollout.tp,
+                actor_dp_derivation=f"world_size / (tp * sp) = {topo['world_size']} / "
+                                    f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}")
+    main_process = jax.process_index() == 0
+    if main_process:
+        os.makedirs(run_dir, exist_ok=True)
+        write_resolved(cfg, prov, os.path.join(run_dir, "config.resolved.yaml"))
+        with open(os.path.join(run_dir, "topology.json"), "w") as fh:
+            json.dump(topo, fh, indent=2)
+        changed = non_default_fields(cfg, prov)
+        print(f"rljax: mesh {spec} on {topo['world_size']} {topo['platform']} device(s), "
+              f"{topo['process_count']} process(es); actor_dp = {topo['actor_dp_derivation']}")
+        print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
+    trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None))
+    summary = trainer.run()
+    if main_process:
+        print(format_summary(summary))
+    return 0
 
 
 if __name__ == "__main__":

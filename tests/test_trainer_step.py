@@ -10,7 +10,7 @@ import pytest
 from rljax.models import functional as F
 from rljax.models.config import get_config
 from rljax.sharding import make_mesh
-from rljax.trainer import ActorConfig, init_state, make_logprob_fn, make_optimizer, make_train_step
+from rljax.trainer import StepConfig, init_state, make_logprob_fn, make_optimizer, make_train_step
 
 S, T = 8, 8
 CFG = get_config("tiny")
@@ -49,7 +49,7 @@ def _run(graphdef, params, batch, *, mesh=None, adam=False, **kw):
     # Plain SGD for the invariance checks: Adam divides by sqrt(v), which turns float noise
     # in a near-zero gradient into an lr-sized step and would hide what is being compared.
     opt = make_optimizer(lr=1e-2, grad_clip=1.0) if adam else optax.sgd(1.0)
-    cfg = ActorConfig(**{"ppo_mini_batch_size": 8, "ppo_micro_batch_size": 8, "logprob_impl": "chunked", **kw})
+    cfg = StepConfig(**{"ppo_mini_batch_size": 8, "ppo_micro_batch_size": 8, "logprob_impl": "chunked", **kw})
     step = make_train_step(graphdef, opt, cfg, mesh=mesh)
     state = init_state(jax.tree.map(jnp.copy, params), opt)
     return step(state, batch, jax.random.key(0))

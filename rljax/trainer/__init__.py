@@ -1,11 +1,11 @@
 """The trainer: the pure actor update, old/reference log-probs, the optimizer.
 
-``make_train_step(graphdef, optimizer, ActorConfig(...), mesh)`` returns one jitted
+``make_train_step(graphdef, optimizer, StepConfig(...), mesh)`` returns one jitted
 ``(state, batch, key) -> (state, metrics)``; see :mod:`rljax.trainer.step`.
 """
 
 from rljax.trainer.step import (
-    ActorConfig,
+    StepConfig,
     TrainState,
     actor_loss,
     init_state,
@@ -16,7 +16,7 @@ from rljax.trainer.step import (
 )
 
 __all__ = [
-    "ActorConfig",
+    "StepConfig",
     "TrainState",
     "actor_loss",
     "init_state",

@@ -36,7 +36,7 @@ from rljax.sharding import with_logical_constraint
 
 
 @dataclasses.dataclass(frozen=True)
-class ActorConfig:
+class StepConfig:
     """Static hyper-parameters of the actor update (verl names)."""
 
     policy_loss: str = "vanilla"
@@ -64,14 +64,24 @@ class TrainState:
     skipped: jax.Array  # updates skipped for non-finite loss / gradients (int32)
 
 
-def make_optimizer(*, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0,
-                   betas: tuple[float, float] = (0.9, 0.999)) -> optax.GradientTransformation:
-    """AdamW with linear warm-up to a constant rate and global-norm gradient clipping."""
-    schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0 else lr
-    return optax.chain(
-        optax.clip_by_global_norm(grad_clip),
-        optax.adamw(schedule, b1=betas[0], b2=betas[1], weight_decay=weight_decay),
-    )
+def make_optimizer(*, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: Optional[float] = 1.0,
+                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, scheduler: str = "constant",
+                   total_steps: Optional[int] = None, min_lr_ratio: float = 0.0) -> optax.GradientTransformation:
+    """AdamW with linear warm-up, then a constant or cosine rate, and global-norm gradient clipping.
+
+    ``total_steps`` counts optimizer updates (needed by the cosine schedule).
+    """
+    if scheduler == "cosine":
+        if not total_steps:
+            raise ValueError("the cosine learning-rate schedule needs total_steps (optimizer updates)")
+        schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 0), max(total_steps, warmup_steps + 1),
+                                                      end_value=lr * min_lr_ratio)
+    elif scheduler == "constant":
+        schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0 else lr
+    else:
+        raise ValueError(f"unknown lr scheduler {scheduler!r}; accepted: constant, cosine")
+    adamw = optax.adamw(schedule, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+    return adamw if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
@@ -94,7 +104,7 @@ def response_logprobs(graphdef, params, batch: dict, *, response_len: int, tempe
     return fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, temperature=temperature, impl=impl)
 
 
-def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array], cfg: ActorConfig,
+def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array], cfg: StepConfig,
                mesh: Optional[Mesh]) -> tuple[jax.Array, dict]:
     """Policy loss (+ KL loss, - entropy bonus) of one micro-batch, normalised by mini-batch counts."""
     num_tokens, num_seqs = counts
@@ -130,7 +140,7 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: ActorConfig,
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig,
                     mesh: Optional[Mesh] = None) -> Callable:
     """``train_step(state, batch, key) -> (state, metrics)``, jitted.
 

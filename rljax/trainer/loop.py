@@ -1,0 +1,390 @@
+"""The step loop: rollout -> reward -> old/ref log-probs -> advantages -> actor update ->
+weight sync, with metrics, validation and checkpoints.
+
+The loop is host code that schedules; every computation is a jitted pure function
+(:mod:`rljax.trainer.step`, :mod:`rljax.loss`, the sampler's decode chunks). Randomness is
+derived from ``(trainer.seed, step)`` and the sampler's ``(seed, uid, session)`` streams, so
+``N`` steps, a resume and ``N`` more steps give the same numbers as ``2N`` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import loss as rl
+from rljax.config import Config
+from rljax.trace import MetricsWriter, plot_report
+from rljax.trainer.checkpoint import Checkpointer
+from rljax.trainer.step import StepConfig, TrainState, init_state, make_logprob_fn, make_optimizer, make_train_step
+
+log = logging.getLogger("rljax")
+
+STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "testing", "save_checkpoint")
+
+
+@dataclasses.dataclass
+class RunSummary:
+    steps: int
+    tokens: int
+    wall_s: float
+    stage_s: dict[str, float]
+    train_reward: Optional[float]
+    val_reward_before: Optional[float]
+    val_reward: Optional[float]
+    run_dir: str
+    resumed_from: Optional[int]
+
+
+def _model(cfg: Config, mesh, tokenizer):
+    """``(model_config, graphdef, params)``: from ``model.path`` (HF) or a preset sized to the tokenizer."""
+    from rljax.models import functional as F
+    from rljax.models.config import get_config
+
+    if cfg.model.path:
+        from rljax.models.hf import load_hf_checkpoint
+
+        mcfg, params = load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)
+        graphdef, _ = F.abstract_params(mcfg)
+        return mcfg, graphdef, params
+    overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat=cfg.model.remat)
+    base = get_config(cfg.model.name)
+    if tokenizer.vocab_size != base.vocab_size:
+        # A preset trained from scratch takes the tokenizer's vocabulary (the embedded task's
+        # character vocabulary is far smaller than the preset's).
+        overrides.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
+                         bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
+    mcfg = base.replace(**overrides)
+    graphdef, params = F.init_params(mcfg, seed=cfg.trainer.seed, mesh=mesh)
+    return mcfg, graphdef, params
+
+
+def _tokenizer(cfg: Config):
+    from rljax.models.tokenizer import CharTokenizer, load_tokenizer
+
+    spec = cfg.model.tokenizer
+    if spec in (None, "char") and not (spec is None and cfg.model.path):
+        return CharTokenizer()
+    return load_tokenizer(spec or cfg.model.path)
+
+
+class _Timer:
+    def __init__(self):
+        self.step: dict[str, float] = {}
+        self.total: dict[str, float] = {s: 0.0 for s in STAGES}
+
+    def __call__(self, stage: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                dt = time.perf_counter() - self.t
+                timer.step[stage] = timer.step.get(stage, 0.0) + dt
+                timer.total[stage] = timer.total.get(stage, 0.0) + dt
+
+        return _Ctx()
+
+
+def _progress(step: int, total: int, reward: float, step_s: float, elapsed: float, first: int) -> None:
+    done = step - first
+    eta = (total - step) * (elapsed / max(done, 1))
+    bar_w = 24
+    filled = int(bar_w * step / total)
+    line = (f"[{'#' * filled}{'.' * (bar_w - filled)}] step {step}/{total} | reward {reward:.3f} | "
+            f"{step_s:.2f}s/step | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    end = "\r" if sys.stderr.isatty() and step < total else "\n"
+    print(line, file=sys.stderr, end=end, flush=True)
+
+
+class Trainer:
+    """Owns the run: model, sampler, optimizer state, data position, outputs.
+
+    Args:
+      cfg: the resolved configuration.
+      mesh: the learner mesh (``rljax.sharding.make_mesh``).
+      run_dir: where outputs and checkpoints go.
+      resume: continue from the newest complete checkpoint in ``run_dir``.
+    """
+
+    def __init__(self, cfg: Config, mesh, run_dir: str, *, resume: bool = False, echo: Callable = print):
+        from rljax.data import train_iterator, val_iterator
+        from rljax.reward import get_reward_fn
+        from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
+
+        self.cfg, self.mesh, self.run_dir, self.echo = cfg, mesh, run_dir, echo
+        self.sizes = dict(mesh.shape)
+        d, a, r = cfg.data, cfg.actor, cfg.rollout
+        self.tokenizer = _tokenizer(cfg)
+        self.model_config, self.graphdef, params = _model(cfg, mesh, self.tokenizer)
+        self.prompt_len, self.response_len = d.max_prompt_length, d.max_response_length
+        self.reward_fn = get_reward_fn(cfg.reward.function, dataset=d.dataset)
+        data_dir = d.data_dir or os.path.join(run_dir, "data")
+        self.tokenize = lambda text: self.tokenizer.encode(text, add_bos=True)
+        self._train_iterator = lambda state=None: train_iterator(cfg, self.tokenize, data_dir=data_dir, state=state)
+        self._val_iterator = lambda: val_iterator(cfg, self.tokenize, data_dir=data_dir)
+        self.data = self._train_iterator()
+
+        trajectories = d.train_batch_size * r.n
+        micro = a.ppo_micro_batch_size or a.ppo_mini_batch_size * r.n
+        self.step_config = StepConfig(
+            policy_loss=a.policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss,
+            kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy_coeff=a.entropy_coeff,
+            ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=a.ppo_mini_batch_size * r.n, ppo_micro_batch_size=micro,
+            temperature=r.temperature, logprob_impl=a.logprob_impl, use_rollout_correction=r.correction != "none")
+        updates = cfg.trainer.total_steps * a.ppo_epochs * (trajectories // self.step_config.ppo_mini_batch_size)
+        o = a.optim
+        self.optimizer = make_optimizer(lr=o.lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+                                        grad_clip=a.grad_clip, betas=tuple(o.betas), eps=o.eps,
+                                        scheduler=o.lr_scheduler, total_steps=updates, min_lr_ratio=o.min_lr_ratio)
+        self.train_step = make_train_step(self.graphdef, self.optimizer, self.step_config, mesh=mesh)
+        self.logprob_fn = make_logprob_fn(self.graphdef, response_len=self.response_len, temperature=r.temperature,
+                                          impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
+        self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.ref_params = jax.tree.map(jnp.copy, params) if self.needs_ref else None
+        self.state = init_state(params, self.optimizer)
+        self.version = 0
+        self.step = 0
+        self.resumed_from = None
+
+        eos = (self.tokenizer.eos_id,)
+        top_k = max(r.top_k, 0)
+        self.decode = DecodeParams(max_new_tokens=self.response_len, temperature=r.temperature, top_k=top_k,
+                                   top_p=r.top_p, seed=cfg.trainer.seed, eos_ids=eos)
+        v = r.val_kwargs
+        self.val_decode = DecodeParams(max_new_tokens=self.response_len, temperature=v.temperature,
+                                       top_k=max(v.top_k, 0), top_p=v.top_p, seed=cfg.trainer.seed + 1, eos_ids=eos)
+        engine = RljaxEngine(self.model_config, num_slots=r.max_slots or trajectories,
+                             max_prefill_length=self.prompt_len, max_decode_length=self.response_len,
+                             mesh=sampler_mesh(r.tp), prefill_batch_size=min(d.train_batch_size, 64))
+        self.sampler = Sampler(engine, params, version=0, truncation="error")
+
+        os.makedirs(run_dir, exist_ok=True)
+        self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
+                                         max_to_keep=cfg.trainer.max_checkpoints or 1000)
+        if resume:
+            self._restore()
+        self.metrics = MetricsWriter(run_dir)
+        self.timer = _Timer()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _restore(self) -> None:
+        latest = self.checkpointer.latest_step()
+        if latest is None:
+            self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
+            return
+        state, meta = self.checkpointer.restore(latest, self.state)
+        self.state = state
+        self.step, self.version = int(meta["step"]), int(meta["version"])
+        self.data = self._train_iterator(state=meta["data"])
+        self.sampler.update_weights(self.state.params, self.version)
+        self.resumed_from = latest
+        self.echo(f"resume: restored step {self.step} (weight version {self.version}) from checkpoint {latest}")
+
+    def save(self) -> None:
+        from rljax.config import to_dict
+
+        meta = {"step": self.step, "version": self.version, "data": self.data.state(), "config": to_dict(self.cfg)}
+        self.checkpointer.save(self.step, self.state, meta)
+
+    # ------------------------------------------------------------------ one step
+
+    def _batch(self, traj, scores: np.ndarray) -> dict:
+        """Learner batch from a rollout: fixed ``[B, S+T]`` layout, left-padded prompts."""
+        b, s = traj.prompt_ids.shape
+        pad = self.prompt_len - s
+        prompt_ids = np.pad(traj.prompt_ids, ((0, 0), (pad, 0)), constant_values=traj.pad_id)
+        prompt_mask = np.pad(traj.prompt_mask, ((0, 0), (pad, 0)))
+        ids = np.concatenate([prompt_ids, traj.response_ids], axis=1).astype(np.int32)
+        attention = np.concatenate([prompt_mask, traj.response_mask], axis=1)
+        positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
+        batch = {
+            "input_ids": ids,
+            "attention_mask": attention,
+            "positions": positions,
+            "loss_mask": traj.loss_mask.astype(np.float32),
+            "rollout_logp": traj.rollout_logp.astype(np.float32),
+        }
+        return jax.device_put(batch)
+
+    def _advantages(self, scores: jax.Array, traj, batch: dict) -> jax.Array:
+        name = self.cfg.algorithm.adv_estimator
+        mask = batch["loss_mask"]
+        gids = jnp.asarray(traj.group_id)
+        row = ~jnp.asarray(traj.is_padding)
+        if name == "grpo":
+            adv = rl.grpo_advantages(scores, gids, num_groups=traj.num_groups, row_mask=row,
+                                     scale_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo)
+        elif name == "rloo":
+            adv = rl.rloo_advantages(scores, gids, num_groups=traj.num_groups, row_mask=row)
+        elif name == "reinforce_plus_plus_baseline":
+            return rl.reinforce_pp_baseline_advantages(scores, gids, mask, num_groups=traj.num_groups)
+        else:
+            raise ValueError(f"algorithm.adv_estimator={name!r} is not supported by the trainer yet; "
+                             "accepted: grpo, rloo, reinforce_plus_plus_baseline")
+        return adv[:, None] * mask
+
+    def _rollout(self, prompts, decode, uids, n):
+        return self.sampler.generate([p.ids for p in prompts], uids=uids, n=n, decode=decode)
+
+    def _score(self, traj, prompts, n) -> tuple[np.ndarray, Any]:
+        from rljax.reward import score_batch
+
+        responses = [self.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]])
+                     for i in range(traj.batch_size)]
+        answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
+        return score_batch(self.reward_fn, responses, answers, list(traj.uid),
+                           max_error_fraction=self.cfg.reward.max_error_fraction, is_padding=traj.is_padding)
+
+    def train_one_step(self) -> dict:
+        cfg, timer = self.cfg, self.timer
+        timer.step = {}
+        t_step = time.perf_counter()
+        self.step += 1
+        prompts = next(self.data)
+        uids = [f"{self.step}-{i}" for i in range(len(prompts))]
+        with timer("gen"):
+            traj = self._rollout(prompts, self.decode, uids, cfg.rollout.n)
+        if int(traj.min_version.min()) != self.version:
+            raise RuntimeError(f"rollout used weight version {int(traj.min_version.min())}, learner is at {self.version}")
+        with timer("reward"):
+            scores_np, report = self._score(traj, prompts, cfg.rollout.n)
+            batch = self._batch(traj, scores_np)
+            scores = jnp.asarray(scores_np)
+        with timer("old_log_prob"):
+            old_logp, old_entropy = self.logprob_fn(self.state.params, batch)
+            batch["old_logp"] = old_logp
+            jax.block_until_ready(old_logp)
+        metrics: dict[str, Any] = {}
+        if self.needs_ref:
+            with timer("ref"):
+                batch["ref_logp"] = self.logprob_fn(self.ref_params, batch)[0]
+                if cfg.algorithm.use_kl_in_reward:
+                    kl = rl.kl_penalty(old_logp, batch["ref_logp"], kind=cfg.algorithm.kl_penalty)
+                    token_kl = rl.masked_sum(kl, batch["loss_mask"], axis=-1)
+                    scores = scores - cfg.algorithm.kl_ctrl.kl_coef * token_kl
+                    metrics["critic/kl"] = float(rl.masked_mean(kl, batch["loss_mask"]))
+        with timer("adv"):
+            batch["advantages"] = self._advantages(scores, traj, batch)
+            if cfg.rollout.correction != "none":
+                batch["rollout_is_weights"] = rl.rollout_correction_weights(
+                    old_logp, batch["rollout_logp"], batch["loss_mask"], level=cfg.rollout.correction,
+                    threshold=cfg.rollout.correction_threshold)
+        with timer("update_actor"):
+            key = jax.random.fold_in(jax.random.key(cfg.trainer.seed), self.step)
+            self.state, actor = self.train_step(self.state, batch, key)
+            actor = jax.device_get(actor)
+        with timer("update_weights"):
+            self.version += 1
+            self.sampler.update_weights(self.state.params, self.version)
+
+        real = ~traj.is_padding
+        lengths = traj.response_length[real]
+        mask_np = np.asarray(batch["loss_mask"])
+        metrics.update({
+            "actor/pg_loss": actor["pg_loss"], "actor/pg_clipfrac": actor["pg_clipfrac"],
+            "actor/pg_clipfrac_lower": actor["pg_clipfrac_lower"], "actor/ppo_kl": actor["ppo_kl"],
+            "actor/entropy": float(rl.masked_mean(old_entropy, batch["loss_mask"])),
+            "actor/grad_norm": actor["grad_norm"], "actor/loss": actor["loss"],
+            "actor/skipped_updates": int(actor["skipped_updates"]),
+            "actor/lr_step": int(self.state.step),
+            "critic/score/mean": float(scores_np[real].mean()), "critic/score/max": float(scores_np[real].max()),
+            "critic/score/min": float(scores_np[real].min()),
+            "critic/advantages/mean": float(rl.masked_mean(batch["advantages"], batch["loss_mask"])),
+            "response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
+            "response_length/min": int(lengths.min()),
+            "response_length/clip_ratio": float(traj.truncated[real].mean()),
+            "prompt_length/mean": float(traj.prompt_length[real].mean()),
+            "training/weight_version": self.version,
+            **report.metrics(),
+        })
+        if "kl_loss" in actor:
+            metrics["actor/kl_loss"] = actor["kl_loss"]
+        if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
+            metrics["val/score/mean"] = self.validate()
+        if self.cfg.trainer.save_freq > 0 and self.step % self.cfg.trainer.save_freq == 0:
+            with timer("save_checkpoint"):
+                self.save()
+        step_s = time.perf_counter() - t_step
+        tokens = int(mask_np.sum() + traj.prompt_length[real].sum())
+        metrics.update({f"timing_s/{k}": v for k, v in timer.step.items()})
+        metrics.update({"timing_s/step": step_s, "perf/total_num_tokens": tokens,
+                        "perf/throughput": tokens / step_s / max(len(jax.devices()), 1),
+                        "perf/rollout_tokens_per_s": traj.stats.tokens_per_s})
+        self.metrics.write(self.step, metrics)
+        return metrics
+
+    def validate(self) -> float:
+        """Mean reward on the held-out split with ``rollout.val_kwargs`` decoding (greedy by default)."""
+        with self.timer("testing"):
+            scores = []
+            for i, prompts in enumerate(self._val_iterator()):
+                uids = [f"val-{i}-{j}" for j in range(len(prompts))]
+                traj = self._rollout(prompts, self.val_decode, uids, self.cfg.rollout.val_kwargs.n)
+                s, _ = self._score(traj, prompts, self.cfg.rollout.val_kwargs.n)
+                scores.extend(s[~traj.is_padding].tolist())
+            return float(np.mean(scores)) if scores else float("nan")
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> RunSummary:
+        cfg = self.cfg
+        total = cfg.trainer.total_steps
+        first = self.step
+        t0 = time.perf_counter()
+        val_before = None
+        if cfg.trainer.val_before_train and self.step == 0:
+            val_before = self.validate()
+            self.metrics.write(0, {"val/score/mean": val_before})
+            self.echo(f"validation before training: val/score/mean = {val_before:.3f}")
+        tokens = 0
+        last: dict = {}
+        while self.step < total:
+            last = self.train_one_step()
+            tokens += int(last["perf/total_num_tokens"])
+            _progress(self.step, total, last["critic/score/mean"], last["timing_s/step"], time.perf_counter() - t0, first)
+        val = last.get("val/score/mean")
+        if val is None and self.step > first:
+            val = self.validate()
+            self.metrics.write(self.step, {"val/score/mean": val})
+        if self.step > first and (cfg.trainer.save_freq <= 0 or self.step % cfg.trainer.save_freq):
+            with self.timer("save_checkpoint"):
+                self.save()
+        self.checkpointer.close()
+        self.metrics.close()
+        plot_report(self.run_dir)
+        return RunSummary(steps=self.step, tokens=tokens, wall_s=time.perf_counter() - t0,
+                          stage_s=dict(self.timer.total), train_reward=last.get("critic/score/mean"),
+                          val_reward_before=val_before, val_reward=val, run_dir=self.run_dir,
+                          resumed_from=self.resumed_from)
+
+
+def format_summary(s: RunSummary) -> str:
+    """The end-of-run table: steps, tokens, wall time, time by stage, rewards, outputs."""
+    rows = [("steps", f"{s.steps}"), ("tokens", f"{s.tokens:,}"), ("wall time", f"{s.wall_s:.1f} s")]
+    busy = sum(s.stage_s.values()) or 1.0
+    for stage, secs in sorted(s.stage_s.items(), key=lambda kv: -kv[1]):
+        if secs > 0:
+            rows.append((f"  {stage}", f"{secs:.1f} s ({100 * secs / busy:.0f}%)"))
+
+    def fmt(x):
+        return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
+
+    rows += [("train reward (last step)", fmt(s.train_reward)), ("held-out reward before", fmt(s.val_reward_before)),
+             ("held-out reward after", fmt(s.val_reward)), ("outputs", s.run_dir)]
+    if s.resumed_from is not None:
+        rows.append(("resumed from checkpoint", str(s.resumed_from)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
