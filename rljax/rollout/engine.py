@@ -94,7 +94,7 @@ class DecodeState:
     top_k: jax.Array  # [] int32 (0: all)
     top_p: jax.Array  # [] float32
     max_new_tokens: jax.Array  # [] int32
-    eos_ids: jax.Array  # [E] int32
+    eos_ids: jax.Array  # [E] int32, padded with -1
     logprobs: str = flax.struct.field(pytree_node=False, default="tempered")
 
 
@@ -114,6 +114,14 @@ class RljaxResultTokens(engine_api.ResultTokens):
 def _bucket(n: int, lo: int, hi: int) -> int:
     """Smallest power of two ``>= n`` (at least ``lo``), capped at ``hi``."""
     return min(hi, max(lo, 1 << max(0, math.ceil(math.log2(max(n, 1))))))
+
+
+def _pad_eos(eos) -> np.ndarray:
+    """EOS ids padded with -1 to a power of two (>= 8) entries, so their count rarely recompiles."""
+    eos = np.asarray(eos, np.int32).reshape(-1)
+    out = np.full(_bucket(eos.size, 8, max(8, 1 << math.ceil(math.log2(max(eos.size, 1))))), -1, np.int32)
+    out[: eos.size] = eos
+    return out
 
 
 # --------------------------------------------------------------------------- jitted bodies
@@ -138,22 +146,34 @@ def _sample(state: DecodeState, logits, keys):
 
 
 def _insert_impl(state: DecodeState, prefix: Prefix, rows, slots, keys):
-    """Writes prefix rows ``rows [R]`` into ``slots [R]`` (slot ``>= S``: padding, dropped)."""
+    """Copies prefix rows ``rows [R]`` into ``slots [R]`` (slot ``>= S``: padding, dropped).
+
+    Only scatters, so the per-prefix-shape compilations are cheap; the first token is
+    sampled by :func:`_first_token_impl`, compiled once per engine.
+    """
     t = prefix.kv.k.shape[2]
     k = state.cache.k.at[:, slots, :t].set(prefix.kv.k[:, rows].astype(state.cache.k.dtype), mode="drop")
     v = state.cache.v.at[:, slots, :t].set(prefix.kv.v[:, rows].astype(state.cache.v.dtype), mode="drop")
-    keys = keys.astype(jnp.uint32)
-    tok, logp = _sample(state, prefix.logits[rows], jax.vmap(jax.random.fold_in)(keys, jnp.zeros(rows.shape, jnp.uint32)))
+    put = lambda a, x: a.at[slots].set(x, mode="drop")
+    state = state.replace(
+        cache=F.KVCache(k=k, v=v),
+        index=put(state.index, prefix.lengths[rows]),
+        keys=put(state.keys, keys.astype(jnp.uint32)),
+    )
+    return state, prefix.logits[rows]
+
+
+def _first_token_impl(state: DecodeState, logits, slots):
+    """Samples token 0 of the trajectories just inserted into ``slots`` from their prompt's last logits."""
+    keys = state.keys[jnp.minimum(slots, state.keys.shape[0] - 1)]
+    tok, logp = _sample(state, logits, jax.vmap(jax.random.fold_in)(keys, jnp.zeros(slots.shape, jnp.uint32)))
     done = _is_eos(tok, state.eos_ids) | (state.max_new_tokens <= 1)
     put = lambda a, x: a.at[slots].set(x, mode="drop")
     return state.replace(
-        cache=F.KVCache(k=k, v=v),
         tokens=put(state.tokens, tok),
-        index=put(state.index, prefix.lengths[rows]),
         step=put(state.step, jnp.ones_like(tok)),
         active=put(state.active, True),
         done=put(state.done, done),
-        keys=put(state.keys, keys),
         out_tokens=state.out_tokens.at[slots, 0].set(tok, mode="drop"),
         out_logp=state.out_logp.at[slots, 0].set(logp, mode="drop"),
     )
@@ -262,6 +282,7 @@ class RljaxEngine(engine_api.Engine):
         g, m = self.graphdef, mesh
         self._prefill_fn = jax.jit(functools.partial(_prefill_impl, g, m))
         self._insert_fn = jax.jit(_insert_impl, donate_argnums=0)
+        self._first_token_fn = jax.jit(_first_token_impl, donate_argnums=0)
         self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m), donate_argnums=1)
         self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m), donate_argnums=1)
 
@@ -421,7 +442,7 @@ class RljaxEngine(engine_api.Engine):
             top_k=put(np.int32(decode.top_k)),
             top_p=put(np.float32(decode.top_p)),
             max_new_tokens=put(np.int32(decode.max_new_tokens)),
-            eos_ids=put(np.asarray(eos, np.int32).reshape(-1)),
+            eos_ids=put(_pad_eos(eos)),
             logprobs=decode.logprobs,
         )
 
@@ -464,7 +485,9 @@ class RljaxEngine(engine_api.Engine):
         keys = np.concatenate([keys, np.zeros((pad, 2), np.uint32)])
         self.stats["insert_calls"] += 1
         self.stats["inserted_slots"] += r
-        return self._insert_fn(decode_state, prefix, jnp.asarray(rows), jnp.asarray(slots), jnp.asarray(keys))
+        slots = jnp.asarray(slots)
+        state, logits = self._insert_fn(decode_state, prefix, jnp.asarray(rows), slots, jnp.asarray(keys))
+        return self._first_token_fn(state, logits, slots)
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         """JetStream insert: row 0 of ``prefix`` into ``slot``, with the prefix's key."""

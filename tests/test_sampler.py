@@ -1,0 +1,346 @@
+"""The RL sampler on the tiny model: exactness against recomputation, log-probs, reproducibility,
+versions, group prefill, continuous batching, the data contract and bad input."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax.models import functional as F
+from rljax.models.config import get_config
+from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh, truncate_logits
+
+CFG = get_config("tiny")
+MAX_PREFILL, MAX_DECODE = 32, 24
+# Ragged prompts (lengths 1..20) over the tiny vocabulary.
+PROMPTS = [
+    [5],
+    [17, 4, 99],
+    [3, 8, 120, 45, 61, 7, 7],
+    list(range(30, 42)),
+    [int(x) for x in np.random.default_rng(0).integers(0, CFG.vocab_size, 20)],
+]
+UIDS = [f"p{i}" for i in range(len(PROMPTS))]
+
+
+@functools.lru_cache(maxsize=None)
+def _params(seed):
+    return F.init_params(CFG, seed=seed)[1]
+
+
+def params(seed=0):
+    return _params(seed)
+
+
+@functools.lru_cache(maxsize=None)
+def engine(slots, mesh_tp=None):
+    mesh = None if mesh_tp is None else sampler_mesh(mesh_tp)
+    return RljaxEngine(CFG, num_slots=slots, max_prefill_length=MAX_PREFILL, max_decode_length=MAX_DECODE, mesh=mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_fn():
+    graphdef = F.abstract_params(CFG)[0]
+
+    @jax.jit
+    def fn(p, tokens, mask):
+        return F.compute_logits(p, F.forward(graphdef, p, tokens, mask=mask))
+
+    return fn
+
+
+def greedy_recompute(p, prompts, steps, eos=()):
+    """Greedy decoding without a cache: a full forward over the whole sequence every step."""
+    width = max(map(len, prompts)) + steps
+    tokens = np.zeros((len(prompts), width), np.int32)
+    lengths = np.array([len(q) for q in prompts])
+    for i, q in enumerate(prompts):
+        tokens[i, : len(q)] = q
+    out = [[] for _ in prompts]
+    alive = np.ones(len(prompts), bool)
+    for _ in range(steps):
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        logits = np.asarray(_forward_fn()(p, jnp.asarray(tokens), jnp.asarray(mask)))
+        nxt = logits[np.arange(len(prompts)), lengths - 1].argmax(-1)
+        for i in np.nonzero(alive)[0]:
+            out[i].append(int(nxt[i]))
+            tokens[i, lengths[i]] = nxt[i]
+            if nxt[i] in eos:
+                alive[i] = False
+        lengths = lengths + alive
+        if not alive.any():
+            break
+    return out
+
+
+def responses(traj):
+    return [traj.response_ids[b, : traj.response_length[b]].tolist() for b in range(traj.batch_size)]
+
+
+@functools.lru_cache(maxsize=None)
+def reference(steps=MAX_DECODE, seed=0):
+    return tuple(map(tuple, greedy_recompute(params(seed), PROMPTS, steps)))
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("slots", [2, 5, 16])
+def test_greedy_kv_cache_equals_full_recompute(slots):
+    ref = reference()
+    assert len({r[:6] for r in ref}) == len(ref)  # the prompts lead to different continuations
+    sampler = Sampler(engine(slots), params(), steps_per_sync=5)
+    traj = sampler.generate(PROMPTS, uids=UIDS, decode=DecodeParams(temperature=0.0, max_new_tokens=MAX_DECODE, eos_ids=()))
+    assert responses(traj) == [list(r) for r in ref]
+    assert traj.response_length.tolist() == [MAX_DECODE] * len(PROMPTS)
+    assert traj.truncated.all()
+
+
+def test_greedy_with_eos_stops_rows_at_different_lengths():
+    ref = reference()
+    eos = (ref[0][4], ref[2][9])  # two ids that end rows part-way
+    expected = []
+    for r in ref:
+        cut = next((i + 1 for i, t in enumerate(r) if t in eos), len(r))
+        expected.append(list(r[:cut]))
+    assert len({len(e) for e in expected}) > 1
+    traj = Sampler(engine(2), params()).generate(
+        PROMPTS, uids=UIDS, decode=DecodeParams(temperature=0.0, max_new_tokens=MAX_DECODE, eos_ids=eos)
+    )
+    assert responses(traj) == expected
+    assert traj.truncated.tolist() == [len(e) == MAX_DECODE and e[-1] not in eos for e in expected]
+    np.testing.assert_array_equal(traj.response_mask.sum(1), [len(e) for e in expected])
+
+
+def test_rollout_logp_equals_learner_logp():
+    temperature = 0.7
+    decode = DecodeParams(temperature=temperature, top_k=20, top_p=0.9, max_new_tokens=16, seed=3)
+    traj = Sampler(engine(5), params(), steps_per_sync=4).generate(PROMPTS, uids=UIDS, n=2, decode=decode)
+    ids, mask = traj.sequences()
+    logits = np.asarray(_forward_fn()(params(), jnp.asarray(ids), jnp.asarray(mask)), np.float64)
+    s = traj.prompt_ids.shape[1]
+    # logits at position s-1+t predict response token t.
+    pred = logits[:, s - 1 : s - 1 + traj.response_ids.shape[1]]
+    tempered = jax.nn.log_softmax(jnp.asarray(pred / temperature, jnp.float32), -1)
+    learner = np.take_along_axis(np.asarray(tempered), traj.response_ids[..., None], -1)[..., 0]
+    m = traj.response_mask
+    assert m.sum() > 50
+    np.testing.assert_allclose(traj.rollout_logp[m], learner[m], atol=1e-4, rtol=0)
+    assert (traj.rollout_logp[~m] == 0).all()
+    # the sampled tokens lie inside the top-k / top-p set of the learner's distribution
+    trunc = np.asarray(truncate_logits(jnp.asarray(pred / temperature, jnp.float32), 20, 0.9))
+    chosen = np.take_along_axis(trunc, traj.response_ids[..., None], -1)[..., 0]
+    assert np.isfinite(chosen[m]).all()
+
+
+def test_truncated_logprob_mode_records_renormalised_distribution():
+    temperature, top_k = 1.3, 5
+    decode = DecodeParams(temperature=temperature, top_k=top_k, max_new_tokens=8, logprobs="truncated", seed=1)
+    traj = Sampler(engine(5), params()).generate(PROMPTS[:3], uids=UIDS[:3], decode=decode)
+    ids, mask = traj.sequences()
+    logits = np.asarray(_forward_fn()(params(), jnp.asarray(ids), jnp.asarray(mask)))
+    s = traj.prompt_ids.shape[1]
+    pred = jnp.asarray(logits[:, s - 1 : s - 1 + 8] / temperature)
+    lp = np.asarray(jax.nn.log_softmax(truncate_logits(pred, top_k, 1.0), -1))
+    learner = np.take_along_axis(lp, traj.response_ids[..., None], -1)[..., 0]
+    m = traj.response_mask
+    np.testing.assert_allclose(traj.rollout_logp[m], learner[m], atol=1e-4)
+
+
+# --------------------------------------------------------------------------- reproducibility
+
+
+def test_same_seed_uid_session_same_tokens_with_2_and_16_slots():
+    decode = DecodeParams(temperature=1.0, top_p=0.95, max_new_tokens=12, seed=11)
+    a = Sampler(engine(2), params(), steps_per_sync=3).generate(PROMPTS[:4], uids=UIDS[:4], n=3, decode=decode)
+    b = Sampler(engine(16), params(), steps_per_sync=7).generate(PROMPTS[:4], uids=UIDS[:4], n=3, decode=decode)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_array_equal(a.response_length, b.response_length)
+    np.testing.assert_allclose(a.rollout_logp, b.rollout_logp, atol=1e-5)
+    # The order of the prompts in the call does not matter either (keys come from the uid).
+    c = Sampler(engine(16), params()).generate(PROMPTS[:4][::-1], uids=UIDS[:4][::-1], n=3, decode=decode)
+    np.testing.assert_array_equal(c.response_ids.reshape(4, 3, -1)[::-1].reshape(12, -1), a.response_ids)
+    # ... while the sessions of one group, and another seed, give other samples.
+    assert len({tuple(r) for r in a.response_ids[:3]}) == 3
+    d = Sampler(engine(16), params()).generate(PROMPTS[:4], uids=UIDS[:4], n=3, decode=decode.replace(seed=12))
+    assert not np.array_equal(a.response_ids, d.response_ids)
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def _scaled(p, factor):
+    return jax.tree.map(lambda x: x * factor, p)
+
+
+def test_versions_between_calls_and_non_increasing_versions_raise():
+    sampler = Sampler(engine(5), params(), version=3)
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=8, eos_ids=())
+    t0 = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
+    assert (t0.min_version == 3).all() and (t0.max_version == 3).all()
+    new = params(1)
+    took = sampler.update_weights(new, 4)
+    assert took > 0 and sampler.last_weight_sync_s == took and sampler.version == 4
+    t1 = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
+    assert (t1.min_version == 4).all() and (t1.max_version == 4).all()
+    assert responses(t1) == [list(r) for r in greedy_recompute(new, PROMPTS, 8)]
+    for bad in (4, 2, 4.5, "5"):
+        with pytest.raises(ValueError, match="version"):
+            sampler.update_weights(params(), bad)
+    assert sampler.version == 4
+    with pytest.raises(ValueError, match="shape"):
+        sampler.update_weights({**new, "embed": new["embed"][:, :8]}, 5)
+    assert sampler.version == 4
+
+
+def test_update_in_the_middle_of_generation_records_min_and_max_version():
+    steps = MAX_DECODE
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=steps, eos_ids=())
+    v1, v2 = params(0), params(1)
+    sampler = Sampler(engine(2), v1, version=1, steps_per_sync=4)
+    seen = []
+
+    def on_chunk(info):
+        seen.append(info)
+        if info.chunk == 1:
+            sampler.update_weights(v2, 2)
+
+    traj = sampler.generate(PROMPTS[:4], uids=UIDS[:4], decode=greedy, on_chunk=on_chunk)
+    # Two slots: prompts 0, 1 run first and see the update after 2 chunks; 2, 3 start on v2.
+    assert traj.min_version.tolist() == [1, 1, 2, 2]
+    assert traj.max_version.tolist() == [1 + 1, 2, 2, 2]
+    assert traj.stats.version_start == 1 and traj.stats.version_end == 2 and traj.stats.weight_sync_s > 0
+    assert seen[0].waiting == 2 and seen[0].active == 2 and seen[-1].finished == 4
+    out, ref1, ref2 = responses(traj), greedy_recompute(v1, PROMPTS[:4], steps), greedy_recompute(v2, PROMPTS[:4], steps)
+    # 1 token from the prefill + 2 chunks of 4 steps under v1, the rest under v2.
+    for b in (0, 1):
+        assert out[b][:9] == ref1[b][:9] and out[b] != ref1[b]
+    assert out[2:] == ref2[2:]
+
+
+def test_weights_from_learner_layout_reshard_to_tp_sampler():
+    """Learner params on dp8 are resharded onto a dp4,tp2 sampler mesh; results match one device."""
+    from rljax.sharding import make_mesh
+
+    learner = jax.device_put(params(), F.param_shardings(CFG, make_mesh("dp8")))
+    eng = engine(8, mesh_tp=2)
+    sampler = Sampler(eng, learner)
+    leaf = sampler.params["layers"][0]["attn"]["q_proj"]
+    assert leaf.sharding.mesh.shape["tp"] == 2 and "tp" in str(leaf.sharding.spec)
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=10, eos_ids=())
+    traj = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
+    assert responses(traj) == [list(r[:10]) for r in reference()]
+
+
+# --------------------------------------------------------------------------- groups and batching
+
+
+def test_group_prefix_is_prefilled_once_for_n_samples():
+    for slots in (16, 2):
+        eng = engine(slots)
+        before = dict(eng.stats)
+        traj = Sampler(eng, params()).generate(PROMPTS[:3], uids=UIDS[:3], n=4, decode=DecodeParams(max_new_tokens=6))
+        assert eng.stats["prefill_rows"] - before.get("prefill_rows", 0) == 3
+        assert eng.stats["inserted_slots"] - before.get("inserted_slots", 0) == 12
+        assert traj.stats.prefill_rows == 3
+        assert traj.session == (0, 1, 2, 3) * 3 and traj.group_id.tolist() == [g for g in range(3) for _ in range(4)]
+
+
+def test_finished_slots_are_refilled_while_others_decode():
+    # Frequent EOS ids make lengths ragged; with 2 slots, static batching would wait for
+    # the longer row of each pair.
+    eos = tuple(range(0, CFG.vocab_size, 9))
+    decode = DecodeParams(temperature=1.0, max_new_tokens=MAX_DECODE, eos_ids=eos, seed=5)
+    infos = []
+    prompts = PROMPTS * 2
+    uids = [f"q{i}" for i in range(len(prompts))]
+    traj = Sampler(engine(2), params(), steps_per_sync=8, refill_batch=1).generate(
+        prompts, uids=uids, decode=decode, on_chunk=infos.append
+    )
+    lengths = traj.response_length
+    assert lengths.min() < lengths.max()
+    static = sum(max(lengths[i : i + 2]) for i in range(0, len(lengths), 2))
+    steps = sum(i.steps for i in infos)
+    assert steps < static
+    # some chunk ended with both a waiting request and a slot still decoding
+    assert any(i.waiting > 0 and i.active > 0 for i in infos)
+
+
+# --------------------------------------------------------------------------- data contract
+
+
+def test_trajectories_follow_the_data_contract():
+    decode = DecodeParams(temperature=1.0, max_new_tokens=10, eos_ids=(7, 9), seed=2)
+    traj = Sampler(engine(5), params()).generate(PROMPTS, uids=UIDS, n=2, decode=decode, pad_to_multiple=4)
+    b, real = traj.batch_size, len(PROMPTS) * 2
+    assert b == 12 and traj.is_padding.tolist() == [False] * real + [True] * 2
+    shapes = {
+        "prompt_ids": ((b, MAX_PREFILL), np.int32), "prompt_mask": ((b, MAX_PREFILL), np.bool_),
+        "response_ids": ((b, 10), np.int32), "response_mask": ((b, 10), np.bool_), "loss_mask": ((b, 10), np.bool_),
+        "rollout_logp": ((b, 10), np.float32), "response_length": ((b,), np.int32), "min_version": ((b,), np.int32),
+        "max_version": ((b,), np.int32), "is_padding": ((b,), np.bool_), "group_id": ((b,), np.int32),
+    }
+    for name, (shape, dtype) in shapes.items():
+        x = getattr(traj, name)
+        assert x.shape == shape and x.dtype == dtype, name
+    length = traj.response_length
+    np.testing.assert_array_equal(traj.response_mask, np.arange(10)[None] < length[:, None])
+    np.testing.assert_array_equal(traj.loss_mask, traj.response_mask & ~traj.is_padding[:, None])
+    assert not traj.response_mask[real:].any() and not traj.prompt_mask[real:].any()
+    assert (traj.rollout_logp[traj.response_mask] < 0).all() and (traj.rollout_logp[~traj.response_mask] == 0).all()
+    for i in range(real):
+        p = PROMPTS[i // 2]
+        assert traj.prompt_ids[i, -len(p):].tolist() == p and traj.prompt_mask[i].sum() == len(p)  # left-padded
+        resp = traj.response_ids[i, : length[i]].tolist()
+        assert (resp[-1] in (7, 9)) != traj.truncated[i] and not set(resp[:-1]) & {7, 9}
+    assert traj.trajectory_keys[:3] == ("p0_0_0", "p0_1_0", "p1_0_0") and traj.trajectory_keys[-1] == "_-1_-1"
+    assert traj.decode == decode and traj.num_groups == len(PROMPTS)
+    st = traj.stats
+    assert st.generated_tokens == length.sum() and st.prefill_rows == len(PROMPTS) and st.tokens_per_s > 0
+    assert st.wall_s >= st.prefill_s + st.decode_s > 0
+    assert (traj.queue_s[:real] >= 0).all() and (traj.decode_s[:real] > 0).all() and (traj.prefill_s[:real] > 0).all()
+    leaves = jax.tree.leaves(traj)
+    assert len(leaves) == len(traj.arrays()) and all(isinstance(x, np.ndarray) for x in leaves)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "prompts, kwargs, match",
+    [
+        ([], {}, "prompts is empty"),
+        ([[1, 2], []], {}, "prompt 1 .* is empty"),
+        ([[1] * (MAX_PREFILL + 1)], {}, "more than the engine's max_prefill_length"),
+        ([[1, CFG.vocab_size]], {}, "outside the vocabulary"),
+        ([[-1, 3]], {}, "outside the vocabulary"),
+        ([[1.5, 2.0]], {}, "integer token ids"),
+        ([[1, 2]], {"n": 0}, "n is 0"),
+        ([[1, 2]], {"n": 2.0}, "n is 2.0"),
+        ([[1, 2], [3]], {"uids": ["a", "a"]}, "appears more than once"),
+        ([[1, 2], [3]], {"uids": ["a"]}, "one uid per prompt"),
+        ([[1, 2]], {"decode": DecodeParams(max_new_tokens=MAX_DECODE + 1)}, "max_decode_length"),
+        ([[1, 2]], {"decode": DecodeParams(max_new_tokens=4, eos_ids=(CFG.vocab_size,))}, "eos_ids"),
+        ([[1, 2]], {"decode": {"temperature": 1.0}}, "DecodeParams"),
+        ("abc", {}, "sequence of token-id sequences"),
+    ],
+)
+def test_bad_input_raises_before_generating(prompts, kwargs, match):
+    eng = engine(5)
+    sampler = Sampler(eng, params())
+    kwargs = {"uids": [str(i) for i in range(len(prompts))], "decode": DecodeParams(max_new_tokens=4), **kwargs}
+    before = dict(eng.stats)
+    with pytest.raises(ValueError, match=match):
+        sampler.generate(prompts, **kwargs)
+    assert dict(eng.stats) == before  # nothing was prefilled or decoded
+
+
+def test_long_prompts_truncate_when_configured():
+    long = list(range(3, 3 + MAX_PREFILL + 5))
+    for mode, kept in (("left", long[-MAX_PREFILL:]), ("right", long[:MAX_PREFILL])):
+        traj = Sampler(engine(5), params(), truncation=mode).generate([long], uids=["x"], decode=DecodeParams(max_new_tokens=2))
+        assert traj.prompt_ids[0].tolist() == kept and traj.prompt_length[0] == MAX_PREFILL
+    with pytest.raises(ValueError, match="truncation"):
+        Sampler(engine(5), params(), truncation="middle")
