@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 
-from rljax.rollout import ByteTokenizer, DecodeParams, Prefix, RljaxEngine, RljaxResultTokens, Sampler
+from rljax.rollout import DecodeParams, JetStreamTokenizer, Prefix, RljaxEngine, RljaxResultTokens, Sampler
 from rljax.rollout._jetstream import jetstream_api
 from test_sampler import CFG, MAX_DECODE, MAX_PREFILL, PROMPTS, UIDS, engine, params, reference
 
@@ -21,10 +21,24 @@ def test_engine_implements_the_jetstream_api():
     assert eng.max_concurrent_decodes == 2 and eng.samples_per_slot == 1
     assert eng.max_prefill_length == MAX_PREFILL and eng.mesh is None and eng.colocated_cpus is None
     tok = eng.build_tokenizer(eng.get_tokenizer())
-    assert isinstance(tok, ByteTokenizer) and isinstance(tok, jetstream_api().tokenizer_api.Tokenizer)
-    ids, n = tok.encode("Hi there!", add_bos=True)
-    assert n == 10 and ids[0] == tok.bos_id and tok.decode(ids) == "Hi there!"
-    assert (ids < CFG.vocab_size).all() and {tok.pad_id, tok.eos_id} == {0, 2}
+    assert isinstance(tok, JetStreamTokenizer) and isinstance(tok, jetstream_api().tokenizer_api.Tokenizer)
+    ids, n = tok.encode("Hi there: 3+4=7", add_bos=True)
+    assert n == 16 and ids[0] == tok.bos_id and tok.decode(ids) == "Hi there: 3+4=7"
+    assert (ids < CFG.vocab_size).all() and (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
+
+
+def test_build_tokenizer_from_tokenizer_json(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"<pad>": 0, "<eos>": 1, "hello": 2, "world": 3, "[UNK]": 4}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    eng = RljaxEngine(CFG.replace(eos_token_id=1, pad_token_id=0), num_slots=1, max_prefill_length=8, max_decode_length=8,
+                      tokenizer_path=str(tmp_path))
+    jt = eng.build_tokenizer(eng.get_tokenizer())
+    ids, n = jt.encode("hello world")
+    assert ids.tolist() == [2, 3] and n == 2 and jt.eos_id == 1 and jt.pad_id == 0
+    assert jt.decode([2, 3]) == "hello world"
 
 
 def test_prefill_insert_generate_loop_matches_greedy_reference():

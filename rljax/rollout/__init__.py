@@ -23,8 +23,7 @@ _LAZY = {
     "check_params": "rljax.rollout.engine",
     "Sampler": "rljax.rollout.sampler",
     "ChunkInfo": "rljax.rollout.sampler",
-    "ByteTokenizer": "rljax.rollout.tokenizer",
-    "HFTokenizer": "rljax.rollout.tokenizer",
+    "JetStreamTokenizer": "rljax.rollout.tokenizer",
     "sampler_mesh": "rljax.rollout.mesh",
 }
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +48,7 @@ from rljax.models import functional as F
 from rljax.models.config import ModelConfig
 from rljax.rollout._jetstream import jetstream_api
 from rljax.rollout.sampling import DecodeParams, sample_tokens
-from rljax.rollout.tokenizer import BYTE_TOKENIZER_PATH, ByteTokenizer
+from rljax.rollout.tokenizer import CHAR_TOKENIZER_PATH, build_jetstream_tokenizer
 from rljax.sharding import kv_cache_sharding, reshard
 
 _api = jetstream_api()
@@ -119,7 +118,7 @@ def _bucket(n: int, lo: int, hi: int) -> int:
 def _pad_eos(eos) -> np.ndarray:
     """EOS ids padded with -1 to a power of two (>= 8) entries, so their count rarely recompiles."""
     eos = np.asarray(eos, np.int32).reshape(-1)
-    out = np.full(_bucket(eos.size, 8, max(8, 1 << math.ceil(math.log2(max(eos.size, 1))))), -1, np.int32)
+    out = np.full(max(8, 1 << math.ceil(math.log2(max(eos.size, 1)))), -1, np.int32)
     out[: eos.size] = eos
     return out
 
@@ -238,9 +237,9 @@ class RljaxEngine(engine_api.Engine):
         logical layout on it and the KV cache puts slots on ``dp`` and kv heads on ``tp``.
         ``None``: one device.
       prefill_batch_size: most prompts per prefill call.
-      tokenizer_path: what :meth:`get_tokenizer` reports: ``"rljax:bytes"`` (the default,
-        :class:`ByteTokenizer`), a Hugging Face ``tokenizer.json`` file or a directory
-        holding one, or a SentencePiece model (JetStream's own tokenizer).
+      tokenizer_path: what :meth:`get_tokenizer` reports: ``"rljax:char"`` (the default,
+        the built-in character tokenizer), a Hugging Face ``tokenizer.json`` file or a
+        directory holding one, or a SentencePiece ``.model`` (JetStream's own tokenizer).
     """
 
     def __init__(
@@ -252,7 +251,7 @@ class RljaxEngine(engine_api.Engine):
         max_decode_length: int,
         mesh: Mesh | None = None,
         prefill_batch_size: int = 8,
-        tokenizer_path: str = BYTE_TOKENIZER_PATH,
+        tokenizer_path: str = CHAR_TOKENIZER_PATH,
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -347,14 +346,12 @@ class RljaxEngine(engine_api.Engine):
         return _api.tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path)
 
     def build_tokenizer(self, metadata):
+        """A JetStream ``Tokenizer`` for ``metadata.path`` (see ``tokenizer_path``)."""
         path = metadata.path
-        if path == BYTE_TOKENIZER_PATH:
-            return ByteTokenizer(self.config.vocab_size)
-        if path.endswith(".json") or os.path.isfile(os.path.join(path, "tokenizer.json")):
-            from rljax.rollout.tokenizer import HFTokenizer  # pylint: disable=import-outside-toplevel
-
-            return HFTokenizer(path, eos_id=self.config.eos_token_id, pad_id=self.config.pad_token_id)
-        return super().build_tokenizer(metadata)
+        if path.endswith(".model"):
+            return super().build_tokenizer(metadata)
+        c = self.config
+        return build_jetstream_tokenizer(path, vocab_size=c.vocab_size, eos_id=c.eos_token_id, pad_id=c.pad_token_id, bos_id=c.bos_token_id)
 
     # ----------------------------------------------------------------- prefill
 
