@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
+from rljax._meshspec import MESH_AXES, parse_mesh_sizes
 from rljax.config._errors import ConfigError
 from rljax.config._resolve import check_template
 from rljax.config._schema import GROUP_ESTIMATORS, MODEL_PRESETS, REWARD_BUILTINS
-
-MESH_AXES = ("dp", "tp", "sp")
-_MESH_ITEM = re.compile(r"^(dp|tp|sp)([1-9]\d*)$")
-
 
 def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, int] | None:
     """``"dp2,tp2"`` -> ``{"dp": 2, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
     if spec is None:
         return None
-    sizes: dict[str, int] = {}
-    for item in str(spec).replace(" ", "").split(","):
-        m = _MESH_ITEM.match(item)
-        if not m:
-            raise ConfigError(
-                f"{key}={spec!r} is not a mesh spec; expected comma-separated <axis><size> with axes dp, tp, sp, e.g. dp8 or dp2,tp2,sp2"
-            )
-        if m.group(1) in sizes:
-            raise ConfigError(f"{key}={spec!r} names the axis {m.group(1)} twice")
-        sizes[m.group(1)] = int(m.group(2))
+    try:
+        _, sizes = parse_mesh_sizes(spec)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
     return {a: sizes.get(a, 1) for a in MESH_AXES}
 
 

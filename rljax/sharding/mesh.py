@@ -16,18 +16,13 @@ model to one parallelism, which is what the logical-axis table exists to avoid.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import AxisType, Mesh
 
-#: Mesh axis names, in the order :func:`make_mesh` lists them.
-MESH_AXES: tuple[str, ...] = ("dp", "tp", "sp")
-
-_ITEM = re.compile(r"^([a-z]+)(.*)$")
+from rljax._meshspec import MESH_AXES, parse_mesh_sizes
 
 
 def _device_summary(devices: Sequence[Any]) -> str:
@@ -69,57 +64,8 @@ def parse_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | int | Non
         integer, a repeated axis, an empty spec, or a product that differs from the
         device count.
     """
-    text, sizes = _parse_spec(spec)
+    text, sizes = parse_mesh_sizes(spec)
     return _check_axis_sizes(text, sizes, devices)
-
-
-def _parse_spec(spec: str | Mapping[str, int]) -> tuple[str, dict[str, int]]:
-    """Syntax check of a mesh spec: ``(normalised text, {axis: size})`` for the axes it names."""
-    if isinstance(spec, Mapping):
-        items = list(spec.items())
-        text = ",".join(f"{k}{v}" for k, v in items)
-    elif isinstance(spec, str):
-        text = spec.strip()
-        if not text:
-            raise ValueError("mesh spec is empty; expected items like 'dp8' or 'dp2,tp2,sp2' over axes dp, tp, sp")
-        items = []
-        for raw in text.split(","):
-            item = raw.strip().lower()
-            known = [a for a in MESH_AXES if item.startswith(a)]
-            if known:
-                items.append((known[0], item[len(known[0]):]))
-                continue
-            m = _ITEM.match(item)
-            if not m:
-                raise ValueError(
-                    f"mesh spec {text!r}: item {raw.strip()!r} is not <axis><size>; "
-                    "expected e.g. 'dp8' or 'dp2,tp2,sp2' over axes dp, tp, sp"
-                )
-            items.append((m.group(1), m.group(2)))
-    else:
-        raise ValueError(f"mesh spec must be a string like 'dp2,tp2,sp2' or a dict, got {type(spec).__name__}")
-
-    sizes: dict[str, int] = {}
-    for axis, size in items:
-        if axis not in MESH_AXES:
-            raise ValueError(f"mesh spec {text!r}: unknown axis {axis!r}; accepted axes are dp, tp, sp")
-        if axis in sizes:
-            raise ValueError(f"mesh spec {text!r}: axis {axis!r} is repeated; name each of dp, tp, sp at most once")
-        if isinstance(size, str):
-            s = size.strip()
-            if not s:
-                raise ValueError(f"mesh spec {text!r}: axis {axis!r} has no size; write e.g. '{axis}2'")
-            if not re.fullmatch(r"[+-]?\d+", s):
-                raise ValueError(
-                    f"mesh spec {text!r}: size of {axis!r} is {s!r}, not a number; write e.g. '{axis}2'"
-                )
-            size = int(s)
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            raise ValueError(f"mesh spec {text!r}: size of {axis!r} is {size!r}, not an integer")
-        if size <= 0:
-            raise ValueError(f"mesh spec {text!r}: size of {axis!r} is {size}; sizes must be positive integers")
-        sizes[axis] = int(size)
-    return text, sizes
 
 
 def spec_device_count(spec: str | Mapping[str, int]) -> int:
@@ -127,7 +73,7 @@ def spec_device_count(spec: str | Mapping[str, int]) -> int:
 
     The launcher calls this before JAX initialises, to create that many virtual CPU devices.
     """
-    _, sizes = _parse_spec(spec)
+    _, sizes = parse_mesh_sizes(spec)
     return math.prod(sizes.values())
 
 

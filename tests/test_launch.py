@@ -1,0 +1,110 @@
+"""`python -m rljax.launch`: usage errors, end-to-end smoke runs, resume equivalence.
+
+Every run is a real subprocess (a fresh JAX: the launcher sets the device count itself).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A small, fast configuration of the embedded default.
+SMALL = ["data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64",
+         "data.embedded.num_test=16", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the launcher must create the devices itself
+    env.pop("JAX_PLATFORMS", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    return env
+
+
+def launch(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["actor.optim.lr=abc"], "actor.optim.lr"),
+    (["rollout.nn=4"], "did you mean"),
+    (["rollout.n=0"], "rollout.n"),
+    (["actor.policy_loss=ppo2"], "vanilla"),
+    (["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"], "ppo_mini_batch_size"),
+    (["--mesh=dp8", "data.train_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1"], "dp=8"),
+    (["--mesh=xp2"], "unknown axis 'xp'"),
+    (["--mesh=dp0"], "positive"),
+    (["overridewithoutequals"], "key=value"),
+])
+def test_usage_errors_exit_2_in_one_line_and_write_nothing(tmp_path, args, message):
+    run_dir = tmp_path / "run"
+    out = launch("--run-dir", str(run_dir), *args, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert not run_dir.exists()
+
+
+def test_existing_checkpoints_need_resume(tmp_path):
+    (tmp_path / "checkpoints" / "3").mkdir(parents=True)
+    out = launch("--run-dir", str(tmp_path), timeout=120)
+    assert out.returncode == 2 and "--resume" in out.stderr
+
+
+def _smoke(tmp_path, mesh):
+    run_dir = tmp_path / "run"
+    out = launch(f"--mesh={mesh}", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 2]  # the final validation adds to step 2
+    for r in rows[:2]:
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "critic/score/mean",
+                    "response_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/step",
+                    "perf/throughput"):
+            assert r[key] is not None and math.isfinite(r[key]), key
+    assert rows[1]["training/weight_version"] == 2
+    topo = json.loads((run_dir / "topology.json").read_text())
+    assert topo["world_size"] == 8 and topo["actor_dp"] == 8 // (topo["mesh"]["tp"] * topo["mesh"]["sp"])
+    assert "rollout_tp" in topo and "actor_dp_derivation" in topo
+    resolved = (run_dir / "config.resolved.yaml").read_text()
+    assert "# from: cli" in resolved
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["1", "2"]
+    assert (run_dir / "report.png").stat().st_size > 1000
+    assert "held-out reward after" in out.stdout
+    return rows
+
+
+def test_smoke_dp8(tmp_path):
+    _smoke(tmp_path, "dp8")
+
+
+@pytest.mark.slow
+def test_smoke_dp2_tp2_sp2(tmp_path):
+    _smoke(tmp_path, "dp2,tp2,sp2")
+
+
+@pytest.mark.slow
+def test_resume_gives_the_uninterrupted_metrics(tmp_path):
+    base = ["--mesh=dp2", *SMALL, "trainer.save_freq=2"]
+    full = launch("--run-dir", str(tmp_path / "full"), *base, "trainer.total_steps=4")
+    assert full.returncode == 0, full.stderr[-3000:]
+    half = launch("--run-dir", str(tmp_path / "half"), *base, "trainer.total_steps=2")
+    assert half.returncode == 0, half.stderr[-3000:]
+    resumed = launch("--run-dir", str(tmp_path / "half"), "--resume", *base, "trainer.total_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restored step 2" in resumed.stdout
+    a = {r["step"]: r for r in _metrics(tmp_path / "full")}
+    b = {r["step"]: r for r in _metrics(tmp_path / "half")}
+    for step in (3, 4):
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"):
+            assert math.isclose(a[step][key], b[step][key], rel_tol=1e-5, abs_tol=1e-6), (step, key)
