@@ -112,8 +112,8 @@ def test_load_onto_mesh_matches_transformers(arch, spec, checkpoints, devices):
     expect = models.param_shardings(config, mesh)
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(expect)):
         assert got.sharding == want
-    q = params["layers"][0]["attn"]["q_proj"]
-    assert q.addressable_shards[0].data.shape[1] == config.num_heads // mesh.shape["tp"]
+    q = params["layers"]["attn"]["q_proj"]  # [L, H, N, D]
+    assert q.addressable_shards[0].data.shape[2] == config.num_heads // mesh.shape["tp"]
     toks, mask, pos = _batch(config.vocab_size, seed=1)
     fwd = jax.jit(lambda p, t, m, pos: models.compute_logits(p, models.forward(graphdef, p, t, mask=m, positions=pos, mesh=mesh)))
     ours = fwd(params, toks, mask, pos)

@@ -10,9 +10,11 @@ Build and split::
     # or: config, params = models.load_hf_checkpoint(path, mesh=mesh)
     #     graphdef = models.abstract_params(config)[0]
 
-``params`` is a plain nested dict of arrays (``params["layers"][i]["attn"]["q_proj"]``),
-ready for ``jax.grad``, optax and orbax; ``graphdef`` is static (close over it or pass it
-as a static argument). ``param_shardings(config, mesh)`` gives its ``NamedSharding`` tree
+``params`` is a plain nested dict of arrays, ready for ``jax.grad``, optax and orbax. The
+layers are stacked on a leading axis and run under ``jax.lax.scan``:
+``params["layers"]["attn"]["q_proj"]`` is ``[L, H, N, D]`` (layer ``i`` is ``[i]``).
+``graphdef`` is a leafless pytree: pass it to ``jax.jit`` as an ordinary argument or close
+over it; ``mesh`` must be static (close over it or use ``static_argnames="mesh"``). ``param_shardings(config, mesh)`` gives its ``NamedSharding`` tree
 and ``param_logical_axes(config)`` the logical axis names behind it.
 
 Training / scoring (pure, jit-able)::

@@ -8,7 +8,8 @@ mesh never builds a full copy of the model per device. Needs neither torch nor t
 
 Layout differences from HF (``nn.Linear`` stores ``[out, in]``): our projections are
 ``[in, ...out]`` with heads split out, e.g. ``q_proj`` is ``[H, N, D]``, ``o_proj``
-``[N, D, H]``, ``lm_head`` ``[H, V]``. Rotary embedding uses the same rotate-half
+``[N, D, H]``, ``lm_head`` ``[H, V]``, and per-layer tensors are stacked on a leading
+``[L]`` axis (``params["layers"]["attn"]["q_proj"]`` is ``[L, H, N, D]``). Rotary embedding uses the same rotate-half
 convention as HF, so no permutation of q/k is needed.
 """
 
@@ -127,8 +128,9 @@ def config_to_hf(config: ModelConfig) -> dict:
 
 # --------------------------------------------------------------------------- tensor map
 
-# (hf name, our path, hf -> ours, ours -> hf); both directions are numpy views/reshapes.
-_Entry = tuple[str, tuple, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+# (hf name, our path, layer index or None, hf -> ours, ours -> hf); conversions are numpy
+# views/reshapes of one tensor. Layer tensors are stacked on a leading axis in our tree.
+_Entry = tuple[str, tuple, "int | None", Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
 def tensor_map(config: ModelConfig) -> list[_Entry]:
@@ -144,30 +146,29 @@ def tensor_map(config: ModelConfig) -> list[_Entry]:
         return (lambda w: w.reshape(heads, d), lambda x: x.reshape(heads * d))
 
     o = (lambda w: w.reshape(h, n, d).transpose(1, 2, 0), lambda x: x.transpose(2, 0, 1).reshape(h, n * d))
-    entries: list[_Entry] = [("model.embed_tokens.weight", ("embed",), ident, ident)]
+    entries: list[_Entry] = [("model.embed_tokens.weight", ("embed",), None, ident, ident)]
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        L = ("layers", i)
         entries += [
-            (p + "input_layernorm.weight", L + ("attn_norm", "scale"), ident, ident),
-            (p + "self_attn.q_proj.weight", L + ("attn", "q_proj"), *qkv(n)),
-            (p + "self_attn.k_proj.weight", L + ("attn", "k_proj"), *qkv(k)),
-            (p + "self_attn.v_proj.weight", L + ("attn", "v_proj"), *qkv(k)),
-            (p + "self_attn.o_proj.weight", L + ("attn", "o_proj"), *o),
-            (p + "post_attention_layernorm.weight", L + ("mlp_norm", "scale"), ident, ident),
-            (p + "mlp.gate_proj.weight", L + ("mlp", "gate_proj"), tr, tr),
-            (p + "mlp.up_proj.weight", L + ("mlp", "up_proj"), tr, tr),
-            (p + "mlp.down_proj.weight", L + ("mlp", "down_proj"), tr, tr),
+            (p + "input_layernorm.weight", ("layers", "attn_norm", "scale"), i, ident, ident),
+            (p + "self_attn.q_proj.weight", ("layers", "attn", "q_proj"), i, *qkv(n)),
+            (p + "self_attn.k_proj.weight", ("layers", "attn", "k_proj"), i, *qkv(k)),
+            (p + "self_attn.v_proj.weight", ("layers", "attn", "v_proj"), i, *qkv(k)),
+            (p + "self_attn.o_proj.weight", ("layers", "attn", "o_proj"), i, *o),
+            (p + "post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), i, ident, ident),
+            (p + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj"), i, tr, tr),
+            (p + "mlp.up_proj.weight", ("layers", "mlp", "up_proj"), i, tr, tr),
+            (p + "mlp.down_proj.weight", ("layers", "mlp", "down_proj"), i, tr, tr),
         ]
         if config.qkv_bias:
             entries += [
-                (p + "self_attn.q_proj.bias", L + ("attn", "q_bias"), *bias(n)),
-                (p + "self_attn.k_proj.bias", L + ("attn", "k_bias"), *bias(k)),
-                (p + "self_attn.v_proj.bias", L + ("attn", "v_bias"), *bias(k)),
+                (p + "self_attn.q_proj.bias", ("layers", "attn", "q_bias"), i, *bias(n)),
+                (p + "self_attn.k_proj.bias", ("layers", "attn", "k_bias"), i, *bias(k)),
+                (p + "self_attn.v_proj.bias", ("layers", "attn", "v_bias"), i, *bias(k)),
             ]
-    entries.append(("model.norm.weight", ("final_norm", "scale"), ident, ident))
+    entries.append(("model.norm.weight", ("final_norm", "scale"), None, ident, ident))
     if not config.tie_embeddings:
-        entries.append(("lm_head.weight", ("lm_head",), tr, tr))
+        entries.append(("lm_head.weight", ("lm_head",), None, tr, tr))
     return entries
 
 
@@ -229,7 +230,7 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules
         config = config_from_hf(json.load(f), dtype=dtype)
     tensors = _open_tensors(path)
     entries = tensor_map(config)
-    missing = [name for name, *_ in entries if name not in tensors]
+    missing = [e[0] for e in entries if e[0] not in tensors]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ValueError(f"checkpoint {path} is missing {len(missing)} tensor(s) for {_ARCH_NAMES[config.architecture]}: {shown}")
@@ -243,18 +244,27 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules
     shardings = param_shardings(config, mesh, rules=rules) if mesh is not None else None
     single = SingleDeviceSharding(jax.devices()[0])
     target = np.dtype(config.jnp_param_dtype)
-    params: dict = {}
-    for name, ours, to_ours, _ in entries:
+    views: dict[tuple, list] = {}
+    for name, ours, layer, to_ours, _ in entries:
         view = to_ours(tensors[name])
-        expect = _get(shapes, ours).shape
+        expect = _get(shapes, ours).shape[(0 if layer is None else 1):]
         if tuple(view.shape) != tuple(expect):
             hf_shape = tuple(tensors[name].shape)
             raise ValueError(f"tensor {name} has shape {hf_shape}, which does not match config.json (expected {expect} after layout change)")
+        views.setdefault(ours, []).append(view)
+    params: dict = {}
+    for ours, parts in views.items():
+        shape = tuple(_get(shapes, ours).shape)
         sharding = _get(shardings, ours) if shardings is not None else single
-        arr = jax.make_array_from_callback(
-            tuple(expect), sharding, lambda idx, view=view: np.ascontiguousarray(view[idx]).astype(target, copy=False)
-        )
-        _set(params, ours, arr)
+        if ours[0] == "layers":
+            # each device reads its slice of each layer's tensor, stacked on the layer axis
+            def read(idx, parts=parts):
+                layers = range(len(parts))[idx[0]]
+                return np.stack([np.ascontiguousarray(parts[i][idx[1:]]).astype(target, copy=False) for i in layers])
+        else:
+            def read(idx, view=parts[0]):
+                return np.ascontiguousarray(view[idx]).astype(target, copy=False)
+        _set(params, ours, jax.make_array_from_callback(shape, sharding, read))
     return config, params
 
 
@@ -275,12 +285,15 @@ def save_hf_checkpoint(path: str, config: ModelConfig, params: dict, *, max_shar
     """
     entries = tensor_map(config)
     host: dict[str, np.ndarray] = {}
-    for name, ours, _, to_hf in entries:
-        try:
-            value = _get(params, ours)
-        except (KeyError, IndexError, TypeError):
-            raise ValueError(f"params has no entry {'/'.join(map(str, ours))} needed for {name}") from None
-        host[name] = np.ascontiguousarray(to_hf(_to_host(value)))
+    gathered: dict[tuple, np.ndarray] = {}
+    for name, ours, layer, _, to_hf in entries:
+        if ours not in gathered:
+            try:
+                gathered[ours] = _to_host(_get(params, ours))
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(f"params has no entry {'/'.join(map(str, ours))} needed for {name}") from None
+        value = gathered[ours] if layer is None else gathered[ours][layer]
+        host[name] = np.ascontiguousarray(to_hf(value))
     if config.architecture == "llama" and config.qkv_bias:
         # HF Llama's attention_bias also gives o_proj a bias; ours is zero.
         for i in range(config.num_layers):

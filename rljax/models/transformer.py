@@ -278,6 +278,11 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
     """Token embedding -> ``num_layers`` x (RMSNorm, GQA attention, RMSNorm, SwiGLU) -> RMSNorm.
 
+    The layers are one :class:`Block` whose parameters are stacked along a leading
+    ``layers`` axis (created with ``nnx.vmap``) and applied with ``jax.lax.scan``: the
+    program holds one layer body whatever the depth (fast compiles), and with
+    ``config.remat`` the backward pass keeps only each layer's input, on every backend.
+
     ``__call__`` returns the final hidden states ``[B,T,H]`` (after the last norm); the
     unembedding is :meth:`unembedding` (``[H,V]``: the transposed embedding when tied).
     """
@@ -286,7 +291,13 @@ class Transformer(nnx.Module):
         self.config = config
         pd = config.jnp_param_dtype
         self.embed = _param(rngs, nnx.initializers.normal(0.02), (config.vocab_size, config.hidden_size), pd, ("vocab", "embed"))
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+
+        @nnx.split_rngs(splits=config.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_layers(rngs):
+            return Block(config, rngs=rngs)
+
+        self.layers = make_layers(rngs)
         self.final_norm = RMSNorm(
             config.hidden_size, eps=config.rms_norm_eps, dtype=config.jnp_dtype, param_dtype=pd, rngs=rngs
         )
@@ -301,26 +312,31 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False):
         x = self.embed_tokens(tokens, mesh)
-        ks, vs = [], []
-        for layer in self.layers:
-            if self.config.remat:
-                step = nnx.remat(lambda blk, x, p, m: blk(x, p, m, mesh), prevent_cse=True)
-                x, (k, v) = step(layer, x, positions, valid)
-            else:
-                x, (k, v) = layer(x, positions, valid, mesh)
-            if return_kv:
-                ks.append(k)
-                vs.append(v)
+        block_def, block_state = nnx.split(self.layers)
+
+        def body(x, layer_state):
+            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh)
+            return x, (kv if return_kv else None)
+
+        if self.config.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        x, kv = jax.lax.scan(body, x, block_state)
         hidden = self.final_norm(x)
-        if return_kv:
-            return hidden, (jnp.stack(ks), jnp.stack(vs))
-        return hidden
+        return (hidden, kv) if return_kv else hidden
 
     def decode(self, tokens, positions, cache_k, cache_v, cache_index):
         """``tokens [S,Tn]`` at ``positions [S,Tn]``; cache ``[L,S,M,K,D]`` written at ``cache_index [S]``."""
         x = self.embed_tokens(tokens, None)
-        for i, layer in enumerate(self.layers):
-            x, cache_k, cache_v = layer.decode(x, positions, cache_k, cache_v, i, cache_index)
+        block_def, block_state = nnx.split(self.layers)
+
+        def body(carry, xs):
+            x, ck, cv = carry
+            layer_state, i = xs
+            x, ck, cv = nnx.merge(block_def, layer_state).decode(x, positions, ck, cv, i, cache_index)
+            return (x, ck, cv), None
+
+        layer_ids = jnp.arange(self.config.num_layers)
+        (x, cache_k, cache_v), _ = jax.lax.scan(body, (x, cache_k, cache_v), (block_state, layer_ids))
         return self.final_norm(x), cache_k, cache_v
 
     def unembedding(self) -> jax.Array:

@@ -13,6 +13,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from rljax.sharding.rules import KV_CACHE_AXES, logical_sharding, logical_to_spec
 
+try:  # jax.core.Tracer moves as jax.core is slimmed down
+    from jax.core import Tracer as _Tracer
+except ImportError:  # pragma: no cover
+    from jax._src.core import Tracer as _Tracer
+
 
 def batch_logical_axes(ndim: int) -> tuple[str | None, ...]:
     """Logical axes of a trajectory-batch field of rank ``ndim``: ``[B]``, ``[B,T]``, ``[B,T,...]``."""
@@ -76,7 +81,7 @@ def reshard(tree: Any, target_shardings: Any, *, donate: bool = False) -> Any:
     for t in tleaves:
         if not isinstance(t, Sharding):
             raise ValueError(f"reshard: every target must be a jax.sharding.Sharding, got {type(t).__name__}")
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if any(isinstance(x, _Tracer) for x in leaves):
         out = [jax.lax.with_sharding_constraint(x, t) for x, t in zip(leaves, tleaves)]
     else:
         out = jax.device_put(leaves, tleaves, donate=donate)
