@@ -11,9 +11,13 @@ numbers (tested against each other):
 * ``"pallas"``: the same algorithm as Pallas TPU (Mosaic) kernels; default on TPU. Off TPU it
   runs in interpret mode (correct, slow: for tests only).
 
-Matmuls take operands in the input dtype with float32 accumulation; all statistics, the logit
-cotangent and both backward matmuls are float32, so bfloat16 inputs lose nothing beyond the
-bfloat16 rounding of the inputs themselves (the naive path's autodiff does the same).
+Precision: the logit matmul takes operands in the input dtype with float32 accumulation
+(exact products for bfloat16); softmax statistics and the logit cotangent ``dz`` are float32.
+The backward matmuls multiply the float32 ``dz`` with the input-dtype operand: naive and
+chunked do it as XLA's autodiff does (float32 ``dz``, the other operand upcast); the Pallas
+kernels use full fp32 contraction for float32 inputs and, for bfloat16 inputs, split ``dz``
+into hi + lo bfloat16 halves (two MXU passes, ~16 mantissa bits) instead of rounding it.
+Gradients are returned in the dtype of ``hidden`` / ``unembed``.
 
 ``fused_logprob_sharded(..., mesh=...)`` runs it under ``jax.shard_map`` with tokens split
 over ``dp`` / ``sp`` and the vocabulary over ``tp`` (per-shard statistics merged with

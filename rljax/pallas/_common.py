@@ -16,86 +16,86 @@ MASK_VALUE = -1e30
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Static configuration of one call (hashable: it is a ``custom_vjp`` non-diff argument)."""
+    """Static configuration of one call (hashable: it is a ``custom_vjp`` non-diff argument)."""
 
-  impl: str  # "chunked" or "pallas" once resolved
-  inv_temp: float
-  block_t: int | None
-  block_v: int | None
-  vocab_axis: str | None = None
-  interpret: bool = False
+    impl: str  # "chunked" or "pallas" once resolved
+    inv_temp: float
+    block_t: int | None
+    block_v: int | None
+    vocab_axis: str | None = None
+    interpret: bool = False
 
 
 def merge_stats(m, s, u, zy, axis_name):
-  """Merges per-shard statistics over the vocabulary axis ``axis_name``.
+    """Merges per-shard statistics over the vocabulary axis ``axis_name``.
 
-  Each shard holds, per token, ``m = max_v z``, ``s = sum_v exp(z - m)``,
-  ``u = sum_v exp(z - m) (z - m)`` over its own columns, and ``zy`` = the target logit if the
-  target lives in this shard, else 0.
-  """
-  m_all = lax.pmax(m, axis_name)
-  scale = jnp.exp(m - m_all)
-  s_all = lax.psum(s * scale, axis_name)
-  u_all = lax.psum(scale * (u + (m - m_all) * s), axis_name)
-  zy_all = lax.psum(zy, axis_name)
-  return m_all, s_all, u_all, zy_all
+    Each shard holds, per token, ``m = max_v z``, ``s = sum_v exp(z - m)``,
+    ``u = sum_v exp(z - m) (z - m)`` over its own columns, and ``zy`` = the target logit if the
+    target lives in this shard, else 0.
+    """
+    m_all = lax.pmax(m, axis_name)
+    scale = jnp.exp(m - m_all)
+    s_all = lax.psum(s * scale, axis_name)
+    u_all = lax.psum(scale * (u + (m - m_all) * s), axis_name)
+    zy_all = lax.psum(zy, axis_name)
+    return m_all, s_all, u_all, zy_all
 
 
 def finish_stats(m, s, u, zy):
-  """(m, s, u, zy) -> (logp, entropy, lse, mean logit E_p[z]), all float32 [N]."""
-  log_s = jnp.log(s)
-  mean_shift = u / s  # E_p[z] - m
-  lse = m + log_s
-  return zy - lse, log_s - mean_shift, lse, m + mean_shift
+    """(m, s, u, zy) -> (logp, entropy, lse, mean logit E_p[z]), all float32 [N]."""
+    log_s = jnp.log(s)
+    mean_shift = u / s  # E_p[z] - m
+    lse = m + log_s
+    return zy - lse, log_s - mean_shift, lse, m + mean_shift
 
 
 def logit_cotangent(z, hit, lse, ez, g_logp, g_ent):
-  """d(g_logp . logp + g_ent . entropy) / dz for one tile, float32.
+    """d(g_logp . logp + g_ent . entropy) / dz for one tile, float32.
 
-  ``z`` is the [rows, cols] logit tile (masked columns at MASK_VALUE), ``hit`` marks the
-  target column, the rest are [rows, 1] per-token values. With p = softmax(z):
-  d logp / dz = onehot(y) - p and d entropy / dz = -p (z - E_p[z]).
-  """
-  p = jnp.exp(z - lse)
-  dz = -p * (g_logp + g_ent * (z - ez))
-  return jnp.where(hit, dz + g_logp, dz)
+    ``z`` is the [rows, cols] logit tile (masked columns at MASK_VALUE), ``hit`` marks the
+    target column, the rest are [rows, 1] per-token values. With p = softmax(z):
+    d logp / dz = onehot(y) - p and d entropy / dz = -p (z - E_p[z]).
+    """
+    p = jnp.exp(z - lse)
+    dz = -p * (g_logp + g_ent * (z - ez))
+    return jnp.where(hit, dz + g_logp, dz)
 
 
 def vma(x) -> frozenset:
-  """The manual mesh axes ``x`` varies over (empty outside ``shard_map``)."""
-  aval = jax.typeof(x)
-  axes = getattr(aval, "vma", None)  # jax <= 0.9 spelling
-  if axes is None:
-    axes = getattr(getattr(aval, "mat", None), "varying", frozenset())
-  return frozenset(axes)
+    """The manual mesh axes ``x`` varies over (empty outside ``shard_map``)."""
+    aval = jax.typeof(x)
+    axes = getattr(aval, "vma", None)  # jax <= 0.9 spelling
+    if axes is None:
+        axes = getattr(getattr(aval, "mat", None), "varying", frozenset())
+    return frozenset(axes)
 
 
 def pvary(x, axes):
-  if not axes:
-    return x
-  axes = tuple(sorted(axes))
-  if hasattr(lax, "pcast"):
-    return lax.pcast(x, axes, to="varying")
-  return lax.pvary(x, axes)  # pragma: no cover - older jax
+    if not axes:
+        return x
+    axes = tuple(sorted(axes))
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, axes, to="varying")
+    return lax.pvary(x, axes)  # pragma: no cover - older jax
 
 
 def unify_vma(*xs):
-  """Marks every array as varying over the union of the manual axes any of them varies over
-  (needed for primitives such as ``pallas_call`` that want equal input types)."""
-  union = frozenset().union(*(vma(x) for x in xs))
-  return tuple(pvary(x, union - vma(x)) for x in xs)
+    """Marks every array as varying over the union of the manual axes any of them varies over
+    (needed for primitives such as ``pallas_call`` that want equal input types)."""
+    union = frozenset().union(*(vma(x) for x in xs))
+    return tuple(pvary(x, union - vma(x)) for x in xs)
 
 
 def match_vma(ct, primal):
-  """Gives a cotangent the manual-axis type of its primal, as JAX's own autodiff would:
-  summed over the axes the primal is replicated on, broadcast to the ones it varies over."""
-  ct_vma, p_vma = vma(ct), vma(primal)
-  extra = ct_vma - p_vma
-  if extra:
-    ct = lax.psum(ct, tuple(sorted(extra)))
-  return pvary(ct, p_vma - ct_vma)
+    """Gives a cotangent the manual-axis type of its primal, as JAX's own autodiff would:
+    summed over the axes the primal is replicated on, broadcast to the ones it varies over."""
+    ct_vma, p_vma = vma(ct), vma(primal)
+    extra = ct_vma - p_vma
+    if extra:
+        ct = lax.psum(ct, tuple(sorted(extra)))
+    return pvary(ct, p_vma - ct_vma)
 
 
 def full(shape, value, dtype, axes):
-  """``jnp.full`` typed as varying over the manual axes ``axes`` (for loop carries)."""
-  return pvary(jnp.full(shape, value, dtype), axes)
+    """``jnp.full`` typed as varying over the manual axes ``axes`` (for loop carries)."""
+    return pvary(jnp.full(shape, value, dtype), axes)

@@ -33,49 +33,79 @@ _VMEM_CAP = 64 * 1024 * 1024
 
 
 def default_blocks(n_tokens: int, n_vocab: int, block_t, block_v):
-  """A block equal to the full dimension is always legal; otherwise the caller has checked
-  block_t % 8 == 0 and block_v % 128 == 0."""
-  return min(block_t or DEFAULT_BLOCK_T, n_tokens), min(block_v or DEFAULT_BLOCK_V, n_vocab)
+    """A block equal to the full dimension is always legal; otherwise the caller has checked
+    block_t % 8 == 0 and block_v % 128 == 0."""
+    return min(block_t or DEFAULT_BLOCK_T, n_tokens), min(block_v or DEFAULT_BLOCK_V, n_vocab)
 
 
 def _lanes(x, dtype=None):
-  """[N] -> [N, 128] lane-replicated."""
-  x = x if dtype is None else x.astype(dtype)
-  return jnp.broadcast_to(x[:, None], (x.shape[0], LANES))
+    """[N] -> [N, 128] lane-replicated."""
+    x = x if dtype is None else x.astype(dtype)
+    return jnp.broadcast_to(x[:, None], (x.shape[0], LANES))
 
 
 _SDS_PARAMS = inspect.signature(jax.ShapeDtypeStruct).parameters
 
 
 def _out_struct(shape, dtype, like):
-  """Output type of a ``pallas_call``, typed (inside ``shard_map``) as varying over the same
-  manual axes as ``like``."""
-  aval = jax.typeof(like)
-  if "manual_axis_type" in _SDS_PARAMS and hasattr(aval, "mat"):
-    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.mat)
-  if "vma" in _SDS_PARAMS:  # jax <= 0.9 spelling
-    return jax.ShapeDtypeStruct(shape, dtype, vma=getattr(aval, "vma", frozenset()))
-  return jax.ShapeDtypeStruct(shape, dtype)
+    """Output type of a ``pallas_call``, typed (inside ``shard_map``) as varying over the same
+    manual axes as ``like``."""
+    aval = jax.typeof(like)
+    if "manual_axis_type" in _SDS_PARAMS and hasattr(aval, "mat"):
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.mat)
+    if "vma" in _SDS_PARAMS:  # jax <= 0.9 spelling
+        return jax.ShapeDtypeStruct(shape, dtype, vma=getattr(aval, "vma", frozenset()))
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _interpret_arg(interpret):
-  return pltpu.InterpretParams() if interpret else False
+    return pltpu.InterpretParams() if interpret else False
 
 
 def _compiler_params(semantics, vmem_bytes):
-  limit = None
-  if vmem_bytes > 16 * 1024 * 1024:  # above the smallest default scoped limit
-    limit = min(int(vmem_bytes * 1.25), _VMEM_CAP)
-  return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
+    limit = None
+    if vmem_bytes > 16 * 1024 * 1024:  # above the smallest default scoped limit
+        limit = min(int(vmem_bytes * 1.25), _VMEM_CAP)
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
+
+
+def _precision(dtype):
+    # Explicit, so that a global jax_default_matmul_precision (Mosaic rejects "high") cannot
+    # change the kernels: float32 operands get full fp32 contraction, 16-bit ones are exact.
+    return lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
+
+
+def _dot(a, b, dims):
+    """float32-accumulated ``dot_general`` of same-dtype operands."""
+    return lax.dot_general(a, b, (dims, ((), ())), precision=_precision(a.dtype),
+                           preferred_element_type=jnp.float32)
+
+
+def _dot_f32(x, y, dims, *, x_is_f32):
+    """``dot_general`` of a float32 operand with an operand in the input dtype, float32 result.
+
+    For float32 inputs this is one full-precision matmul. For 16-bit inputs the other operand
+    is exact in its dtype, so the float32 one is split into hi + lo 16-bit parts: two native
+    MXU passes, ~16 mantissa bits for the float32 operand (vs one pass and 8 bits by rounding
+    it, or six passes by upcasting the other operand).
+    """
+    f32, other = (x, y) if x_is_f32 else (y, x)
+    if other.dtype == jnp.float32:
+        return _dot(x, y, dims)
+    hi = f32.astype(other.dtype)
+    lo = (f32 - hi.astype(jnp.float32)).astype(other.dtype)
+    if x_is_f32:
+        return _dot(hi, other, dims) + _dot(lo, other, dims)
+    return _dot(other, hi, dims) + _dot(other, lo, dims)
 
 
 def _tile(h, w, inv_temp, v0, n_vocab, mask_vocab):
-  """Logit tile [bt, bv] in float32 and the global column ids; columns >= V are masked."""
-  z = jnp.dot(h, w, preferred_element_type=jnp.float32) * inv_temp
-  cols = v0 + lax.broadcasted_iota(jnp.int32, z.shape, 1)
-  if mask_vocab:
-    z = jnp.where(cols < n_vocab, z, MASK_VALUE)
-  return z, cols
+    """Logit tile [bt, bv] in float32 and the global column ids; columns >= V are masked."""
+    z = _dot(h, w, ((1,), (0,))) * inv_temp
+    cols = v0 + lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    if mask_vocab:
+        z = jnp.where(cols < n_vocab, z, MASK_VALUE)
+    return z, cols
 
 
 # ----------------------------------------------------------------------------- forward
@@ -83,174 +113,171 @@ def _tile(h, w, inv_temp, v0, n_vocab, mask_vocab):
 
 def _fwd_kernel(y_ref, h_ref, w_ref, out_ref, m_sc, s_sc, u_sc, zy_sc, *, inv_temp, n_vocab,
                 block_v, mask_vocab):
-  j = pl.program_id(1)
+    j = pl.program_id(1)
 
-  @pl.when(j == 0)
-  def _init():
-    m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, jnp.float32)
-    s_sc[...] = jnp.zeros(s_sc.shape, jnp.float32)
-    u_sc[...] = jnp.zeros(u_sc.shape, jnp.float32)
-    zy_sc[...] = jnp.zeros(zy_sc.shape, jnp.float32)
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, jnp.float32)
+        s_sc[...] = jnp.zeros(s_sc.shape, jnp.float32)
+        u_sc[...] = jnp.zeros(u_sc.shape, jnp.float32)
+        zy_sc[...] = jnp.zeros(zy_sc.shape, jnp.float32)
 
-  z, cols = _tile(h_ref[...], w_ref[...], inv_temp, j * block_v, n_vocab, mask_vocab)
-  m = m_sc[...][:, :1]
-  s = s_sc[...][:, :1]
-  m_new = jnp.maximum(m, jnp.max(z, axis=1, keepdims=True))
-  scale = jnp.exp(m - m_new)
-  zc = z - m_new
-  e = jnp.exp(zc)
-  u_new = scale * (u_sc[...][:, :1] + (m - m_new) * s) + jnp.sum(e * zc, axis=1, keepdims=True)
-  s_new = scale * s + jnp.sum(e, axis=1, keepdims=True)
-  hit = cols == y_ref[...][:, :1]
-  zy_new = zy_sc[...][:, :1] + jnp.sum(jnp.where(hit, z, 0.0), axis=1, keepdims=True)
+    z, cols = _tile(h_ref[...], w_ref[...], inv_temp, j * block_v, n_vocab, mask_vocab)
+    m = m_sc[...][:, :1]
+    s = s_sc[...][:, :1]
+    m_new = jnp.maximum(m, jnp.max(z, axis=1, keepdims=True))
+    scale = jnp.exp(m - m_new)
+    zc = z - m_new
+    e = jnp.exp(zc)
+    u_new = scale * (u_sc[...][:, :1] + (m - m_new) * s) + jnp.sum(e * zc, axis=1, keepdims=True)
+    s_new = scale * s + jnp.sum(e, axis=1, keepdims=True)
+    hit = cols == y_ref[...][:, :1]
+    zy_new = zy_sc[...][:, :1] + jnp.sum(jnp.where(hit, z, 0.0), axis=1, keepdims=True)
 
-  shape = m_sc.shape
-  m_sc[...] = jnp.broadcast_to(m_new, shape)
-  s_sc[...] = jnp.broadcast_to(s_new, shape)
-  u_sc[...] = jnp.broadcast_to(u_new, shape)
-  zy_sc[...] = jnp.broadcast_to(zy_new, shape)
+    shape = m_sc.shape
+    m_sc[...] = jnp.broadcast_to(m_new, shape)
+    s_sc[...] = jnp.broadcast_to(s_new, shape)
+    u_sc[...] = jnp.broadcast_to(u_new, shape)
+    zy_sc[...] = jnp.broadcast_to(zy_new, shape)
 
-  @pl.when(j == pl.num_programs(1) - 1)
-  def _write():
-    lane = lax.broadcasted_iota(jnp.int32, shape, 1)
-    out_ref[...] = jnp.where(
-        lane == 0, m_sc[...],
-        jnp.where(lane == 1, s_sc[...], jnp.where(lane == 2, u_sc[...], zy_sc[...])))
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _write():
+        lane = lax.broadcasted_iota(jnp.int32, shape, 1)
+        out_ref[...] = jnp.where(
+            lane == 0, m_sc[...],
+            jnp.where(lane == 1, s_sc[...], jnp.where(lane == 2, u_sc[...], zy_sc[...])))
 
 
 def stats(h, w, y, *, inv_temp, block_t, block_v, interpret):
-  """Per-token (m, s, u, zy), float32 [N]; see ``_common.merge_stats``."""
-  (n, hidden), n_vocab = h.shape, w.shape[1]
-  bt, bv = default_blocks(n, n_vocab, block_t, block_v)
-  grid = (pl.cdiv(n, bt), pl.cdiv(n_vocab, bv))
-  kernel = functools.partial(
-      _fwd_kernel, inv_temp=inv_temp, n_vocab=n_vocab, block_v=bv,
-      mask_vocab=n_vocab % bv != 0)
-  vmem = 2 * (bt * hidden * h.dtype.itemsize + hidden * bv * w.dtype.itemsize) + 6 * bt * bv * 4
-  out = pl.pallas_call(
-      kernel,
-      grid=grid,
-      in_specs=[
-          pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
-          pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
-          pl.BlockSpec((hidden, bv), lambda i, j: (0, j)),
-      ],
-      out_specs=pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
-      out_shape=_out_struct((n, LANES), jnp.float32, h),
-      scratch_shapes=[pltpu.VMEM((bt, LANES), jnp.float32) for _ in range(4)],
-      compiler_params=_compiler_params(("parallel", "arbitrary"), vmem),
-      interpret=_interpret_arg(interpret),
-      name="rljax_logprob_fwd",
-  )(_lanes(y), h, w)
-  return out[:, 0], out[:, 1], out[:, 2], out[:, 3]
+    """Per-token (m, s, u, zy), float32 [N]; see ``_common.merge_stats``."""
+    (n, hidden), n_vocab = h.shape, w.shape[1]
+    bt, bv = default_blocks(n, n_vocab, block_t, block_v)
+    grid = (pl.cdiv(n, bt), pl.cdiv(n_vocab, bv))
+    kernel = functools.partial(
+        _fwd_kernel, inv_temp=inv_temp, n_vocab=n_vocab, block_v=bv,
+        mask_vocab=n_vocab % bv != 0)
+    vmem = 2 * (bt * hidden * h.dtype.itemsize + hidden * bv * w.dtype.itemsize) + 6 * bt * bv * 4
+    out = pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=[
+            pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
+            pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
+            pl.BlockSpec((hidden, bv), lambda i, j: (0, j)),
+        ],
+        out_specs=pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
+        out_shape=_out_struct((n, LANES), jnp.float32, h),
+        scratch_shapes=[pltpu.VMEM((bt, LANES), jnp.float32) for _ in range(4)],
+        compiler_params=_compiler_params(("parallel", "arbitrary"), vmem),
+        interpret=_interpret_arg(interpret),
+        name="rljax_logprob_fwd",
+    )(_lanes(y), h, w)
+    return out[:, 0], out[:, 1], out[:, 2], out[:, 3]
 
 
 # ----------------------------------------------------------------------------- backward
 
 
 def _tile_cotangent(y_ref, tok_ref, h, w, inv_temp, v0, n_vocab, mask_vocab):
-  """dz * inv_temp for one tile (float32, zero on masked columns)."""
-  z, cols = _tile(h, w, inv_temp, v0, n_vocab, mask_vocab)
-  tok = tok_ref[...]
-  dz = logit_cotangent(z, cols == y_ref[...][:, :1], tok[:, 0:1], tok[:, 1:2], tok[:, 2:3],
-                       tok[:, 3:4])
-  if mask_vocab:  # exact zeros past V, whatever the cotangent's magnitude
-    dz = jnp.where(cols < n_vocab, dz, 0.0)
-  return dz * inv_temp, cols
+    """dz * inv_temp for one tile (float32, zero on masked columns)."""
+    z, cols = _tile(h, w, inv_temp, v0, n_vocab, mask_vocab)
+    tok = tok_ref[...]
+    dz = logit_cotangent(z, cols == y_ref[...][:, :1], tok[:, 0:1], tok[:, 1:2], tok[:, 2:3],
+                         tok[:, 3:4])
+    if mask_vocab:  # exact zeros past V, whatever the cotangent's magnitude
+        dz = jnp.where(cols < n_vocab, dz, 0.0)
+    return dz * inv_temp, cols
 
 
 def _dh_kernel(y_ref, tok_ref, h_ref, w_ref, dh_ref, acc_sc, *, inv_temp, n_vocab, block_v,
                mask_vocab):
-  j = pl.program_id(1)
+    j = pl.program_id(1)
 
-  @pl.when(j == 0)
-  def _init():
-    acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+    @pl.when(j == 0)
+    def _init():
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
-  w = w_ref[...]
-  dz, _ = _tile_cotangent(y_ref, tok_ref, h_ref[...], w, inv_temp, j * block_v, n_vocab,
-                          mask_vocab)
-  w = w.astype(jnp.float32)
-  if mask_vocab:  # undefined columns past V would turn 0 * garbage into NaN
-    w_cols = j * block_v + lax.broadcasted_iota(jnp.int32, w.shape, 1)
-    w = jnp.where(w_cols < n_vocab, w, 0.0)
-  acc_sc[...] += lax.dot_general(dz, w, (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
+    w = w_ref[...]
+    dz, _ = _tile_cotangent(y_ref, tok_ref, h_ref[...], w, inv_temp, j * block_v, n_vocab,
+                            mask_vocab)
+    if mask_vocab:  # undefined columns past V would turn 0 * garbage into NaN
+        w_cols = j * block_v + lax.broadcasted_iota(jnp.int32, w.shape, 1)
+        w = jnp.where(w_cols < n_vocab, w, jnp.zeros_like(w))
+    acc_sc[...] += _dot_f32(dz, w, ((1,), (1,)), x_is_f32=True)
 
-  @pl.when(j == pl.num_programs(1) - 1)
-  def _write():
-    dh_ref[...] = acc_sc[...].astype(dh_ref.dtype)
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _write():
+        dh_ref[...] = acc_sc[...].astype(dh_ref.dtype)
 
 
 def _dw_kernel(y_ref, tok_ref, h_ref, w_ref, dw_ref, acc_sc, *, inv_temp, n_tokens, block_t,
                n_vocab, block_v, mask_tokens, mask_vocab):
-  j, i = pl.program_id(0), pl.program_id(1)
+    j, i = pl.program_id(0), pl.program_id(1)
 
-  @pl.when(i == 0)
-  def _init():
-    acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+    @pl.when(i == 0)
+    def _init():
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
-  h = h_ref[...]
-  if mask_tokens:  # undefined rows past N (hidden and the per-token residuals)
-    h_rows = i * block_t + lax.broadcasted_iota(jnp.int32, h.shape, 0)
-    h = jnp.where(h_rows < n_tokens, h, jnp.zeros_like(h))
-  dz, _ = _tile_cotangent(y_ref, tok_ref, h, w_ref[...], inv_temp, j * block_v, n_vocab,
-                          mask_vocab)
-  if mask_tokens:
-    rows = i * block_t + lax.broadcasted_iota(jnp.int32, dz.shape, 0)
-    dz = jnp.where(rows < n_tokens, dz, 0.0)
-  acc_sc[...] += lax.dot_general(h.astype(jnp.float32), dz, (((0,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
+    h = h_ref[...]
+    if mask_tokens:  # undefined rows past N (hidden and the per-token residuals)
+        h_rows = i * block_t + lax.broadcasted_iota(jnp.int32, h.shape, 0)
+        h = jnp.where(h_rows < n_tokens, h, jnp.zeros_like(h))
+    dz, _ = _tile_cotangent(y_ref, tok_ref, h, w_ref[...], inv_temp, j * block_v, n_vocab,
+                            mask_vocab)
+    if mask_tokens:
+        rows = i * block_t + lax.broadcasted_iota(jnp.int32, dz.shape, 0)
+        dz = jnp.where(rows < n_tokens, dz, 0.0)
+    acc_sc[...] += _dot_f32(h, dz, ((0,), (0,)), x_is_f32=False)
 
-  @pl.when(i == pl.num_programs(1) - 1)
-  def _write():
-    dw_ref[...] = acc_sc[...].astype(dw_ref.dtype)
+    @pl.when(i == pl.num_programs(1) - 1)
+    def _write():
+        dw_ref[...] = acc_sc[...].astype(dw_ref.dtype)
 
 
 def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dtype, interpret):
-  """(d hidden float32 [N, H], d unembed [H, V] in ``dw_dtype``) for this shard's columns."""
-  (n, hidden), n_vocab = h.shape, w.shape[1]
-  bt, bv = default_blocks(n, n_vocab, block_t, block_v)
-  nt, nv = pl.cdiv(n, bt), pl.cdiv(n_vocab, bv)
-  y2 = _lanes(y)
-  lane = lax.broadcasted_iota(jnp.int32, (n, LANES), 1)
-  tok = jnp.where(lane == 0, lse[:, None], jnp.where(
-      lane == 1, ez[:, None], jnp.where(lane == 2, g_logp[:, None], g_ent[:, None])))
-  tile_bytes = 2 * (bt * hidden * h.dtype.itemsize + hidden * bv * w.dtype.itemsize)
-  tile_bytes += 6 * bt * bv * 4 + 4 * hidden * bv + 4 * bt * hidden  # temporaries, f32 copies
-  common = dict(inv_temp=inv_temp, n_vocab=n_vocab, block_v=bv, mask_vocab=n_vocab % bv != 0)
+    """(d hidden float32 [N, H], d unembed [H, V] in ``dw_dtype``) for this shard's columns."""
+    (n, hidden), n_vocab = h.shape, w.shape[1]
+    bt, bv = default_blocks(n, n_vocab, block_t, block_v)
+    nt, nv = pl.cdiv(n, bt), pl.cdiv(n_vocab, bv)
+    y2 = _lanes(y)
+    lane = lax.broadcasted_iota(jnp.int32, (n, LANES), 1)
+    tok = jnp.where(lane == 0, lse[:, None], jnp.where(
+        lane == 1, ez[:, None], jnp.where(lane == 2, g_logp[:, None], g_ent[:, None])))
+    tile_bytes = 2 * (bt * hidden * h.dtype.itemsize + hidden * bv * w.dtype.itemsize)
+    tile_bytes += 6 * bt * bv * 4 + 4 * hidden * bv + 4 * bt * hidden  # temporaries, f32 copies
+    common = dict(inv_temp=inv_temp, n_vocab=n_vocab, block_v=bv, mask_vocab=n_vocab % bv != 0)
 
-  dh = pl.pallas_call(
-      functools.partial(_dh_kernel, **common),
-      grid=(nt, nv),
-      in_specs=[
-          pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
-          pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
-          pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
-          pl.BlockSpec((hidden, bv), lambda i, j: (0, j)),
-      ],
-      out_specs=pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
-      out_shape=_out_struct((n, hidden), jnp.float32, h),
-      scratch_shapes=[pltpu.VMEM((bt, hidden), jnp.float32)],
-      compiler_params=_compiler_params(("parallel", "arbitrary"), tile_bytes + 8 * bt * hidden),
-      interpret=_interpret_arg(interpret),
-      name="rljax_logprob_bwd_hidden",
-  )(y2, tok, h, w)
+    dh = pl.pallas_call(
+        functools.partial(_dh_kernel, **common),
+        grid=(nt, nv),
+        in_specs=[
+            pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
+            pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
+            pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
+            pl.BlockSpec((hidden, bv), lambda i, j: (0, j)),
+        ],
+        out_specs=pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
+        out_shape=_out_struct((n, hidden), jnp.float32, h),
+        scratch_shapes=[pltpu.VMEM((bt, hidden), jnp.float32)],
+        compiler_params=_compiler_params(("parallel", "arbitrary"), tile_bytes + 8 * bt * hidden),
+        interpret=_interpret_arg(interpret),
+        name="rljax_logprob_bwd_hidden",
+    )(y2, tok, h, w)
 
-  dw = pl.pallas_call(
-      functools.partial(_dw_kernel, n_tokens=n, block_t=bt, mask_tokens=n % bt != 0, **common),
-      grid=(nv, nt),
-      in_specs=[
-          pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)),
-          pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)),
-          pl.BlockSpec((bt, hidden), lambda j, i: (i, 0)),
-          pl.BlockSpec((hidden, bv), lambda j, i: (0, j)),
-      ],
-      out_specs=pl.BlockSpec((hidden, bv), lambda j, i: (0, j)),
-      out_shape=_out_struct((hidden, n_vocab), dw_dtype, h),
-      scratch_shapes=[pltpu.VMEM((hidden, bv), jnp.float32)],
-      compiler_params=_compiler_params(("parallel", "arbitrary"), tile_bytes + 8 * hidden * bv),
-      interpret=_interpret_arg(interpret),
-      name="rljax_logprob_bwd_unembed",
-  )(y2, tok, h, w)
-  return dh, dw
+    dw = pl.pallas_call(
+        functools.partial(_dw_kernel, n_tokens=n, block_t=bt, mask_tokens=n % bt != 0, **common),
+        grid=(nv, nt),
+        in_specs=[
+            pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)),
+            pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)),
+            pl.BlockSpec((bt, hidden), lambda j, i: (i, 0)),
+            pl.BlockSpec((hidden, bv), lambda j, i: (0, j)),
+        ],
+        out_specs=pl.BlockSpec((hidden, bv), lambda j, i: (0, j)),
+        out_shape=_out_struct((hidden, n_vocab), dw_dtype, h),
+        scratch_shapes=[pltpu.VMEM((hidden, bv), jnp.float32)],
+        compiler_params=_compiler_params(("parallel", "arbitrary"), tile_bytes + 8 * hidden * bv),
+        interpret=_interpret_arg(interpret),
+        name="rljax_logprob_bwd_unembed",
+    )(y2, tok, h, w)
+    return dh, dw
