@@ -108,3 +108,24 @@ def test_resume_gives_the_uninterrupted_metrics(tmp_path):
     for step in (3, 4):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"):
             assert math.isclose(a[step][key], b[step][key], rel_tol=1e-5, abs_tol=1e-6), (step, key)
+
+
+@pytest.mark.slow
+def test_two_local_processes_match_one_process(tmp_path):
+    """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, --mesh=dp4, CPU collectives;
+    the same metrics as one process with 4 devices."""
+    args = ["--mesh=dp4", *SMALL, "trainer.total_steps=2"]
+    one = launch("--run-dir", str(tmp_path / "one"), *args)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2",
+                          "--run-dir", str(tmp_path / "two"), *args],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    topo = json.loads((tmp_path / "two" / "topology.json").read_text())
+    assert topo["process_count"] == 2 and topo["world_size"] == 4 and topo["devices_per_process"] == 2
+    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "val/score/mean"):
+            if key in ra:
+                assert math.isclose(ra[key], rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key)

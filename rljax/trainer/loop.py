@@ -44,6 +44,25 @@ class RunSummary:
     resumed_from: Optional[int]
 
 
+def to_host(tree):
+    """Device arrays -> NumPy, also for arrays spread over several processes (multi-host)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def place(host: dict, mesh) -> dict:
+    """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` on rows,
+    ``sp`` on the sequence). Every process holds the same host values (the sampler is
+    deterministic per ``(seed, uid, session)``), so each fills in the shards it owns."""
+    from rljax.sharding import batch_shardings
+
+    shardings = batch_shardings(host, mesh)
+    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in host.items()}
+
+
 def _model(cfg: Config, mesh, tokenizer):
     """``(model_config, graphdef, params)``: from ``model.path`` (HF) or a preset sized to the tokenizer."""
     from rljax.models import functional as F
@@ -130,6 +149,8 @@ class Trainer:
         self.prompt_len, self.response_len = d.max_prompt_length, d.max_response_length
         self.reward_fn = get_reward_fn(cfg.reward.function, dataset=d.dataset)
         data_dir = d.data_dir or os.path.join(run_dir, "data")
+        if jax.process_count() > 1:  # TFDS does not guard two processes building one dataset
+            data_dir = os.path.join(data_dir, f"process{jax.process_index()}")
         self.tokenize = lambda text: self.tokenizer.encode(text, add_bos=True)
         self._train_iterator = lambda state=None: train_iterator(cfg, self.tokenize, data_dir=data_dir, state=state)
         self._val_iterator = lambda: val_iterator(cfg, self.tokenize, data_dir=data_dir)
@@ -151,6 +172,7 @@ class Trainer:
         self.train_step = make_train_step(self.graphdef, self.optimizer, self.step_config, mesh=mesh)
         self.logprob_fn = make_logprob_fn(self.graphdef, response_len=self.response_len, temperature=r.temperature,
                                           impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
+        self._advantages_fn = jax.jit(self._advantages, static_argnums=4)
         self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_params = jax.tree.map(jnp.copy, params) if self.needs_ref else None
         self.state = init_state(params, self.optimizer)
@@ -167,16 +189,25 @@ class Trainer:
                                        top_k=max(v.top_k, 0), top_p=v.top_p, seed=cfg.trainer.seed + 1, eos_ids=eos)
         engine = RljaxEngine(self.model_config, num_slots=r.max_slots or trajectories,
                              max_prefill_length=self.prompt_len, max_decode_length=self.response_len,
-                             mesh=sampler_mesh(r.tp), prefill_batch_size=min(d.train_batch_size, 64))
-        self.sampler = Sampler(engine, params, version=0, truncation="error")
+                             mesh=sampler_mesh(r.tp, jax.local_devices()),
+                             prefill_batch_size=min(d.train_batch_size, 64))
+        # Each process runs a sampler on its own devices (same prompts, same random streams).
+        self.sampler = Sampler(engine, self._sampler_weights(params), version=0, truncation="error")
 
         os.makedirs(run_dir, exist_ok=True)
         self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
                                          max_to_keep=cfg.trainer.max_checkpoints or 1000)
         if resume:
             self._restore()
-        self.metrics = MetricsWriter(run_dir)
+        self.main = jax.process_index() == 0
+        self.metrics = MetricsWriter(run_dir, enabled=self.main)
         self.timer = _Timer()
+
+    @staticmethod
+    def _sampler_weights(params):
+        """What the sampler reshards from: the learner's arrays, or their gathered values on
+        multi-host (the sampler mesh is process-local)."""
+        return params if jax.process_count() == 1 else to_host(params)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -189,7 +220,7 @@ class Trainer:
         self.state = state
         self.step, self.version = int(meta["step"]), int(meta["version"])
         self.data = self._train_iterator(state=meta["data"])
-        self.sampler.update_weights(self.state.params, self.version)
+        self.sampler.update_weights(self._sampler_weights(self.state.params), self.version)
         self.resumed_from = latest
         self.echo(f"resume: restored step {self.step} (weight version {self.version}) from checkpoint {latest}")
 
@@ -201,36 +232,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def _batch(self, traj, scores: np.ndarray) -> dict:
-        """Learner batch from a rollout: fixed ``[B, S+T]`` layout, left-padded prompts."""
+    def _host_batch(self, traj) -> dict:
+        """Learner batch (NumPy) from a rollout: fixed ``[B, S+T]`` layout, left-padded prompts."""
         b, s = traj.prompt_ids.shape
         pad = self.prompt_len - s
         prompt_ids = np.pad(traj.prompt_ids, ((0, 0), (pad, 0)), constant_values=traj.pad_id)
         prompt_mask = np.pad(traj.prompt_mask, ((0, 0), (pad, 0)))
-        ids = np.concatenate([prompt_ids, traj.response_ids], axis=1).astype(np.int32)
         attention = np.concatenate([prompt_mask, traj.response_mask], axis=1)
-        positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
-        batch = {
-            "input_ids": ids,
+        return {
+            "input_ids": np.concatenate([prompt_ids, traj.response_ids], axis=1).astype(np.int32),
             "attention_mask": attention,
-            "positions": positions,
+            "positions": np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32),
             "loss_mask": traj.loss_mask.astype(np.float32),
             "rollout_logp": traj.rollout_logp.astype(np.float32),
         }
-        return jax.device_put(batch)
 
-    def _advantages(self, scores: jax.Array, traj, batch: dict) -> jax.Array:
+    def _advantages(self, scores: jax.Array, group_ids: jax.Array, row: jax.Array, mask: jax.Array,
+                    num_groups: int) -> jax.Array:
         name = self.cfg.algorithm.adv_estimator
-        mask = batch["loss_mask"]
-        gids = jnp.asarray(traj.group_id)
-        row = ~jnp.asarray(traj.is_padding)
         if name == "grpo":
-            adv = rl.grpo_advantages(scores, gids, num_groups=traj.num_groups, row_mask=row,
+            adv = rl.grpo_advantages(scores, group_ids, num_groups=num_groups, row_mask=row,
                                      scale_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo)
         elif name == "rloo":
-            adv = rl.rloo_advantages(scores, gids, num_groups=traj.num_groups, row_mask=row)
+            adv = rl.rloo_advantages(scores, group_ids, num_groups=num_groups, row_mask=row)
         elif name == "reinforce_plus_plus_baseline":
-            return rl.reinforce_pp_baseline_advantages(scores, gids, mask, num_groups=traj.num_groups)
+            return rl.reinforce_pp_baseline_advantages(scores, group_ids, mask, num_groups=num_groups)
         else:
             raise ValueError(f"algorithm.adv_estimator={name!r} is not supported by the trainer yet; "
                              "accepted: grpo, rloo, reinforce_plus_plus_baseline")
@@ -261,8 +287,11 @@ class Trainer:
             raise RuntimeError(f"rollout used weight version {int(traj.min_version.min())}, learner is at {self.version}")
         with timer("reward"):
             scores_np, report = self._score(traj, prompts, cfg.rollout.n)
-            batch = self._batch(traj, scores_np)
-            scores = jnp.asarray(scores_np)
+            host = self._host_batch(traj)
+            batch = place(host, self.mesh)
+            groups = place({"scores": scores_np.astype(np.float32), "group_id": traj.group_id.astype(np.int32),
+                            "row": ~traj.is_padding}, self.mesh)
+            scores = groups["scores"]
         with timer("old_log_prob"):
             old_logp, old_entropy = self.logprob_fn(self.state.params, batch)
             batch["old_logp"] = old_logp
@@ -275,9 +304,10 @@ class Trainer:
                     kl = rl.kl_penalty(old_logp, batch["ref_logp"], kind=cfg.algorithm.kl_penalty)
                     token_kl = rl.masked_sum(kl, batch["loss_mask"], axis=-1)
                     scores = scores - cfg.algorithm.kl_ctrl.kl_coef * token_kl
-                    metrics["critic/kl"] = float(rl.masked_mean(kl, batch["loss_mask"]))
+                    metrics["critic/kl"] = float(to_host(rl.masked_mean(kl, batch["loss_mask"])))
         with timer("adv"):
-            batch["advantages"] = self._advantages(scores, traj, batch)
+            batch["advantages"] = self._advantages_fn(
+                scores, groups["group_id"], groups["row"], batch["loss_mask"], traj.num_groups)
             if cfg.rollout.correction != "none":
                 batch["rollout_is_weights"] = rl.rollout_correction_weights(
                     old_logp, batch["rollout_logp"], batch["loss_mask"], level=cfg.rollout.correction,
@@ -285,24 +315,26 @@ class Trainer:
         with timer("update_actor"):
             key = jax.random.fold_in(jax.random.key(cfg.trainer.seed), self.step)
             self.state, actor = self.train_step(self.state, batch, key)
-            actor = jax.device_get(actor)
+            actor = to_host(actor)
         with timer("update_weights"):
             self.version += 1
-            self.sampler.update_weights(self.state.params, self.version)
+            self.sampler.update_weights(self._sampler_weights(self.state.params), self.version)
 
         real = ~traj.is_padding
         lengths = traj.response_length[real]
-        mask_np = np.asarray(batch["loss_mask"])
+        mask_np = host["loss_mask"]
+        entropy, adv_mean = to_host((rl.masked_mean(old_entropy, batch["loss_mask"]),
+                                     rl.masked_mean(batch["advantages"], batch["loss_mask"])))
         metrics.update({
             "actor/pg_loss": actor["pg_loss"], "actor/pg_clipfrac": actor["pg_clipfrac"],
             "actor/pg_clipfrac_lower": actor["pg_clipfrac_lower"], "actor/ppo_kl": actor["ppo_kl"],
-            "actor/entropy": float(rl.masked_mean(old_entropy, batch["loss_mask"])),
+            "actor/entropy": float(entropy),
             "actor/grad_norm": actor["grad_norm"], "actor/loss": actor["loss"],
             "actor/skipped_updates": int(actor["skipped_updates"]),
             "actor/lr_step": int(self.state.step),
             "critic/score/mean": float(scores_np[real].mean()), "critic/score/max": float(scores_np[real].max()),
             "critic/score/min": float(scores_np[real].min()),
-            "critic/advantages/mean": float(rl.masked_mean(batch["advantages"], batch["loss_mask"])),
+            "critic/advantages/mean": float(adv_mean),
             "response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
             "response_length/min": int(lengths.min()),
             "response_length/clip_ratio": float(traj.truncated[real].mean()),
@@ -354,7 +386,9 @@ class Trainer:
         while self.step < total:
             last = self.train_one_step()
             tokens += int(last["perf/total_num_tokens"])
-            _progress(self.step, total, last["critic/score/mean"], last["timing_s/step"], time.perf_counter() - t0, first)
+            if self.main:
+                _progress(self.step, total, last["critic/score/mean"], last["timing_s/step"],
+                          time.perf_counter() - t0, first)
         val = last.get("val/score/mean")
         if val is None and self.step > first:
             val = self.validate()
@@ -364,7 +398,8 @@ class Trainer:
                 self.save()
         self.checkpointer.close()
         self.metrics.close()
-        plot_report(self.run_dir)
+        if self.main:
+            plot_report(self.run_dir)
         return RunSummary(steps=self.step, tokens=tokens, wall_s=time.perf_counter() - t0,
                           stage_s=dict(self.timer.total), train_reward=last.get("critic/score/mean"),
                           val_reward_before=val_before, val_reward=val, run_dir=self.run_dir,
