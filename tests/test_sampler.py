@@ -227,7 +227,7 @@ def test_weights_from_learner_layout_reshard_to_tp_sampler():
     learner = jax.device_put(params(), F.param_shardings(CFG, make_mesh("dp8")))
     eng = engine(8, mesh_tp=2)
     sampler = Sampler(eng, learner)
-    leaf = sampler.params["layers"][0]["attn"]["q_proj"]
+    leaf = sampler.params["layers"]["attn"]["q_proj"]
     assert leaf.sharding.mesh.shape["tp"] == 2 and "tp" in str(leaf.sharding.spec)
     greedy = DecodeParams(temperature=0.0, max_new_tokens=10, eos_ids=())
     traj = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)

@@ -144,22 +144,31 @@ def _sample(state: DecodeState, logits, keys):
     )
 
 
-def _insert_impl(state: DecodeState, prefix: Prefix, rows, slots, keys):
-    """Copies prefix rows ``rows [R]`` into ``slots [R]`` (slot ``>= S``: padding, dropped).
+def _insert_impl(state: DecodeState, prefix: Prefix, rows, slots, keys, count):
+    """Copies prefix rows ``rows[:count]`` into cache slots ``slots[:count]``.
 
-    Only scatters, so the per-prefix-shape compilations are cheap; the first token is
-    sampled by :func:`_first_token_impl`, compiled once per engine.
+    One ``dynamic_update_slice`` per inserted slot in a device loop, on the donated cache:
+    no intermediate of ``count`` prompt caches. Only copies, so the per-prefix-shape
+    compilations are cheap; the first token is sampled by :func:`_first_token_impl`,
+    compiled once per engine. Entries past ``count`` carry slot ``S`` and are dropped.
     """
-    t = prefix.kv.k.shape[2]
-    k = state.cache.k.at[:, slots, :t].set(prefix.kv.k[:, rows].astype(state.cache.k.dtype), mode="drop")
-    v = state.cache.v.at[:, slots, :t].set(prefix.kv.v[:, rows].astype(state.cache.v.dtype), mode="drop")
+
+    def copy(i, cache):
+        def one(c, src):
+            row = jax.lax.dynamic_slice_in_dim(src, rows[i], 1, axis=1).astype(c.dtype)
+            return jax.lax.dynamic_update_slice_in_dim(c, row, slots[i], axis=1)
+
+        return F.KVCache(k=one(cache.k, prefix.kv.k), v=one(cache.v, prefix.kv.v))
+
+    cache = jax.lax.fori_loop(0, count, copy, state.cache)
     put = lambda a, x: a.at[slots].set(x, mode="drop")
+    safe_rows = jnp.minimum(rows, prefix.batch_size - 1)
     state = state.replace(
-        cache=F.KVCache(k=k, v=v),
-        index=put(state.index, prefix.lengths[rows]),
+        cache=cache,
+        index=put(state.index, prefix.lengths[safe_rows]),
         keys=put(state.keys, keys.astype(jnp.uint32)),
     )
-    return state, prefix.logits[rows]
+    return state, prefix.logits[safe_rows]
 
 
 def _first_token_impl(state: DecodeState, logits, slots):
@@ -476,14 +485,14 @@ class RljaxEngine(engine_api.Engine):
             raise ValueError(f"insert_many: rows must be in [0, {prefix.batch_size}) and slots in [0, {s})")
         if len(set(slots.tolist())) != r:
             raise ValueError("insert_many: a slot appears twice")
-        pad = s - r  # fixed shapes: pad to num_slots with out-of-range slots (dropped)
+        pad = s - r  # fixed shapes: pad to num_slots with out-of-range slots (ignored)
         rows = np.concatenate([rows, np.zeros(pad, np.int32)])
         slots = np.concatenate([slots, np.full(pad, s, np.int32)])
         keys = np.concatenate([keys, np.zeros((pad, 2), np.uint32)])
         self.stats["insert_calls"] += 1
         self.stats["inserted_slots"] += r
         slots = jnp.asarray(slots)
-        state, logits = self._insert_fn(decode_state, prefix, jnp.asarray(rows), slots, jnp.asarray(keys))
+        state, logits = self._insert_fn(decode_state, prefix, jnp.asarray(rows), slots, jnp.asarray(keys), jnp.int32(r))
         return self._first_token_fn(state, logits, slots)
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
