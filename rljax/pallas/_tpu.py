@@ -38,10 +38,19 @@ def default_blocks(n_tokens: int, n_vocab: int, block_t, block_v):
     return min(block_t or DEFAULT_BLOCK_T, n_tokens), min(block_v or DEFAULT_BLOCK_V, n_vocab)
 
 
-def _lanes(x, dtype=None):
-    """[N] -> [N, 128] lane-replicated."""
-    x = x if dtype is None else x.astype(dtype)
-    return jnp.broadcast_to(x[:, None], (x.shape[0], LANES))
+def _lanes(x):
+    """[N] -> [N, 128] float32, lane-replicated (target ids < 2**24 are exact)."""
+    return jnp.broadcast_to(x.astype(jnp.float32)[:, None], (x.shape[0], LANES))
+
+
+def _col(ref):
+    """A lane-replicated [rows, 128] block as a [rows, 1] column: a lane reduction of equal
+    values, which needs no unaligned lane slicing."""
+    return jnp.max(ref[...], axis=1, keepdims=True)
+
+
+def _hit(cols, y_ref):
+    return cols == _col(y_ref).astype(jnp.int32)
 
 
 _SDS_PARAMS = inspect.signature(jax.ShapeDtypeStruct).parameters
@@ -123,16 +132,15 @@ def _fwd_kernel(y_ref, h_ref, w_ref, out_ref, m_sc, s_sc, u_sc, zy_sc, *, inv_te
         zy_sc[...] = jnp.zeros(zy_sc.shape, jnp.float32)
 
     z, cols = _tile(h_ref[...], w_ref[...], inv_temp, j * block_v, n_vocab, mask_vocab)
-    m = m_sc[...][:, :1]
-    s = s_sc[...][:, :1]
+    m = _col(m_sc)
+    s = _col(s_sc)
     m_new = jnp.maximum(m, jnp.max(z, axis=1, keepdims=True))
     scale = jnp.exp(m - m_new)
     zc = z - m_new
     e = jnp.exp(zc)
-    u_new = scale * (u_sc[...][:, :1] + (m - m_new) * s) + jnp.sum(e * zc, axis=1, keepdims=True)
+    u_new = scale * (_col(u_sc) + (m - m_new) * s) + jnp.sum(e * zc, axis=1, keepdims=True)
     s_new = scale * s + jnp.sum(e, axis=1, keepdims=True)
-    hit = cols == y_ref[...][:, :1]
-    zy_new = zy_sc[...][:, :1] + jnp.sum(jnp.where(hit, z, 0.0), axis=1, keepdims=True)
+    zy_new = _col(zy_sc) + jnp.sum(jnp.where(_hit(cols, y_ref), z, 0.0), axis=1, keepdims=True)
 
     shape = m_sc.shape
     m_sc[...] = jnp.broadcast_to(m_new, shape)
@@ -178,19 +186,19 @@ def stats(h, w, y, *, inv_temp, block_t, block_v, interpret):
 # ----------------------------------------------------------------------------- backward
 
 
-def _tile_cotangent(y_ref, tok_ref, h, w, inv_temp, v0, n_vocab, mask_vocab):
+def _tile_cotangent(token_refs, h, w, inv_temp, v0, n_vocab, mask_vocab):
     """dz * inv_temp for one tile (float32, zero on masked columns)."""
+    y_ref, lse_ref, ez_ref, g_logp_ref, g_ent_ref = token_refs
     z, cols = _tile(h, w, inv_temp, v0, n_vocab, mask_vocab)
-    tok = tok_ref[...]
-    dz = logit_cotangent(z, cols == y_ref[...][:, :1], tok[:, 0:1], tok[:, 1:2], tok[:, 2:3],
-                         tok[:, 3:4])
+    dz = logit_cotangent(z, _hit(cols, y_ref), _col(lse_ref), _col(ez_ref), _col(g_logp_ref),
+                         _col(g_ent_ref))
     if mask_vocab:  # exact zeros past V, whatever the cotangent's magnitude
         dz = jnp.where(cols < n_vocab, dz, 0.0)
     return dz * inv_temp, cols
 
 
-def _dh_kernel(y_ref, tok_ref, h_ref, w_ref, dh_ref, acc_sc, *, inv_temp, n_vocab, block_v,
-               mask_vocab):
+def _dh_kernel(y_ref, lse_ref, ez_ref, g_logp_ref, g_ent_ref, h_ref, w_ref, dh_ref, acc_sc, *,
+               inv_temp, n_vocab, block_v, mask_vocab):
     j = pl.program_id(1)
 
     @pl.when(j == 0)
@@ -198,8 +206,8 @@ def _dh_kernel(y_ref, tok_ref, h_ref, w_ref, dh_ref, acc_sc, *, inv_temp, n_voca
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
     w = w_ref[...]
-    dz, _ = _tile_cotangent(y_ref, tok_ref, h_ref[...], w, inv_temp, j * block_v, n_vocab,
-                            mask_vocab)
+    token_refs = (y_ref, lse_ref, ez_ref, g_logp_ref, g_ent_ref)
+    dz, _ = _tile_cotangent(token_refs, h_ref[...], w, inv_temp, j * block_v, n_vocab, mask_vocab)
     if mask_vocab:  # undefined columns past V would turn 0 * garbage into NaN
         w_cols = j * block_v + lax.broadcasted_iota(jnp.int32, w.shape, 1)
         w = jnp.where(w_cols < n_vocab, w, jnp.zeros_like(w))
@@ -210,8 +218,8 @@ def _dh_kernel(y_ref, tok_ref, h_ref, w_ref, dh_ref, acc_sc, *, inv_temp, n_voca
         dh_ref[...] = acc_sc[...].astype(dh_ref.dtype)
 
 
-def _dw_kernel(y_ref, tok_ref, h_ref, w_ref, dw_ref, acc_sc, *, inv_temp, n_tokens, block_t,
-               n_vocab, block_v, mask_tokens, mask_vocab):
+def _dw_kernel(y_ref, lse_ref, ez_ref, g_logp_ref, g_ent_ref, h_ref, w_ref, dw_ref, acc_sc, *,
+               inv_temp, n_tokens, block_t, n_vocab, block_v, mask_tokens, mask_vocab):
     j, i = pl.program_id(0), pl.program_id(1)
 
     @pl.when(i == 0)
@@ -222,8 +230,8 @@ def _dw_kernel(y_ref, tok_ref, h_ref, w_ref, dw_ref, acc_sc, *, inv_temp, n_toke
     if mask_tokens:  # undefined rows past N (hidden and the per-token residuals)
         h_rows = i * block_t + lax.broadcasted_iota(jnp.int32, h.shape, 0)
         h = jnp.where(h_rows < n_tokens, h, jnp.zeros_like(h))
-    dz, _ = _tile_cotangent(y_ref, tok_ref, h, w_ref[...], inv_temp, j * block_v, n_vocab,
-                            mask_vocab)
+    token_refs = (y_ref, lse_ref, ez_ref, g_logp_ref, g_ent_ref)
+    dz, _ = _tile_cotangent(token_refs, h, w_ref[...], inv_temp, j * block_v, n_vocab, mask_vocab)
     if mask_tokens:
         rows = i * block_t + lax.broadcasted_iota(jnp.int32, dz.shape, 0)
         dz = jnp.where(rows < n_tokens, dz, 0.0)
@@ -239,10 +247,7 @@ def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dty
     (n, hidden), n_vocab = h.shape, w.shape[1]
     bt, bv = default_blocks(n, n_vocab, block_t, block_v)
     nt, nv = pl.cdiv(n, bt), pl.cdiv(n_vocab, bv)
-    y2 = _lanes(y)
-    lane = lax.broadcasted_iota(jnp.int32, (n, LANES), 1)
-    tok = jnp.where(lane == 0, lse[:, None], jnp.where(
-        lane == 1, ez[:, None], jnp.where(lane == 2, g_logp[:, None], g_ent[:, None])))
+    per_token = [_lanes(x) for x in (y, lse, ez, g_logp, g_ent)]
     tile_bytes = 2 * (bt * hidden * h.dtype.itemsize + hidden * bv * w.dtype.itemsize)
     tile_bytes += 6 * bt * bv * 4 + 4 * hidden * bv + 4 * bt * hidden  # temporaries, f32 copies
     common = dict(inv_temp=inv_temp, n_vocab=n_vocab, block_v=bv, mask_vocab=n_vocab % bv != 0)
@@ -251,8 +256,7 @@ def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dty
         functools.partial(_dh_kernel, **common),
         grid=(nt, nv),
         in_specs=[
-            pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
-            pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)),
+            *[pl.BlockSpec((bt, LANES), lambda i, j: (i, 0)) for _ in per_token],
             pl.BlockSpec((bt, hidden), lambda i, j: (i, 0)),
             pl.BlockSpec((hidden, bv), lambda i, j: (0, j)),
         ],
@@ -262,14 +266,13 @@ def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dty
         compiler_params=_compiler_params(("parallel", "arbitrary"), tile_bytes + 8 * bt * hidden),
         interpret=_interpret_arg(interpret),
         name="rljax_logprob_bwd_hidden",
-    )(y2, tok, h, w)
+    )(*per_token, h, w)
 
     dw = pl.pallas_call(
         functools.partial(_dw_kernel, n_tokens=n, block_t=bt, mask_tokens=n % bt != 0, **common),
         grid=(nv, nt),
         in_specs=[
-            pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)),
-            pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)),
+            *[pl.BlockSpec((bt, LANES), lambda j, i: (i, 0)) for _ in per_token],
             pl.BlockSpec((bt, hidden), lambda j, i: (i, 0)),
             pl.BlockSpec((hidden, bv), lambda j, i: (0, j)),
         ],
@@ -279,5 +282,5 @@ def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dty
         compiler_params=_compiler_params(("parallel", "arbitrary"), tile_bytes + 8 * hidden * bv),
         interpret=_interpret_arg(interpret),
         name="rljax_logprob_bwd_unembed",
-    )(y2, tok, h, w)
+    )(*per_token, h, w)
     return dh, dw
