@@ -195,6 +195,17 @@ def test_versions_between_calls_and_non_increasing_versions_raise():
     assert sampler.version == 4
 
 
+def test_sampler_owns_its_weights():
+    """The learner may donate / delete its arrays after a sync, even when the layouts coincide."""
+    mine = jax.tree.map(jnp.copy, params())
+    sampler = Sampler(engine(5), mine)
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=4, eos_ids=())
+    for x in jax.tree.leaves(mine):
+        x.delete()
+    traj = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
+    assert responses(traj) == [list(r[:4]) for r in reference()]
+
+
 def test_update_in_the_middle_of_generation_records_min_and_max_version():
     steps = MAX_DECODE
     greedy = DecodeParams(temperature=0.0, max_new_tokens=steps, eos_ids=())

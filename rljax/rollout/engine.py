@@ -343,11 +343,17 @@ class RljaxEngine(engine_api.Engine):
         return Prefix(kv=F.KVCache(k=kv, v=kv), logits=rep, lengths=rep, keys=rep)
 
     def load_params(self, params: Any = None, *, seed: int = 0) -> Any:
-        """``params`` resharded to :meth:`param_shardings`, or fresh ones from ``seed`` when ``None``."""
+        """``params`` resharded to :meth:`param_shardings`, or fresh ones from ``seed`` when ``None``.
+
+        The result never shares buffers with ``params``: when a leaf is already in the
+        sampler layout (``reshard`` then returns it as is), the tree is copied, so the
+        learner may donate or delete its parameters after a weight sync.
+        """
         if params is None:
             return F.init_params(self.config, seed=seed, mesh=self._mesh)[1]
         check_params(self.config, params)
-        return reshard(params, self.param_shardings())
+        out = reshard(params, self.param_shardings())
+        return jax.tree.map(lambda src, dst: jnp.copy(dst) if _shares_buffers(src, dst) else dst, params, out)
 
     # ----------------------------------------------------------------- tokenizer
 
@@ -519,6 +525,19 @@ class RljaxEngine(engine_api.Engine):
         self.stats["decode_chunks"] += 1
         exit_after = self._num_slots + 1 if exit_after is None else exit_after
         return self._chunk_fn(params, decode_state, jnp.int32(num_steps), jnp.int32(exit_after))
+
+
+def _shares_buffers(a, b) -> bool:
+    """Whether array ``b`` reuses a device buffer of ``a`` (``device_put`` to an equal layout does)."""
+    if a is b:
+        return True
+    if not isinstance(a, jax.Array) or not isinstance(b, jax.Array):
+        return False
+    try:
+        mine = {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
+        return any(s.data.unsafe_buffer_pointer() in mine for s in b.addressable_shards)
+    except (RuntimeError, ValueError):  # a platform without raw pointers: copy to be safe
+        return True
 
 
 def check_params(config: ModelConfig, params: Any) -> None:
