@@ -129,3 +129,72 @@ def test_two_local_processes_match_one_process(tmp_path):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "val/score/mean"):
             if key in ra:
                 assert math.isclose(ra[key], rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key)
+
+
+PLUGIN = '''
+def reward(response, answer, **extra):
+    if answer == "4":
+        raise RuntimeError("this reward function cannot score a 4")
+    return float(response.strip() == answer)
+'''
+
+
+def _plugin(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(PLUGIN)
+    return f"reward.function={path}:reward"
+
+
+def test_reward_errors_over_the_limit_stop_the_run(tmp_path):
+    out = launch("--mesh=dp2", "--run-dir", str(tmp_path / "run"), *SMALL, _plugin(tmp_path),
+                 "reward.max_error_fraction=0.0", "trainer.total_steps=2")
+    assert out.returncode == 1
+    assert "RewardError" in out.stderr and "cannot score a 4" in out.stderr
+
+
+@pytest.mark.slow
+def test_reward_errors_under_the_limit_score_zero_and_are_counted(tmp_path):
+    run_dir = tmp_path / "run"
+    out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, _plugin(tmp_path),
+                 "reward.max_error_fraction=1.0", "trainer.total_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _metrics(run_dir)[:2]
+    assert sum(r["reward/errors"] for r in rows) > 0
+    assert all(0 <= r["reward/error_fraction"] < 1 for r in rows)
+    assert "cannot score a 4" in out.stderr  # the failing uid is logged
+
+
+@pytest.mark.slow
+def test_ppo_with_gae_and_kl(tmp_path):
+    run_dir = tmp_path / "run"
+    out = launch("--mesh=dp2,sp2", "--run-dir", str(run_dir), *SMALL, "algorithm.adv_estimator=gae",
+                 "algorithm.lam=0.95", "actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
+                 "trainer.total_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    for r in _metrics(run_dir)[:2]:
+        for key in ("critic/vf_loss", "critic/values/mean", "critic/returns/mean", "actor/kl_loss", "critic/kl"):
+            assert r[key] is not None and math.isfinite(r[key]), key
+
+
+@pytest.mark.slow
+def test_sigkill_during_training_resumes_from_the_last_complete_checkpoint(tmp_path):
+    """Kill -9 the run while it saves every step; --resume restarts from a complete checkpoint."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    args = ["--mesh=dp2", "--run-dir", str(run_dir), *SMALL, "trainer.save_freq=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", *args, "trainer.total_steps=200"], cwd=REPO,
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = run_dir / "checkpoints"
+    deadline = time.time() + 400
+    while time.time() < deadline and not (ckpt.exists() and len([p for p in ckpt.iterdir() if p.name.isdigit()]) >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    complete = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+    assert complete, "no checkpoint was written before the kill"
+    resumed = launch("--resume", *args, f"trainer.total_steps={complete[-1] + 1}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"restored step {complete[-1]}" in resumed.stdout or f"restored step {complete[-2]}" in resumed.stdout
+    assert _metrics(run_dir)[-1]["step"] == complete[-1] + 1

@@ -22,13 +22,15 @@ import numpy as np
 
 from rljax import loss as rl
 from rljax.config import Config
-from rljax.trace import MetricsWriter, plot_report
+from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
+from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, outcome_token_rewards
 from rljax.trainer.step import StepConfig, TrainState, init_state, make_logprob_fn, make_optimizer, make_train_step
 
 log = logging.getLogger("rljax")
 
-STAGES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "testing", "save_checkpoint")
+STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights",
+          "testing", "save_checkpoint")
 
 
 @dataclasses.dataclass
@@ -42,6 +44,7 @@ class RunSummary:
     val_reward: Optional[float]
     run_dir: str
     resumed_from: Optional[int]
+    trace_overhead: Optional[str] = None
 
 
 def to_host(tree):
@@ -147,6 +150,11 @@ class Trainer:
         self.tokenizer = _tokenizer(cfg)
         self.model_config, self.graphdef, params = _model(cfg, mesh, self.tokenizer)
         self.prompt_len, self.response_len = d.max_prompt_length, d.max_response_length
+        # The learner's [B, S+T] layout rounds S and T up to multiples of sp, so the sequence
+        # splits evenly; the extra columns are padding (masked everywhere).
+        sp = self.sizes.get("sp", 1)
+        self.learn_prompt_len = -(-self.prompt_len // sp) * sp
+        self.learn_response_len = -(-self.response_len // sp) * sp
         self.reward_fn = get_reward_fn(cfg.reward.function, dataset=d.dataset)
         data_dir = d.data_dir or os.path.join(run_dir, "data")
         if jax.process_count() > 1:  # TFDS does not guard two processes building one dataset
@@ -170,9 +178,23 @@ class Trainer:
                                         grad_clip=a.grad_clip, betas=tuple(o.betas), eps=o.eps,
                                         scheduler=o.lr_scheduler, total_steps=updates, min_lr_ratio=o.min_lr_ratio)
         self.train_step = make_train_step(self.graphdef, self.optimizer, self.step_config, mesh=mesh)
-        self.logprob_fn = make_logprob_fn(self.graphdef, response_len=self.response_len, temperature=r.temperature,
+        self.logprob_fn = make_logprob_fn(self.graphdef, response_len=self.learn_response_len, temperature=r.temperature,
                                           impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
         self._advantages_fn = jax.jit(self._advantages, static_argnums=4)
+        self.critic_state = None
+        if cfg.algorithm.adv_estimator == "gae":  # PPO: a value model beside the policy
+            c = cfg.critic
+            critic_cfg = CriticStepConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
+                                          ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
+                                          ppo_micro_batch_size=micro)
+            critic_opt = make_optimizer(lr=c.optim.lr, weight_decay=c.optim.weight_decay,
+                                        warmup_steps=c.optim.warmup_steps, grad_clip=c.grad_clip,
+                                        betas=tuple(c.optim.betas), eps=c.optim.eps, scheduler=c.optim.lr_scheduler,
+                                        total_steps=updates, min_lr_ratio=c.optim.min_lr_ratio)
+            self.critic_state = init_state(init_critic(params), critic_opt)
+            self.critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
+            self.values_fn = jax.jit(lambda p, b: critic_values(self.graphdef, p, b, response_len=self.learn_response_len,
+                                                                mesh=mesh))
         self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_params = jax.tree.map(jnp.copy, params) if self.needs_ref else None
         self.state = init_state(params, self.optimizer)
@@ -202,6 +224,7 @@ class Trainer:
         self.main = jax.process_index() == 0
         self.metrics = MetricsWriter(run_dir, enabled=self.main)
         self.timer = _Timer()
+        self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, owner=self)
 
     @staticmethod
     def _sampler_weights(params):
@@ -216,8 +239,8 @@ class Trainer:
         if latest is None:
             self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
             return
-        state, meta = self.checkpointer.restore(latest, self.state)
-        self.state = state
+        state, meta = self.checkpointer.restore(latest, self._checkpoint_state())
+        self.state, self.critic_state = state["actor"], state.get("critic")
         self.step, self.version = int(meta["step"]), int(meta["version"])
         self.data = self._train_iterator(state=meta["data"])
         self.sampler.update_weights(self._sampler_weights(self.state.params), self.version)
@@ -228,23 +251,30 @@ class Trainer:
         from rljax.config import to_dict
 
         meta = {"step": self.step, "version": self.version, "data": self.data.state(), "config": to_dict(self.cfg)}
-        self.checkpointer.save(self.step, self.state, meta)
+        self.checkpointer.save(self.step, self._checkpoint_state(), meta)
+
+    def _checkpoint_state(self) -> dict:
+        state = {"actor": self.state}
+        if self.critic_state is not None:
+            state["critic"] = self.critic_state
+        return state
 
     # ------------------------------------------------------------------ one step
 
     def _host_batch(self, traj) -> dict:
         """Learner batch (NumPy) from a rollout: fixed ``[B, S+T]`` layout, left-padded prompts."""
         b, s = traj.prompt_ids.shape
-        pad = self.prompt_len - s
-        prompt_ids = np.pad(traj.prompt_ids, ((0, 0), (pad, 0)), constant_values=traj.pad_id)
-        prompt_mask = np.pad(traj.prompt_mask, ((0, 0), (pad, 0)))
-        attention = np.concatenate([prompt_mask, traj.response_mask], axis=1)
+        left = ((0, 0), (self.learn_prompt_len - s, 0))
+        right = ((0, 0), (0, self.learn_response_len - traj.response_ids.shape[1]))
+        prompt_ids = np.pad(traj.prompt_ids, left, constant_values=traj.pad_id)
+        response_ids = np.pad(traj.response_ids, right, constant_values=traj.pad_id)
+        attention = np.concatenate([np.pad(traj.prompt_mask, left), np.pad(traj.response_mask, right)], axis=1)
         return {
-            "input_ids": np.concatenate([prompt_ids, traj.response_ids], axis=1).astype(np.int32),
+            "input_ids": np.concatenate([prompt_ids, response_ids], axis=1).astype(np.int32),
             "attention_mask": attention,
             "positions": np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32),
-            "loss_mask": traj.loss_mask.astype(np.float32),
-            "rollout_logp": traj.rollout_logp.astype(np.float32),
+            "loss_mask": np.pad(traj.loss_mask, right).astype(np.float32),
+            "rollout_logp": np.pad(traj.rollout_logp, right).astype(np.float32),
         }
 
     def _advantages(self, scores: jax.Array, group_ids: jax.Array, row: jax.Array, mask: jax.Array,
@@ -258,8 +288,8 @@ class Trainer:
         elif name == "reinforce_plus_plus_baseline":
             return rl.reinforce_pp_baseline_advantages(scores, group_ids, mask, num_groups=num_groups)
         else:
-            raise ValueError(f"algorithm.adv_estimator={name!r} is not supported by the trainer yet; "
-                             "accepted: grpo, rloo, reinforce_plus_plus_baseline")
+            raise ValueError(f"algorithm.adv_estimator={name!r} is not supported by the trainer; "
+                             "accepted: grpo, rloo, reinforce_plus_plus_baseline, gae")
         return adv[:, None] * mask
 
     def _rollout(self, prompts, decode, uids, n):
@@ -281,8 +311,10 @@ class Trainer:
         self.step += 1
         prompts = next(self.data)
         uids = [f"{self.step}-{i}" for i in range(len(prompts))]
+        self.tracer.submit(self.step, prompts, uids, version=self.version, decode=self.decode, t_step=t_step)
         with timer("gen"):
             traj = self._rollout(prompts, self.decode, uids, cfg.rollout.n)
+        self.tracer.rollout(traj)
         if int(traj.min_version.min()) != self.version:
             raise RuntimeError(f"rollout used weight version {int(traj.min_version.min())}, learner is at {self.version}")
         with timer("reward"):
@@ -292,33 +324,61 @@ class Trainer:
             groups = place({"scores": scores_np.astype(np.float32), "group_id": traj.group_id.astype(np.int32),
                             "row": ~traj.is_padding}, self.mesh)
             scores = groups["scores"]
+        self.tracer.reward(scores_np, batch, groups)
         with timer("old_log_prob"):
             old_logp, old_entropy = self.logprob_fn(self.state.params, batch)
             batch["old_logp"] = old_logp
             jax.block_until_ready(old_logp)
+        self.tracer.logprob("old_log_prob", old_logp=old_logp, entropy=old_entropy)
         metrics: dict[str, Any] = {}
+        kl_reward = None  # [B, T] KL penalty per token, when it is part of the reward
         if self.needs_ref:
             with timer("ref"):
                 batch["ref_logp"] = self.logprob_fn(self.ref_params, batch)[0]
+                self.tracer.logprob("reference", ref_logp=batch["ref_logp"])
                 if cfg.algorithm.use_kl_in_reward:
                     kl = rl.kl_penalty(old_logp, batch["ref_logp"], kind=cfg.algorithm.kl_penalty)
-                    token_kl = rl.masked_sum(kl, batch["loss_mask"], axis=-1)
-                    scores = scores - cfg.algorithm.kl_ctrl.kl_coef * token_kl
+                    kl_reward = cfg.algorithm.kl_ctrl.kl_coef * kl * batch["loss_mask"]
                     metrics["critic/kl"] = float(to_host(rl.masked_mean(kl, batch["loss_mask"])))
+        if self.critic_state is not None:
+            with timer("values"):
+                values = self.values_fn(self.critic_state.params, batch)
         with timer("adv"):
-            batch["advantages"] = self._advantages_fn(
-                scores, groups["group_id"], groups["row"], batch["loss_mask"], traj.num_groups)
+            if self.critic_state is not None:
+                token_rewards = outcome_token_rewards(scores, batch["loss_mask"])
+                if kl_reward is not None:
+                    token_rewards = token_rewards - kl_reward
+                batch["advantages"], returns = rl.gae_advantages(
+                    token_rewards, values, batch["loss_mask"], gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
+            else:
+                if kl_reward is not None:
+                    scores = scores - jnp.sum(kl_reward, axis=-1)
+                batch["advantages"] = self._advantages_fn(
+                    scores, groups["group_id"], groups["row"], batch["loss_mask"], traj.num_groups)
             if cfg.rollout.correction != "none":
                 batch["rollout_is_weights"] = rl.rollout_correction_weights(
                     old_logp, batch["rollout_logp"], batch["loss_mask"], level=cfg.rollout.correction,
                     threshold=cfg.rollout.correction_threshold)
+        self.tracer.advantages(batch)
+        key = jax.random.fold_in(jax.random.key(cfg.trainer.seed), self.step)
+        if self.critic_state is not None:
+            with timer("update_critic"):
+                critic_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
+                critic_batch.update(old_values=values, returns=returns)
+                self.critic_state, critic = self.critic_step(self.critic_state, critic_batch, key)
+                critic, value_stats = to_host((critic, (rl.masked_mean(values, batch["loss_mask"]),
+                                                        rl.masked_mean(returns, batch["loss_mask"]))))
+                metrics.update({"critic/vf_loss": critic["vf_loss"], "critic/vf_clipfrac": critic["vf_clipfrac"],
+                                "critic/grad_norm": critic["grad_norm"], "critic/values/mean": value_stats[0],
+                                "critic/returns/mean": value_stats[1]})
         with timer("update_actor"):
-            key = jax.random.fold_in(jax.random.key(cfg.trainer.seed), self.step)
             self.state, actor = self.train_step(self.state, batch, key)
             actor = to_host(actor)
+        self.tracer.actor_update(actor, optimizer_steps=int(self.state.step))
         with timer("update_weights"):
             self.version += 1
             self.sampler.update_weights(self._sampler_weights(self.state.params), self.version)
+        self.tracer.weight_sync(self.version, self.sampler)
 
         real = ~traj.is_padding
         lengths = traj.response_length[real]
@@ -355,6 +415,7 @@ class Trainer:
         metrics.update({"timing_s/step": step_s, "perf/total_num_tokens": tokens,
                         "perf/throughput": tokens / step_s / max(len(jax.devices()), 1),
                         "perf/rollout_tokens_per_s": traj.stats.tokens_per_s})
+        metrics.update(self.tracer.end_step(metrics, host=host))
         self.metrics.write(self.step, metrics)
         return metrics
 
@@ -398,12 +459,13 @@ class Trainer:
                 self.save()
         self.checkpointer.close()
         self.metrics.close()
+        trace_overhead = Tracer.describe_overhead(self.tracer.close())
         if self.main:
             plot_report(self.run_dir)
         return RunSummary(steps=self.step, tokens=tokens, wall_s=time.perf_counter() - t0,
                           stage_s=dict(self.timer.total), train_reward=last.get("critic/score/mean"),
                           val_reward_before=val_before, val_reward=val, run_dir=self.run_dir,
-                          resumed_from=self.resumed_from)
+                          resumed_from=self.resumed_from, trace_overhead=trace_overhead)
 
 
 def format_summary(s: RunSummary) -> str:
@@ -421,5 +483,7 @@ def format_summary(s: RunSummary) -> str:
              ("held-out reward after", fmt(s.val_reward)), ("outputs", s.run_dir)]
     if s.resumed_from is not None:
         rows.append(("resumed from checkpoint", str(s.resumed_from)))
+    if s.trace_overhead is not None:
+        rows.append(("tracing overhead", s.trace_overhead))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -27,7 +27,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax import loss as rl
 from rljax.models import functional as F
@@ -141,17 +141,21 @@ def _all_finite(tree) -> jax.Array:
 
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig,
-                    mesh: Optional[Mesh] = None) -> Callable:
+                    mesh: Optional[Mesh] = None, *, loss_fn: Callable = None) -> Callable:
     """``train_step(state, batch, key) -> (state, metrics)``, jitted.
 
-    ``B`` must be a multiple of ``ppo_mini_batch_size``, itself a multiple of
-    ``ppo_micro_batch_size`` (the config validates this before anything runs).
+    ``loss_fn(params, graphdef, micro_batch, (num_tokens, num_seqs), cfg, mesh) -> (loss, metrics)``
+    is the per-micro-batch loss (default :func:`actor_loss`; the critic passes its value
+    loss); ``cfg`` supplies ``ppo_epochs``, ``ppo_mini_batch_size`` and
+    ``ppo_micro_batch_size`` (in trajectories). ``B`` must be a multiple of the mini-batch,
+    itself a multiple of the micro-batch (the config validates this before anything runs).
     """
+    loss_fn = actor_loss if loss_fn is None else loss_fn
     mini, micro_size = cfg.ppo_mini_batch_size, cfg.ppo_micro_batch_size
     if mini % micro_size:
         raise ValueError(f"ppo_mini_batch_size={mini} must be a multiple of ppo_micro_batch_size={micro_size}")
 
-    grad_fn = jax.value_and_grad(actor_loss, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def constrain(tree):
         if mesh is None:
@@ -171,7 +175,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
 
         micro_batches = _split(minibatch, mini // micro_size)
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        metric_shapes = jax.eval_shape(lambda: actor_loss(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])
+        metric_shapes = jax.eval_shape(lambda: loss_fn(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])
         metric_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
         (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
                                                  micro_batches)
@@ -199,7 +203,33 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         metrics["skipped_updates"] = state.skipped
         return state, metrics
 
-    return jax.jit(train_step, donate_argnums=(0,))
+    return _pin_state_layout(train_step, mesh)
+
+
+def _pin_state_layout(train_step: Callable, mesh: Optional[Mesh]) -> Callable:
+    """Jit ``train_step`` with the state's output layout equal to its input layout.
+
+    Left free, XLA may return the updated state in another layout than the initial one,
+    and the second step would compile again for the new input layout.
+    """
+    jitted: dict = {}
+
+    def call(state, batch, key):
+        if "fn" not in jitted:
+            def layout(x):
+                sharding = getattr(x, "sharding", None)
+                if isinstance(sharding, NamedSharding) or mesh is None:
+                    return sharding
+                return NamedSharding(mesh, PartitionSpec())
+
+            scalar = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+            jitted["layout"] = jax.tree.map(layout, state)
+            jitted["fn"] = jax.jit(train_step, donate_argnums=(0,), out_shardings=(jitted["layout"], scalar))
+        if mesh is not None:  # e.g. optimizer counters created on one device join the mesh layout
+            state = jax.device_put(state, jitted["layout"])
+        return jitted["fn"](state, batch, key)
+
+    return call
 
 
 def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: str = "auto",

@@ -1,0 +1,83 @@
+"""The value model for PPO with GAE: the policy's transformer with a scalar value head.
+
+Values live at the same positions as the response log-probs: the hidden state at index
+``S - 1 + t`` gives ``V_t``, the value of the state before response token ``t``. The
+critic is initialised from the policy's weights with a zero head (verl initialises it from
+the policy checkpoint too) and trained with the clipped value loss over the same
+mini-/micro-batch schedule as the actor (:func:`rljax.trainer.step.make_train_step`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from rljax import loss as rl
+from rljax.models import functional as F
+from rljax.sharding import with_logical_constraint
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticStepConfig:
+    """Static hyper-parameters of the critic update."""
+
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 8  # trajectories
+    ppo_micro_batch_size: int = 8  # trajectories
+
+
+def init_critic(policy_params: dict) -> dict:
+    """Critic parameters: a copy of the policy's transformer and a zero value head ``[H] , []``."""
+    model = jax.tree.map(jnp.copy, policy_params)
+    embed = model["embed"]
+    hidden = embed.shape[-1]
+    head = {"w": jnp.zeros((hidden,), jnp.float32, device=_replicated_like(embed)),
+            "b": jnp.zeros((), jnp.float32, device=_replicated_like(embed))}
+    return {"model": model, "head": head}
+
+
+def _replicated_like(x):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return sharding
+
+
+def critic_values(graphdef, params: dict, batch: dict, *, response_len: int, mesh: Optional[Mesh] = None) -> jax.Array:
+    """``V [B, T]`` float32 for the response positions of ``batch`` (same layout as the actor's)."""
+    ids = batch["input_ids"]
+    prompt_len = ids.shape[1] - response_len
+    hidden = F.forward(graphdef, params["model"], ids, positions=batch["positions"], mask=batch["attention_mask"],
+                       mesh=mesh)
+    hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_len]
+    if mesh is not None:
+        hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
+    head = params["head"]
+    return jnp.einsum("bth,h->bt", hidden.astype(jnp.float32), head["w"]) + head["b"]
+
+
+def critic_loss(params, graphdef, micro: dict, counts, cfg: CriticStepConfig, mesh: Optional[Mesh]):
+    """Clipped value loss of one micro-batch, normalised by the mini-batch's global counts."""
+    num_tokens, num_seqs = counts
+    mask = micro["loss_mask"]
+    values = critic_values(graphdef, params, micro, response_len=mask.shape[1], mesh=mesh)
+    loss, metrics = rl.value_loss(values, micro["old_values"], micro["returns"], mask,
+                                  clip_range=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
+                                  num_tokens=num_tokens, num_seqs=num_seqs)
+    weight = jnp.sum(mask) / jnp.maximum(num_tokens, 1.0)
+    return loss, {"vf_loss": loss, "vf_clipfrac": metrics["vf_clipfrac"] * weight}
+
+
+def outcome_token_rewards(scores: jax.Array, response_mask: jax.Array) -> jax.Array:
+    """``[B, T]``: each trajectory's scalar score on its last generated token, 0 elsewhere."""
+    t = response_mask.shape[1]
+    last = t - 1 - jnp.argmax(jnp.flip(response_mask > 0, axis=1), axis=1)
+    has_token = jnp.any(response_mask > 0, axis=1)
+    onehot = (jnp.arange(t)[None, :] == last[:, None]) & has_token[:, None]
+    return jnp.where(onehot, scores[:, None], 0.0).astype(jnp.float32)
