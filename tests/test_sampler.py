@@ -2,6 +2,7 @@
 versions, group prefill, continuous batching, the data contract and bad input."""
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -231,6 +232,32 @@ def test_update_in_the_middle_of_generation_records_min_and_max_version():
     assert out[2:] == ref2[2:]
 
 
+def test_update_from_another_thread_applies_from_the_next_chunk():
+    v1, v2 = params(0), params(1)
+    sampler = Sampler(engine(2), v1, version=1, steps_per_sync=4)
+    go, synced = threading.Event(), threading.Event()
+
+    def learner():  # an async trainer publishing weights while the sampler decodes
+        go.wait(timeout=60)
+        sampler.update_weights(v2, 2)
+        synced.set()
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+
+    def on_chunk(info):
+        if info.chunk == 0:
+            go.set()
+            synced.wait(timeout=60)
+
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=12, eos_ids=())
+    traj = sampler.generate(PROMPTS[:2], uids=UIDS[:2], decode=greedy, on_chunk=on_chunk)
+    thread.join()
+    assert traj.min_version.tolist() == [1, 1] and traj.max_version.tolist() == [2, 2]
+    ref1 = greedy_recompute(v1, PROMPTS[:2], 12)
+    assert [r[:5] for r in responses(traj)] == [r[:5] for r in ref1]  # prefill token + 1 chunk on v1
+
+
 def test_weights_from_learner_layout_reshard_to_tp_sampler():
     """Learner params on dp8 are resharded onto a dp4,tp2 sampler mesh; results match one device."""
     from rljax.sharding import make_mesh
@@ -355,3 +382,23 @@ def test_long_prompts_truncate_when_configured():
         assert traj.prompt_ids[0].tolist() == kept and traj.prompt_length[0] == MAX_PREFILL
     with pytest.raises(ValueError, match="truncation"):
         Sampler(engine(5), params(), truncation="middle")
+
+
+# --------------------------------------------------------------------------- slower checks
+
+
+@pytest.mark.slow
+def test_greedy_exact_with_one_slot():
+    traj = Sampler(engine(1), params(), steps_per_sync=7).generate(
+        PROMPTS, uids=UIDS, decode=DecodeParams(temperature=0.0, max_new_tokens=MAX_DECODE, eos_ids=())
+    )
+    assert responses(traj) == [list(r) for r in reference()]
+
+
+@pytest.mark.slow
+def test_sampling_on_a_tp_mesh_reproduces_single_device_tokens():
+    decode = DecodeParams(temperature=1.0, top_k=40, max_new_tokens=12, seed=4)
+    a = Sampler(engine(8, mesh_tp=2), params()).generate(PROMPTS, uids=UIDS, n=2, decode=decode)
+    b = Sampler(engine(2), params()).generate(PROMPTS, uids=UIDS, n=2, decode=decode)
+    np.testing.assert_array_equal(a.response_ids, b.response_ids)
+    np.testing.assert_allclose(a.rollout_logp, b.rollout_logp, atol=1e-4)

@@ -10,7 +10,12 @@ Lifecycle (the JetStream contract, plus the batched calls the RL sampler uses)::
     state, steps = engine.generate_chunk(params, state, num_steps=16)  # device-side loop
 
 The single-request JetStream calls (``prefill`` / ``insert`` / ``generate``) are thin
-wrappers over the same jitted functions.
+wrappers over the same jitted functions. As in JetStream 0.2's contract, ``prefill``
+returns only the prefix; the first response token is sampled by ``insert`` (it is in
+``decode_state.out_tokens[slot, 0]``) and each ``generate`` reports the token after.
+Do not use JetStream's orchestrator ``Driver``: the released one calls ``jax.tree_map``,
+which current JAX removed; :class:`rljax.rollout.Sampler` is the loop that drives this
+engine.
 
 Prefix. Prompts are right-padded (real tokens at ``0..len-1``) to a power-of-two length
 bucket and a power-of-two batch bucket, so few shapes are compiled. A :class:`Prefix`
@@ -502,7 +507,10 @@ class RljaxEngine(engine_api.Engine):
         return self._first_token_fn(state, logits, slots)
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
-        """JetStream insert: row 0 of ``prefix`` into ``slot``, with the prefix's key."""
+        """JetStream insert: row 0 of ``prefix`` into ``slot``, with the prefix's key.
+
+        Samples the request's first token (``decode_state.out_tokens[slot, 0]``).
+        """
         return self.insert_many(prefix, decode_state, rows=[0], slots=[slot], keys=np.asarray(prefix.keys)[:1])
 
     def generate(self, params, decode_state: DecodeState) -> tuple[DecodeState, RljaxResultTokens]:
