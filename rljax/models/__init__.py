@@ -25,8 +25,10 @@ Training / scoring (pure, jit-able)::
     unembed = models.unembedding(params)              # [H,V] (embedding.T when tied)
     logits = models.compute_logits(params, hidden)    # [B,T,V] float32, when you need them
 
-Attention is causal by token index, never attends to padding, and with ``sp > 1`` runs
-sequence-parallel in ``jax.shard_map`` (keys/values all-gathered over ``sp``). Passing
+Attention is causal by token index, never attends to padding, runs blockwise
+(flash-style, custom VJP, no ``[T,T]`` scores) past ``config.attn_block_size`` keys, and
+with ``sp > 1`` runs sequence-parallel in ``jax.shard_map`` (keys/values all-gathered
+over ``sp``). Passing
 ``mesh`` only adds sharding constraints: the numbers equal the single-device ones.
 
 KV-cached decoding (for the sampler / JetStream engine)::
@@ -75,7 +77,8 @@ from rljax.models.functional import (
 )
 from rljax.models.hf import SUPPORTED_ARCHITECTURES, config_from_hf, config_to_hf, load_hf_checkpoint, save_hf_checkpoint
 from rljax.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
-from rljax.models.transformer import Transformer, dense_attention, sequence_parallel_attention
+from rljax.models.attention import attention, blockwise_attention, dense_attention
+from rljax.models.transformer import Transformer, sequence_parallel_attention
 
 __all__ = [
     "KV_CACHE_LOGICAL_AXES",
@@ -87,6 +90,8 @@ __all__ = [
     "ModelConfig",
     "Transformer",
     "abstract_params",
+    "attention",
+    "blockwise_attention",
     "compute_logits",
     "config_from_hf",
     "config_to_hf",

@@ -35,7 +35,8 @@ class ModelConfig:
     ``(("rope_type", "llama3"), ("factor", 32.0), ("low_freq_factor", 1.0),
     ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))``; a dict is
     accepted and stored as sorted pairs. ``remat`` rematerialises each layer in the
-    backward pass.
+    backward pass. ``attn_block_size``: attention over more keys than this runs blockwise
+    (flash-style, never materialising ``[T, T]`` scores); ``None`` always uses dense.
     """
 
     vocab_size: int
@@ -54,6 +55,7 @@ class ModelConfig:
     dtype: Any = "float32"
     param_dtype: Any = "float32"
     remat: bool = False
+    attn_block_size: int | None = 512
     architecture: str = "llama"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -90,6 +92,9 @@ class ModelConfig:
             rope_type = dict(scaling).get("rope_type", dict(scaling).get("type", "default"))
             if rope_type not in _ROPE_TYPES:
                 raise ValueError(f"ModelConfig.rope_scaling type {rope_type!r} is not supported; accepted: {', '.join(_ROPE_TYPES)}")
+        b = self.attn_block_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
+            raise ValueError(f"ModelConfig.attn_block_size is {b!r}; it must be a positive integer or None")
         if self.rope_theta <= 0:
             raise ValueError(f"ModelConfig.rope_theta is {self.rope_theta}; it must be positive")
 

@@ -9,13 +9,12 @@ trainer differentiates, optax updates and the sampler receives; the ``graphdef``
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import Transformer

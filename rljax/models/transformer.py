@@ -11,7 +11,6 @@ passed in; without one the model is plain single-device code.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,11 +18,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
+from rljax.models.attention import attention, dense_attention
 from rljax.models.config import ModelConfig
 from rljax.sharding import logical_to_spec, with_logical_constraint
-
-_NEG = float(np.finfo(np.float32).min)
-
 
 def _param(rngs: nnx.Rngs, init, shape, dtype, axes) -> nnx.Param:
     # eager_sharding=False: the logical names are resolved by rljax.sharding, not by a
@@ -78,35 +75,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- attention core
 
 
-def dense_attention(q, k, v, q_index, k_index, k_valid) -> jax.Array:
-    """Causal grouped-query attention.
-
-    Args:
-      q: ``[B,Tq,N,D]``; k, v: ``[B,Tk,K,D]`` with ``N % K == 0`` (query head ``n`` uses
-        key/value head ``n // (N/K)``).
-      q_index, k_index: ``[B,Tq]`` / ``[B,Tk]`` integer indices in the sequence; a query
-        sees keys with ``k_index <= q_index``.
-      k_valid: ``[B,Tk]`` bool, False for padding keys.
-
-    Returns ``[B,Tq,N,D]`` in ``q.dtype``. Softmax runs in float32.
-    """
-    b, tq, n, d = q.shape
-    kh = k.shape[2]
-    qg = q.reshape(b, tq, kh, n // kh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
-    mask = (k_index[:, None, :] <= q_index[:, :, None]) & k_valid[:, None, :]
-    scores = jnp.where(mask[:, None, None], scores, _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, tq, n, d).astype(q.dtype)
-
-
 def _axis_of(spec: PartitionSpec, dim: int):
     entries = tuple(spec) + (None,) * (dim + 1 - len(spec))
     return entries[dim]
 
 
-def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None) -> jax.Array:
+def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, block_size: int | None = None) -> jax.Array:
     """Causal attention with the sequence split over the mesh axis of logical ``length``.
 
     Runs inside ``jax.shard_map``: each device holds ``T/sp`` queries and all-gathers the
@@ -115,7 +89,7 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None) -> 
     counts divide ``tp``; key/value heads are repeated up to ``N`` when only ``N`` does).
     Sequence indices are the token indices ``0..T-1``; ``q, k, v`` are ``[B,T,heads,D]``
     and ``k_valid`` is ``[B,T]``. Equals :func:`dense_attention` with ``q_index = k_index
-    = arange(T)``.
+    = arange(T)``; each device's local attention is blockwise when ``T > block_size``.
     """
     b, t, n, d = q.shape
     kh = k.shape[2]
@@ -142,7 +116,7 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None) -> 
         offset = jax.lax.axis_index(sp_axis) * t_local
         q_index = jnp.broadcast_to(offset + jnp.arange(t_local), q.shape[:2])
         k_index = jnp.broadcast_to(jnp.arange(t_local * sp_size), k.shape[:2])
-        return dense_attention(q, k, v, q_index, k_index, k_valid)
+        return attention(q, k, v, q_index, k_index, k_valid, block_size=block_size)
 
     fn = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_spec), out_specs=q_spec)
     return fn(q, k, v, k_valid)
@@ -210,10 +184,10 @@ class Attention(nnx.Module):
         """Self-attention over the whole sequence; also returns the rotated ``k, v``."""
         q, k, v = self.project(x, positions, mesh)
         if _uses_sequence_parallel(mesh, q.shape):
-            attn = sequence_parallel_attention(q, k, v, valid, mesh)
+            attn = sequence_parallel_attention(q, k, v, valid, mesh, block_size=self.config.attn_block_size)
         else:
             idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-            attn = dense_attention(q, k, v, idx, idx, valid)
+            attn = attention(q, k, v, idx, idx, valid, block_size=self.config.attn_block_size)
         return self.output(attn, mesh), (k, v)
 
     def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
