@@ -289,7 +289,7 @@ def test_group_prefix_is_prefilled_once_for_n_samples():
 def test_finished_slots_are_refilled_while_others_decode():
     # Frequent EOS ids make lengths ragged; with 2 slots, static batching would wait for
     # the longer row of each pair.
-    eos = tuple(range(0, CFG.vocab_size, 9))
+    eos = tuple(range(0, CFG.vocab_size, 17))  # 8 ids
     decode = DecodeParams(temperature=1.0, max_new_tokens=MAX_DECODE, eos_ids=eos, seed=5)
     infos = []
     prompts = PROMPTS * 2

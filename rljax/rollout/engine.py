@@ -26,8 +26,8 @@ serves the ``n`` samples of a group (insert the same row into ``n`` slots).
 Decode state. Per slot: the last sampled token (not yet in the cache), its cache index,
 the number of tokens generated, ``active`` / ``done`` flags, the trajectory key, and the
 generated tokens and log-probs so far (``[slots, max_decode_length]``). The sampling
-temperature / top-k / top-p / max-new-tokens / EOS ids are arrays in the state, so
-changing them does not recompile; the log-prob mode is static.
+temperature / top-k / top-p / max-new-tokens / EOS ids / log-prob mode are arrays in
+the state, so changing them does not recompile.
 
 ``generate_chunk`` runs up to ``num_steps`` decode steps in one ``lax.while_loop`` and
 stops early once every active slot is done or ``exit_after`` slots have finished, so
@@ -99,7 +99,7 @@ class DecodeState:
     top_p: jax.Array  # [] float32
     max_new_tokens: jax.Array  # [] int32
     eos_ids: jax.Array  # [E] int32, padded with -1
-    logprobs: str = flax.struct.field(pytree_node=False, default="tempered")
+    truncated_logprobs: jax.Array  # [] bool: DecodeParams.logprobs == "truncated"
 
 
 @flax.struct.dataclass
@@ -145,7 +145,8 @@ def _is_eos(tokens, eos_ids):
 
 def _sample(state: DecodeState, logits, keys):
     return sample_tokens(
-        logits, keys, temperature=state.temperature, top_k=state.top_k, top_p=state.top_p, logprobs=state.logprobs
+        logits, keys, temperature=state.temperature, top_k=state.top_k, top_p=state.top_p,
+        logprobs=state.truncated_logprobs,
     )
 
 
@@ -460,7 +461,7 @@ class RljaxEngine(engine_api.Engine):
             top_p=put(np.float32(decode.top_p)),
             max_new_tokens=put(np.int32(decode.max_new_tokens)),
             eos_ids=put(_pad_eos(eos)),
-            logprobs=decode.logprobs,
+            truncated_logprobs=put(np.bool_(decode.logprobs == "truncated")),
         )
 
     def eos_ids(self, decode: DecodeParams) -> tuple[int, ...]:

@@ -149,18 +149,23 @@ def truncate_logits(scaled: jax.Array, top_k, top_p) -> jax.Array:
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top_p, logprobs: str = "tempered"):
+def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top_p, logprobs="tempered"):
     """Draws one token per row and returns ``(tokens [S] int32, logp [S] float32)``.
 
     Args:
       logits: ``[S, V]`` float32.
       keys: ``uint32 [S, 2]``: one key per row (``fold_in(trajectory_key, t)``).
       temperature, top_k, top_p: scalars (may be traced); ``temperature == 0`` is greedy.
-      logprobs: static; ``"tempered"`` or ``"truncated"`` (see the module docstring).
+      logprobs: ``"tempered"`` or ``"truncated"`` (see the module docstring), or a
+        (possibly traced) bool scalar, True for ``"truncated"``.
 
     Sampling draws ``argmax(truncated_logits + Gumbel(key))`` per row, so a row's token
     depends only on its logits and its key.
     """
+    if isinstance(logprobs, str):
+        if logprobs not in LOGPROB_MODES:
+            raise ValueError(f"logprobs is {logprobs!r}; accepted: {', '.join(LOGPROB_MODES)}")
+        logprobs = logprobs == "truncated"
     logits = logits.astype(jnp.float32)
     greedy = temperature == 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)
@@ -169,7 +174,6 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
     drawn = jnp.argmax(truncated + gumbel, axis=-1)
     tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-    dist = truncated if logprobs == "truncated" else scaled
-    dist = jnp.where(greedy, logits, dist)
+    dist = jnp.where(greedy, logits, jnp.where(logprobs, truncated, scaled))
     logp = jnp.take_along_axis(jax.nn.log_softmax(dist, axis=-1), tokens[:, None], axis=-1)[:, 0]
     return tokens, logp
