@@ -129,7 +129,12 @@ def main(argv=None) -> int:
     topo = topology(mesh)
     topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["world_size"] // cfg.rollout.tp,
                 actor_dp_derivation=f"world_size / (tp * sp) = {topo['world_size']} / "
-                                    f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}")
+                                    f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}",
+                actor_strategy="jax-spmd: one jitted train step on the learner mesh (dp: batch rows, "
+                               "tp: heads / MLP hidden / vocab, sp: sequence)",
+                rollout_backend="rljax JetStream engine (process-local sampler mesh: replicas x rollout.tp)",
+                rollout_replicas_derivation=f"world_size / rollout.tp = {topo['world_size']} / {cfg.rollout.tp}",
+                trace_groups=cfg.trace.groups)
     main_process = jax.process_index() == 0
     if main_process:
         os.makedirs(run_dir, exist_ok=True)

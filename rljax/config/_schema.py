@@ -203,7 +203,14 @@ class TrainerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TraceConfig:
-    groups: int = _f(1, "prompt groups traced per step (0: off)", ge=0)
+    groups: int = _f(1, "prompt groups traced per step into trace.jsonl (0: off)", ge=0)
+    ledgers: bool = _f(True, "write shape_ledger and memory_ledger (.json, .md) after the first step")
+    alert_dp_imbalance: float = _f(1.5, "alert when per-dp-shard tokens max/mean exceeds this", ge=1.0)
+    alert_memory_frac: float = _f(0.9, "alert when device memory in use exceeds this fraction of the limit",
+                                  gt=0.0, le=1.0)
+    alert_spike_factor: float = _f(10.0, "alert when KL / grad norm / entropy is this many times its running median",
+                                   gt=1.0)
+    alert_spike_window: int = _f(20, "steps in the running median of the spike alerts", ge=1)
 
 
 @dataclasses.dataclass(frozen=True)

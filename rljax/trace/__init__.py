@@ -1,9 +1,10 @@
-"""What a run writes about itself: metrics (JSONL + TensorBoard) and the run report plot.
-
-(The field-level trace, ledgers and the trace checker build on this package.)
+"""What a run writes about itself: the field-level stage trace (``trace.jsonl``), shape and
+memory ledgers, metrics (JSONL + TensorBoard) with DFX metrics and alerts, the run report
+plot, and the ``python -m rljax.trace summary|check RUN_DIR`` tools.
 """
 
 from rljax.trace.metrics import MetricsWriter, read_metrics
 from rljax.trace.report import plot_report
+from rljax.trace.tracer import STAGES, Tracer, choose_groups
 
-__all__ = ["MetricsWriter", "plot_report", "read_metrics"]
+__all__ = ["STAGES", "MetricsWriter", "Tracer", "choose_groups", "plot_report", "read_metrics"]

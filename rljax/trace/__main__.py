@@ -1,0 +1,45 @@
+"""``python -m rljax.trace summary|check RUN_DIR``
+
+summary: topology, non-default config fields with sources, shape and memory ledgers,
+stage-time split and tracing overhead, as tables.
+check: one PASS/FAIL line per check of the run's files; exit 1 when any check fails,
+2 on a usage error (unknown command, missing run directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv=None) -> int:
+    p = _Parser(prog="python -m rljax.trace", description="Explain a run from its directory.")
+    p.add_argument("command", choices=("summary", "check"))
+    p.add_argument("run_dir")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.run_dir):
+        print(f"python -m rljax.trace: error: run directory {args.run_dir} does not exist", file=sys.stderr)
+        return 2
+    if args.command == "summary":
+        from rljax.trace.summary import summarize_run
+
+        print(summarize_run(args.run_dir))
+        return 0
+    from rljax.trace.check import run_checks
+
+    results = run_checks(args.run_dir)
+    for ok, name, detail in results:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    failed = sum(1 for ok, _, _ in results if not ok)
+    print(f"{len(results) - failed}/{len(results)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Summaries of one field for the trace: shape, dtype, sharding, per-row valid lengths, mask sums.
+
+Summaries only, never values of tokens: a field summary carries the field's global shape
+and dtype, its layout (host NumPy, or the ``PartitionSpec`` over the mesh axes with the
+local shard shape and the devices holding the traced rows), and for the traced rows their
+valid lengths, mask sums and padding flags. Reading the traced rows of a device array
+copies only the shards that hold them (no extra computation is dispatched).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+
+def _is_device_array(x) -> bool:
+    return hasattr(x, "sharding") and hasattr(x, "addressable_shards")
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(sharding, shape: tuple) -> dict:
+    """Layout of a device array of ``shape`` (cached: shardings and shapes repeat every step)."""
+    out: dict[str, Any] = {"placement": "device"}
+    spec = getattr(sharding, "spec", None)
+    mesh = getattr(sharding, "mesh", None)
+    if spec is not None:
+        out["spec"] = [None if a is None else (list(a) if isinstance(a, tuple) else a) for a in spec]
+    if mesh is not None:
+        out["mesh_axes"] = {str(k): int(v) for k, v in dict(mesh.shape).items()}
+    out["local_shape"] = [int(d) for d in sharding.shard_shape(shape)]
+    out["num_devices"] = len(sharding.device_set)
+    rows: dict[int, tuple[int, int]] = {}
+    if shape:
+        for dev, idx in sharding.devices_indices_map(shape).items():
+            r = idx[0]
+            rows[int(dev.id)] = (r.start or 0, shape[0] if r.stop is None else r.stop)
+    return {"layout": out, "rows": rows}
+
+
+def layout(x) -> dict:
+    """``{"placement": "host"}`` for NumPy, else spec / mesh axes / local shard shape / device count."""
+    if not _is_device_array(x):
+        return {"placement": "host"}
+    return dict(_layout(x.sharding, tuple(x.shape))["layout"])
+
+
+def owner_devices(x, rows: Sequence[int]) -> Optional[list[int]]:
+    """Ids of the devices that hold any of ``rows`` of a device array (``None`` on the host)."""
+    if not _is_device_array(x) or not len(rows):
+        return None
+    lo, hi = int(min(rows)), int(max(rows)) + 1
+    spans = _layout(x.sharding, tuple(x.shape))["rows"]
+    return sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
+
+
+def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
+    """``x[rows]`` as NumPy, copying only the addressable shards that hold those rows.
+
+    ``None`` when some of the rows live only on other processes' devices.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    if not _is_device_array(x):
+        return np.asarray(x)[rows]
+    out = np.zeros((len(rows),) + tuple(x.shape[1:]), dtype=x.dtype)
+    filled = np.zeros(out.shape, dtype=bool)
+    seen = set()
+    for shard in x.addressable_shards:
+        idx = shard.index
+        key = tuple((s.start, s.stop) for s in idx)
+        if key in seen:
+            continue
+        r = idx[0]
+        start, stop = r.start or 0, x.shape[0] if r.stop is None else r.stop
+        sel = (rows >= start) & (rows < stop)
+        if not sel.any():
+            continue
+        seen.add(key)
+        local = np.asarray(shard.data)[rows[sel] - start]
+        rest = (slice(None),) + tuple(idx[1:])
+        block, done = out[sel], filled[sel]
+        block[rest], done[rest] = local, True
+        out[sel], filled[sel] = block, done
+    return out if filled.all() else None
+
+
+def summarize(name: str, x, *, producer: str, consumer: str, rows: np.ndarray, valid_length=None,
+              mask=None, is_padding=None, values: bool = False) -> dict:
+    """One field of a trace record.
+
+    Args:
+      name: field name (the batch key).
+      x: the array (NumPy on the host, or a ``jax.Array``).
+      producer, consumer: ``"stage:object"`` that wrote / reads it.
+      rows: the traced rows (trajectory indices of the group).
+      valid_length: per-row valid lengths of the traced rows (e.g. ``response_length``).
+      mask: host ``[B, T]`` mask governing the field (``loss_mask`` for log-probs /
+        advantages, the field itself for masks); its per-row sums over the traced rows
+        are ``mask_sum``.
+      is_padding: host ``[B]`` padding flags.
+      values: also summarise the traced rows' values (per-row masked mean; reads only the
+        shards holding them).
+    """
+    shape = [int(d) for d in x.shape]
+    out: dict[str, Any] = {"name": name, "producer": producer, "consumer": consumer, "shape": shape,
+                           "dtype": str(x.dtype), "sharding": layout(x)}
+    owners = owner_devices(x, rows)
+    if owners is not None:
+        out["sharding"]["owner_devices"] = owners
+    if valid_length is not None:
+        out["valid_length"] = [int(v) for v in np.asarray(valid_length)[rows]]
+    if mask is not None:
+        m = np.asarray(mask)[rows]
+        out["mask_sum"] = [int(v) for v in (m.reshape(len(rows), -1) != 0).sum(axis=1)]
+    if is_padding is not None:
+        out["is_padding"] = [bool(v) for v in np.asarray(is_padding)[rows]]
+    if values:
+        v = host_rows(x, rows)
+        if v is not None:
+            v = v.astype(np.float64)
+            if v.ndim == 1:
+                out["row_value"] = [round(float(a), 6) for a in v]
+            else:
+                m = np.ones(v.shape, bool)
+                if mask is not None:  # the learner layout may be wider (sp rounding): pad with zeros
+                    src = np.asarray(mask)[rows].reshape(len(rows), -1) != 0
+                    m = np.zeros(v.shape, bool)
+                    w = min(src.shape[1], v.shape[1])
+                    m[:, :w] = src[:, :w]
+                cnt = np.maximum(m.sum(axis=1), 1)
+                out["row_mean"] = [round(float(a), 6) for a in (v * m).sum(axis=1) / cnt]
+                out["outside_mask_abs_sum"] = round(float(np.abs(v * ~m).sum()), 6)
+    return out

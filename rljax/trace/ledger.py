@@ -1,0 +1,341 @@
+"""Shape and memory ledgers of a run, written once after the first step.
+
+``shape_ledger.json`` / ``.md``: one row per tensor of the step (prompt, response, full
+sequence, attention / response / loss masks, rollout / old / ref / new log-prob, entropy,
+rewards, advantages, returns, loss matrix, hidden states, KV cache) with ``stage, tensor,
+logical shape, local shard shape, mask / broadcast, owner devices, lifetime (produced at /
+consumed at / freed after), common bug``. Shapes come from the run's own arrays; tensors
+that live only inside a jitted function (new log-prob, loss matrix, hidden states) and the
+sampler's KV cache come from ``jax.eval_shape`` of the same functions with the run's
+configuration, and their local shard shapes from the run's sharding rules.
+
+``memory_ledger.json`` / ``.md``: parameters, gradients, optimizer state, activations, KV
+cache and buffers, each with the estimate of ``rl-data-flow`` (section 7.2) beside what
+was measured (the arrays' bytes, ``compiled.memory_analysis()`` of the train step, the
+log-prob function and the sampler's decode chunk, ``device.memory_stats()`` where the
+backend reports it), and the peak stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+SHAPE_COLUMNS = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadcast", "owner_devices", "produced_at",
+                 "consumed_at", "freed_after", "common_bug")
+#: Saved activations per layer per token, in units of ``hidden_size`` values (no remat): the
+#: residual stream, the norms, q/k/v/o and the MLP input; the MLP hidden adds
+#: ``3 * intermediate / hidden``. With remat only the layer input is kept (factor 1).
+ACTIVATION_FACTOR_BASE = 8
+
+
+def _mib(b: Optional[float]) -> Optional[float]:
+    return None if b is None else round(b / 2**20, 3)
+
+
+def _tree_bytes(tree, device=None) -> int:
+    """Global bytes of a pytree of arrays, or the bytes held on ``device``."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        if device is None:
+            total += int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+        else:
+            total += sum(s.data.nbytes for s in getattr(leaf, "addressable_shards", []) if s.device == device)
+    return total
+
+
+def _local(shape, sharding) -> list:
+    return [int(d) for d in sharding.shard_shape(tuple(shape))]
+
+
+def _owners(sharding) -> str:
+    spec = getattr(sharding, "spec", None)
+    n = len(sharding.device_set)
+    return f"{n} devices, spec {tuple(spec) if spec is not None else 'replicated'}"
+
+
+def _row(stage, tensor, shape, local, mask, owners, produced, consumed, freed, bug) -> dict:
+    return dict(zip(SHAPE_COLUMNS, (stage, tensor, [int(d) for d in shape], local, mask, owners, produced, consumed,
+                                    freed, bug)))
+
+
+def shape_ledger(tracer, host) -> list[dict]:
+    """Rows from the step the tracer just observed (its step state still holds the arrays)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    from rljax.sharding import batch_spec, kv_cache_sharding, logical_sharding
+
+    s, trainer, mesh = tracer._s, tracer.owner, tracer.mesh
+    traj, batch, arrays = s["traj"], s.get("batch", {}), s.get("arrays", {})
+    host_l = "host (NumPy)"
+    rows = []
+
+    def dev(stage, name, x, mask, produced, consumed, freed, bug):
+        rows.append(_row(stage, name, x.shape, _local(x.shape, x.sharding), mask, _owners(x.sharding), produced,
+                         consumed, freed, bug))
+
+    rows.append(_row("rollout_sessions", "prompt_ids", traj.prompt_ids.shape, host_l, "prompt_mask (left-padded)",
+                     "host", "rollout_sessions", "trajectory_fields", "cleanup",
+                     "left vs right padding mixed up: the prompt must end at column S so hidden S-1+t predicts token t"))
+    rows.append(_row("rollout_sessions", "response_ids", traj.response_ids.shape, host_l,
+                     "response_mask (right-padded)", "host", "rollout_sessions", "reward, trajectory_fields", "cleanup",
+                     "response_len counts tool observations too: policy tokens are response_mask.sum()"))
+    rows.append(_row("rollout_sessions", "response_mask", traj.response_mask.shape, host_l, "itself",
+                     "host", "rollout_sessions", "trajectory_fields", "cleanup",
+                     "observation tokens left at 1 train the policy on text it did not generate"))
+    if "input_ids" in batch:
+        dev("trajectory_fields", "full_sequence (input_ids)", batch["input_ids"], "attention_mask",
+            "trajectory_fields", "old_log_prob, reference, actor_minibatch", "cleanup",
+            "batch split (dp) confused with sequence split (sp): local shard shape must be [B/dp, (S+T)/sp]")
+        dev("trajectory_fields", "attention_mask", batch["attention_mask"], "prompt_mask | response_mask",
+            "trajectory_fields", "old_log_prob, actor_minibatch", "cleanup",
+            "positions not recomputed from the mask: left padding shifts the rotary positions")
+        dev("trajectory_fields", "positions", batch["positions"], "cumsum(attention_mask) - 1",
+            "trajectory_fields", "old_log_prob, actor_minibatch", "cleanup", "positions counted from the padded start")
+    for name, stage, produced, consumed, mask, bug in (
+        ("loss_mask", "trajectory_fields", "trajectory_fields", "actor_minibatch, metrics", "itself",
+         "padding rows left at 1 enter the token mean"),
+        ("rollout_logp", "trajectory_fields", "rollout_sessions", "advantages (correction), actor_minibatch",
+         "loss_mask", "sampler temperature not applied the same way as the learner's"),
+        ("old_logp", "old_log_prob", "old_log_prob", "actor_minibatch (ratio)", "loss_mask",
+         "recomputed after the update (ratio stuck at 1) or misaligned by one position"),
+        ("entropy", "old_log_prob", "old_log_prob", "metrics", "loss_mask", "averaged over padding"),
+        ("ref_logp", "reference", "reference", "actor_minibatch (kl_loss) / reward (kl_in_reward)", "loss_mask",
+         "reference weights updated with the actor"),
+        ("advantages", "advantages", "advantages", "actor_minibatch", "loss_mask (per-sequence value broadcast over T)",
+         "group statistics over padding rows or across uids"),
+    ):
+        x = arrays.get(name, batch.get(name))
+        if x is not None and hasattr(x, "sharding"):
+            dev(stage, name, x, mask, produced, consumed, "cleanup" if name != "entropy" else "metrics", bug)
+    sc = s.get("placed_scores")
+    if sc is not None:
+        dev("reward", "rewards (scores)", sc, "sequence-level [B]; broadcast to tokens by the advantage",
+            "reward", "advantages", "advantages", "outcome reward placed on every token (counted T times)")
+    if "advantages" in batch:
+        a = batch["advantages"]
+        rows.append(_row("advantages", "returns", a.shape, _local(a.shape, a.sharding), "loss_mask",
+                         _owners(a.sharding), "advantages (= advantages, not materialised)", "-", "-",
+                         "value targets taken from unnormalised returns (only with a critic)"))
+
+    # Tensors that live inside jitted functions: real shapes from eval_shape of the same model.
+    if trainer is not None and "input_ids" in batch:
+        from rljax.models import functional as F
+
+        sc_cfg = trainer.step_config
+        micro = sc_cfg.ppo_micro_batch_size
+        ids = batch["input_ids"]
+        T = traj.response_ids.shape[1]
+        micro_ids = jax.ShapeDtypeStruct((micro, ids.shape[1]), ids.dtype)
+        hidden = jax.eval_shape(lambda p, t: F.forward(trainer.graphdef, p, t, mesh=None), trainer.state.params, micro_ids)
+        hs = logical_sharding(("batch", "length", "embed"), mesh, shape=hidden.shape)
+        layers = trainer.model_config.num_layers
+        rows.append(_row("actor_minibatch", f"hidden_states (per layer, x{layers} saved)", hidden.shape,
+                         _local(hidden.shape, hs), "attention_mask", _owners(hs), "actor_minibatch (forward)",
+                         "actor_minibatch (backward)", "actor_minibatch (each micro-batch)",
+                         "remat off: all layers' activations live at once (see memory ledger)"))
+        new = (micro, T)
+        ns = NamedSharding(mesh, batch_spec(new, mesh))
+        rows.append(_row("actor_minibatch", "new_logp", new, _local(new, ns), "loss_mask", _owners(ns),
+                         "actor_minibatch (micro-batch forward)", "actor_minibatch (loss)", "actor_minibatch",
+                         "rows not permuted with old_logp / advantages when the mini-batch is shuffled"))
+        rows.append(_row("actor_minibatch", "loss_matrix", new, _local(new, ns), "loss_mask (token-mean over the "
+                         "mini-batch's tokens)", _owners(ns), "actor_minibatch", "actor_minibatch (aggregate)",
+                         "actor_minibatch", "normalised per micro-batch instead of per mini-batch"))
+        eng = trainer.sampler.engine
+        cache = jax.eval_shape(lambda: F.init_kv_cache(eng.config, eng.num_slots, eng.max_len))
+        smesh = eng.mesh
+        if smesh is not None:
+            ks = kv_cache_sharding(cache.k.shape, smesh)
+            local, owners = _local(cache.k.shape, ks), _owners(ks) + " (sampler mesh)"
+        else:
+            local, owners = list(cache.k.shape), "1 device"
+        rows.append(_row("rollout_sessions", "kv_cache (k and v each)", cache.k.shape, local,
+                         "per-slot cache index (prompt + generated)", owners, "prompt_submit (prefill)",
+                         "rollout_sessions (decode)", "rollout_sessions",
+                         "slots on dp / kv heads on tp: a tp larger than kv_heads replicates the cache"))
+    return rows
+
+
+def _analysis(compiled) -> Optional[dict]:
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # some backends do not implement it
+        return None
+    if m is None:
+        return None
+    d = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0) for k in ("argument", "output", "alias", "temp")}
+    d["peak"] = d["argument"] + d["output"] - d["alias"] + d["temp"]
+    return d
+
+
+def _lowerable(fn):
+    """The ``jax.jit`` object behind ``fn`` (the train step wraps its jitted function to pin
+    the state layout; the wrapped function is found in its closure after the first call)."""
+    if hasattr(fn, "lower"):
+        return fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        v = cell.cell_contents
+        if isinstance(v, dict) and hasattr(v.get("fn"), "lower"):
+            return v["fn"]
+    raise TypeError(f"{getattr(fn, '__name__', fn)} is not a jitted function (no .lower)")
+
+
+def _abstract_decode_state(eng, decode):
+    """The sampler's decode state as shapes with the engine's layouts (KV cache on the sampler
+    mesh, the rest replicated), so lowering the decode chunk reuses its compiled executable."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from rljax.sharding import kv_cache_sharding
+
+    state = jax.eval_shape(lambda: eng.init_decode_state(decode))
+    if eng.mesh is None:
+        return state
+    rep = NamedSharding(eng.mesh, PartitionSpec())
+
+    def attach(x):
+        sharding = kv_cache_sharding(x.shape, eng.mesh) if x.ndim == 5 else rep
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
+
+    return jax.tree.map(attach, state)
+
+
+def memory_ledger(tracer) -> dict:
+    """Estimates (rl-data-flow 7.2) beside measurements, per device, and the peak stage."""
+    import jax
+
+    s, trainer, mesh = tracer._s, tracer.owner, tracer.mesh
+    batch = s.get("batch", {})
+    mc, sc = trainer.model_config, trainer.step_config
+    sizes = {k: int(v) for k, v in dict(mesh.shape).items()}
+    dp, tp, sp = sizes.get("dp", 1), sizes.get("tp", 1), sizes.get("sp", 1)
+    dev0 = jax.local_devices()[0]
+    params = trainer.state.params
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    pbytes = jax.tree.leaves(params)[0].dtype.itemsize
+    cbytes = np.dtype(mc.jnp_dtype).itemsize
+    p_global, p_local = _tree_bytes(params), _tree_bytes(params, dev0)
+    o_global, o_local = _tree_bytes(trainer.state.opt_state), _tree_bytes(trainer.state.opt_state, dev0)
+
+    import time
+
+    import jax.numpy as jnp
+
+    measured: dict[str, Optional[dict]] = {}
+    eng = trainer.sampler.engine
+    # The arguments exactly as the loop passed them (same pytree, shapes and layouts), so the
+    # lowering hits the compilation cache instead of compiling again.
+    logprob_batch = s.get("placed", batch)
+    lowerings = {
+        "update_actor": lambda: _lowerable(trainer.train_step).lower(trainer.state, batch, jax.random.key(0)),
+        "old_log_prob": lambda: trainer.logprob_fn.lower(params, logprob_batch),
+        "gen": lambda: eng._chunk_fn.lower(trainer.sampler.params, _abstract_decode_state(eng, trainer.decode),
+                                           jnp.int32(16), jnp.int32(eng.num_slots + 1)),
+    }
+    for stage, lower in lowerings.items():
+        t = time.perf_counter()
+        try:
+            measured[stage] = _analysis(lower().compile())
+        except Exception as e:  # reported in the ledger, never raised
+            measured[stage] = {"error": f"{type(e).__name__}: {e}"}
+        if measured[stage] is not None:
+            measured[stage]["analysis_s"] = round(time.perf_counter() - t, 3)
+
+    micro = sc.ppo_micro_batch_size
+    seq = batch["input_ids"].shape[1] if "input_ids" in batch else 0
+    T = s["traj"].response_ids.shape[1]
+    local_tokens = math.ceil(micro / dp) * math.ceil(seq / sp)
+    factor = 1 if mc.remat else ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size
+    act_est = mc.num_layers * local_tokens * mc.hidden_size * cbytes * factor
+    slots_local = math.ceil(eng.num_slots / max(eng.mesh.shape.get("dp", 1) if eng.mesh is not None else 1, 1))
+    kv_heads_local = math.ceil(mc.num_kv_heads / (eng.mesh.shape.get("tp", 1) if eng.mesh is not None else 1))
+    kv_est = mc.num_layers * slots_local * eng.max_len * kv_heads_local * mc.head_dim * 2 * cbytes
+    vocab_local = math.ceil(mc.vocab_size / tp)
+    buf_est = math.ceil(micro / dp) * math.ceil(T / sp) * vocab_local * 4
+
+    upd = measured.get("update_actor") or {}
+    gen = measured.get("gen") or {}
+    lp = measured.get("old_log_prob") or {}
+    rows = [
+        {"item": "parameters", "formula": "n_params x bytes(param_dtype), / tp when sharded",
+         "estimate_bytes": n_params * pbytes // tp, "measured_bytes": p_local,
+         "measured_from": f"the arrays' shards on device {dev0.id} (global {p_global} B, {n_params} params)"},
+        {"item": "gradients", "formula": "= parameters (accumulated in param dtype)",
+         "estimate_bytes": n_params * pbytes // tp, "measured_bytes": None,
+         "measured_from": "inside the train step's temp (below); not separable"},
+        {"item": "optimizer state", "formula": "2 x parameters (AdamW mu, nu) + counters",
+         "estimate_bytes": 2 * n_params * pbytes // tp, "measured_bytes": o_local,
+         "measured_from": f"the arrays' shards on device {dev0.id} (global {o_global} B)"},
+        {"item": "activations", "formula": f"layers x local_tokens x hidden x bytes x factor = {mc.num_layers} x "
+                                           f"{local_tokens} x {mc.hidden_size} x {cbytes} x {factor:.1f}",
+         "estimate_bytes": int(act_est), "measured_bytes": upd.get("temp"),
+         "measured_from": "train step compiled.memory_analysis() temp (activations + gradients + temporaries)"},
+        {"item": "kv cache", "formula": f"layers x slots_local x seq x kv_heads_local x head_dim x 2 x bytes = "
+                                        f"{mc.num_layers} x {slots_local} x {eng.max_len} x {kv_heads_local} x "
+                                        f"{mc.head_dim} x 2 x {cbytes}",
+         "estimate_bytes": int(kv_est), "measured_bytes": (gen.get("argument") - p_local
+                                                            if gen.get("argument") is not None else None),
+         "measured_from": "sampler decode chunk memory_analysis() arguments minus parameters (cache + slot state)"},
+        {"item": "buffers", "formula": "naive logits micro_local x T x vocab_local x 4 (fused log-prob avoids most)",
+         "estimate_bytes": int(buf_est), "measured_bytes": lp.get("temp"),
+         "measured_from": "log-prob function memory_analysis() temp"},
+    ]
+    stages = {k: v["peak"] for k, v in measured.items() if v and "peak" in v}
+    peak_stage = max(stages, key=stages.get) if stages else None
+    stats = None
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:
+        stats = None
+    estimate_total = sum(r["estimate_bytes"] for r in rows)
+    return {"per_device": True, "device": str(dev0), "mesh": sizes, "rows": rows, "stages": measured,
+            "peak_stage": peak_stage, "peak_bytes": stages.get(peak_stage) if peak_stage else None,
+            "estimate_peak_bytes": estimate_total,
+            "device_memory_stats": stats if stats else f"not reported by the {dev0.platform} backend"}
+
+
+def _md_table(rows: list[dict], columns) -> str:
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    cell = lambda v: ("" if v is None else str(v)).replace("|", "\\|")  # noqa: E731
+    body = "".join("| " + " | ".join(cell(r.get(c)) for c in columns) + " |\n" for r in rows)
+    return head + body
+
+
+def memory_md(led: dict) -> str:
+    rows = [dict(r, estimate_MiB=_mib(r["estimate_bytes"]), measured_MiB=_mib(r["measured_bytes"])) for r in led["rows"]]
+    out = "# Memory ledger (per device)\n\n" + _md_table(rows, ("item", "estimate_MiB", "measured_MiB", "formula",
+                                                                "measured_from"))
+    st = [{"stage": k, **({kk: _mib(vv) for kk, vv in v.items() if kk != "analysis_s"} if v and "error" not in v
+                          else {"argument": f"not measured: {v}"})}
+          for k, v in led["stages"].items()]
+    out += "\n## compiled.memory_analysis() per stage (MiB)\n\n" + _md_table(
+        st, ("stage", "argument", "output", "alias", "temp", "peak"))
+    out += f"\npeak stage: {led['peak_stage']} ({_mib(led['peak_bytes'])} MiB); device memory stats: " \
+           f"{led['device_memory_stats']}\n"
+    return out
+
+
+def write_ledgers(tracer, host) -> Optional[int]:
+    """Writes both ledgers (JSON + Markdown) into the run directory; returns the peak bytes."""
+    run_dir = tracer.run_dir
+    shapes = shape_ledger(tracer, host)
+    with open(os.path.join(run_dir, "shape_ledger.json"), "w") as fh:
+        json.dump(shapes, fh, indent=1)
+    with open(os.path.join(run_dir, "shape_ledger.md"), "w") as fh:
+        fh.write("# Shape ledger (step %d)\n\n" % tracer._s["step"] + _md_table(shapes, SHAPE_COLUMNS))
+    if tracer.owner is None:
+        return None
+    led = memory_ledger(tracer)
+    with open(os.path.join(run_dir, "memory_ledger.json"), "w") as fh:
+        json.dump(led, fh, indent=1, default=str)
+    with open(os.path.join(run_dir, "memory_ledger.md"), "w") as fh:
+        fh.write(memory_md(led))
+    return led.get("peak_bytes")

@@ -1,0 +1,99 @@
+"""``python -m rljax.trace summary RUN_DIR``: the run's topology, non-default config with
+sources, shape ledger, memory ledger, stage-time split, tracing overhead and alerts as tables."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+
+def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _load(run_dir: str, name: str):
+    path = os.path.join(run_dir, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _mib(b) -> str:
+    return "-" if b is None else f"{b / 2**20:.3f}"
+
+
+def summarize_run(run_dir: str) -> str:
+    out = []
+    topo = _load(run_dir, "topology.json")
+    out.append("== topology")
+    if topo:
+        rows = [(k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in topo.items()]
+        out.append(table(rows, ("field", "value")))
+    else:
+        out.append("(topology.json missing)")
+
+    out.append("\n== resolved config: non-default fields")
+    path = os.path.join(run_dir, "config.resolved.yaml")
+    if os.path.exists(path):
+        from rljax.config import load_resolved, non_default_fields
+
+        cfg, prov = load_resolved(path)
+        changes = non_default_fields(cfg, prov)
+        out.append(table([(c.key, c.value, c.default, c.source) for c in changes], ("key", "value", "default", "source"))
+                   if changes else "(all defaults)")
+    else:
+        out.append("(config.resolved.yaml missing)")
+
+    out.append("\n== shape ledger")
+    shapes = _load(run_dir, "shape_ledger.json")
+    if shapes:
+        cols = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadcast", "owner_devices", "produced_at",
+                "consumed_at", "freed_after")
+        out.append(table([[r.get(c) for c in cols] for r in shapes], cols))
+        out.append("common bugs:\n" + "\n".join(f"  {r['tensor']}: {r['common_bug']}" for r in shapes))
+    else:
+        out.append("(shape_ledger.json missing)")
+
+    out.append("\n== memory ledger (per device, MiB)")
+    mem = _load(run_dir, "memory_ledger.json")
+    if mem:
+        out.append(table([(r["item"], _mib(r["estimate_bytes"]), _mib(r["measured_bytes"]), r["measured_from"])
+                          for r in mem["rows"]], ("item", "estimate", "measured", "measured from")))
+        st = [(k, *(_mib(v.get(x)) for x in ("argument", "output", "temp", "peak"))) if v and "error" not in v
+              else (k, "not measured", "", "", "") for k, v in mem["stages"].items()]
+        out.append(table(st, ("stage", "argument", "output", "temp", "peak")))
+        out.append(f"peak stage: {mem.get('peak_stage')} ({_mib(mem.get('peak_bytes'))} MiB); "
+                   f"device memory stats: {mem.get('device_memory_stats')}")
+    else:
+        out.append("(memory_ledger.json missing)")
+
+    out.append("\n== stage-time split")
+    from rljax.trace.metrics import read_metrics
+
+    totals: dict[str, float] = {}
+    for m in read_metrics(run_dir):
+        for k, v in m.items():
+            if (k.startswith("timing_s/") and k != "timing_s/step") or k.startswith("trace/stage_s/"):
+                if isinstance(v, (int, float)):
+                    totals[k] = totals.get(k, 0.0) + v
+    loop = {k: v for k, v in totals.items() if k.startswith("timing_s/")}
+    busy = sum(loop.values()) or 1.0
+    rows = [(k, f"{v:.3f}", f"{100 * v / busy:.1f}%") for k, v in sorted(loop.items(), key=lambda kv: -kv[1])]
+    rows += [(k, f"{v:.3f}", "") for k, v in totals.items() if k.startswith("trace/stage_s/")]
+    out.append(table(rows, ("stage", "seconds", "share")) if rows else "(metrics.jsonl missing)")
+
+    s = _load(run_dir, "trace_summary.json")
+    out.append("\n== trace")
+    if s:
+        out.append(f"{s['records']} records over {s['steps']} steps ({s['groups_per_step']} group(s) per step); "
+                   f"tracing overhead {100 * s.get('overhead_frac_median', 0):.2f}% of step time (median; "
+                   f"max {100 * s.get('overhead_frac_max', 0):.2f}%), ledgers {s.get('ledger_s', 0):.2f} s once")
+        out.append("alerts: " + (", ".join(f"{k} x{v}" for k, v in s["alerts"].items()) if s.get("alerts") else "none"))
+    else:
+        out.append("(trace_summary.json missing)")
+    return "\n".join(out)

@@ -1,0 +1,203 @@
+"""A small embedded default run explains itself: trace.jsonl, ledgers, DFX metrics, the
+``python -m rljax.trace check`` checks pass on it, and each check fails on a run whose files
+were broken in the matching way (exit status 1)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_launch import SMALL, launch  # one small configuration for all end-to-end runs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKS = ("config provenance", "consistent across every stage", "sessions per uid", "response_mask.sum()",
+          "producers and consumers", "padding rows excluded", "mini-batch metadata", "actor_dp explained",
+          "weight version", "nothing left", "trace summary saved")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trace") / "run"
+    out = launch("--mesh=dp8", "--run-dir", str(d), *SMALL, "trainer.total_steps=2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "tracing overhead" in out.stdout
+    return d
+
+
+def trace_cli(*args):
+    return subprocess.run([sys.executable, "-m", "rljax.trace", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _records(run):
+    with open(run / "trace.jsonl") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _write(run, records):
+    with open(run / "trace.jsonl", "w") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_default_run_writes_every_file(run_dir):
+    for name in ("trace.jsonl", "trace_summary.json", "shape_ledger.json", "shape_ledger.md", "memory_ledger.json",
+                 "memory_ledger.md", "topology.json", "config.resolved.yaml", "metrics.jsonl"):
+        assert (run_dir / name).stat().st_size > 0, name
+    recs = _records(run_dir)
+    assert {r["stage"] for r in recs} == {"config_resolve", "dataset_item", "uid_assignment", "prompt_submit",
+                                          "rollout_sessions", "trajectory_fields", "reward", "old_log_prob",
+                                          "advantages", "actor_minibatch", "weight_sync", "metrics", "cleanup"}
+    assert len(recs) == 2 * 13  # one group per step (trace.groups=1)
+    for r in recs:  # summaries only: no token lists or text
+        for f in r["fields"]:
+            assert set(f) <= {"name", "producer", "consumer", "shape", "dtype", "sharding", "valid_length", "mask_sum",
+                              "is_padding", "row_value", "row_mean", "outside_mask_abs_sum"}, f
+    shapes = {row["tensor"] for row in json.loads((run_dir / "shape_ledger.json").read_text())}
+    for t in ("prompt_ids", "response_ids", "full_sequence (input_ids)", "attention_mask", "response_mask",
+              "loss_mask", "old_logp", "new_logp", "rewards (scores)", "advantages", "returns", "loss_matrix",
+              "kv_cache (k and v each)"):
+        assert t in shapes, t
+    assert any(t.startswith("hidden_states") for t in shapes)
+    mem = json.loads((run_dir / "memory_ledger.json").read_text())
+    assert [r["item"] for r in mem["rows"]] == ["parameters", "gradients", "optimizer state", "activations",
+                                                "kv cache", "buffers"]
+    assert all("peak" in mem["stages"][s] for s in ("update_actor", "old_log_prob", "gen")), mem["stages"]
+    assert mem["peak_stage"] in mem["stages"]
+    topo = json.loads((run_dir / "topology.json").read_text())
+    assert topo["actor_strategy"] and topo["rollout_tp"] == 1 and topo["actor_dp"] == 8
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    step = next(r for r in rows if r["step"] == 2 and "trace/overhead_frac" in r)
+    for key in ("perf/dp_token_imbalance", "perf/e2e_tokens_per_s", "prompt_length/p90", "response_length/p99",
+                "response_length/clip_ratio", "trace/stage_s/reward", "actor/ppo_kl", "actor/grad_norm",
+                "actor/entropy", "actor/pg_clipfrac"):
+        assert step[key] is not None, key
+    assert len(step["perf/dp_tokens"]) == 8
+
+
+def test_check_passes_on_the_default_run(run_dir):
+    out = trace_cli("check", run_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("PASS") for line in lines) == len(CHECKS)
+    for name in CHECKS:
+        assert any(name in line for line in lines), name
+
+
+def test_summary_prints_the_tables(run_dir):
+    out = trace_cli("summary", run_dir)
+    assert out.returncode == 0, out.stderr
+    for section in ("== topology", "actor_dp_derivation", "== resolved config", "rollout.n", "cli",
+                    "== shape ledger", "kv_cache", "== memory ledger", "optimizer state", "peak stage",
+                    "== stage-time split", "timing_s/update_actor", "tracing overhead"):
+        assert section in out.stdout, section
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert trace_cli("check", tmp_path / "missing").returncode == 2
+    assert trace_cli("explain", tmp_path).returncode == 2
+
+
+def _broken(run_dir, tmp_path, edit):
+    run = tmp_path / "broken"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "data", "tensorboard"))
+    recs = _records(run)
+    edit(run, recs)
+    _write(run, recs)
+    out = trace_cli("check", run)
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL")]
+    return out.returncode, failed
+
+
+def _stage(recs, stage, step=None):
+    return [r for r in recs if r["stage"] == stage and (step is None or r["step"] == step)]
+
+
+def _padding_in_loss(run, recs):
+    _stage(recs, "actor_minibatch")[0]["minibatch"]["loss_tokens_on_padding_rows"] = 3
+
+
+def _padding_row_in_mask(run, recs):
+    f = next(f for f in _stage(recs, "trajectory_fields")[0]["fields"] if f["name"] == "loss_mask")
+    f["is_padding"][0] = True
+
+
+def _padding_in_metrics(run, recs):
+    _stage(recs, "metrics")[0]["response_length_mean_real"] += 0.5
+
+
+def _stale_version(run, recs):
+    for r in _stage(recs, "rollout_sessions", step=2):
+        r["min_version"] = 0
+
+
+def _missing_stage(run, recs):
+    recs[:] = [r for r in recs if not (r["stage"] == "reward" and r["step"] == 1)]
+
+
+def _sessions_not_n(run, recs):
+    r = _stage(recs, "rollout_sessions")[0]
+    r["sessions"] = r["sessions"][:-1]
+
+
+def _left_in_buffer(run, recs):
+    r = _stage(recs, "cleanup")[0]
+    r["remaining_keys"] = r["keys"][:1]
+
+
+def _wrong_producer(run, recs):
+    f = _stage(recs, "old_log_prob")[0]["fields"][0]
+    f["producer"] = "actor_minibatch:train_step"
+
+
+def _keys_differ(run, recs):
+    r = _stage(recs, "advantages")[0]
+    r["keys"] = r["keys"][::-1]
+
+
+def _no_minibatch(run, recs):
+    del _stage(recs, "actor_minibatch")[0]["minibatch"]["ppo_mini_batch_size"]
+
+
+def _dp_from_rollout_tp(run, recs):
+    topo = json.loads((run / "topology.json").read_text())
+    topo.update(actor_dp=4, rollout_tp=2)
+    (run / "topology.json").write_text(json.dumps(topo))
+
+
+def _no_provenance(run, recs):
+    text = (run / "config.resolved.yaml").read_text()
+    (run / "config.resolved.yaml").write_text("\n".join(line.split("  # from:")[0] for line in text.splitlines()))
+
+
+def _no_summary(run, recs):
+    os.remove(run / "trace_summary.json")
+
+
+def _observation_mismatch(run, recs):
+    t = _stage(recs, "trajectory_fields")[0]["trajectories"][0]
+    t["response_mask_sum"] = t["response_len"] + 1
+
+
+@pytest.mark.parametrize("edit,check", [
+    (_padding_in_loss, "padding rows excluded"),
+    (_padding_row_in_mask, "padding rows excluded"),
+    (_padding_in_metrics, "padding rows excluded"),
+    (_stale_version, "weight version"),
+    (_missing_stage, "consistent across every stage"),
+    (_keys_differ, "consistent across every stage"),
+    (_sessions_not_n, "sessions per uid"),
+    (_left_in_buffer, "nothing left"),
+    (_wrong_producer, "producers and consumers"),
+    (_no_minibatch, "mini-batch metadata"),
+    (_dp_from_rollout_tp, "actor_dp explained"),
+    (_no_provenance, "config provenance"),
+    (_no_summary, "trace summary saved"),
+    (_observation_mismatch, "response_mask.sum()"),
+], ids=lambda x: getattr(x, "__name__", x))
+def test_broken_run_fails_the_matching_check(run_dir, tmp_path, edit, check):
+    rc, failed = _broken(run_dir, tmp_path, edit)
+    assert rc == 1
+    assert failed and all(check in line for line in failed), failed
