@@ -13,16 +13,15 @@ from jax import lax
 
 from rljax.pallas._common import MASK_VALUE, full, logit_cotangent, unify_vma, vma
 
-# Tile budget (elements of one [block_t, block_v] float32 logit tile) used to pick defaults.
-_TILE_ELEMS = 1 << 23
-DEFAULT_BLOCK_T = 8192
+# Default tile: 1024 x 2048 float32 logits = 8 MiB, so a tile and its exp stay in a CPU's
+# last-level cache; measured on CPU (bench/logprob.py) against 256..8192-wide tiles, this was
+# the fastest forward and forward+backward at N=4096..8192, V=32768.
+DEFAULT_BLOCK_T = 1024
+DEFAULT_BLOCK_V = 2048
 
 
 def default_blocks(n_tokens: int, n_vocab: int, block_t, block_v):
-    block_t = min(block_t or DEFAULT_BLOCK_T, n_tokens)
-    if block_v is None:
-        block_v = max(512, min(8192, _TILE_ELEMS // block_t)) // 128 * 128
-    return block_t, min(block_v, n_vocab)
+    return min(block_t or DEFAULT_BLOCK_T, n_tokens), min(block_v or DEFAULT_BLOCK_V, n_vocab)
 
 
 def _loop(total: int, block: int, body, carry, inputs):
