@@ -89,7 +89,10 @@ def _flat_call(hidden, unembed, targets, cfg: _common.Config):
         logp, entropy = _reference.naive(h, unembed, y, inv_temp=cfg.inv_temp)
     else:
         logp, entropy = _core.fused(h, unembed, y, cfg)
-    return logp.reshape(lead), entropy.reshape(lead)
+    logp, entropy = logp.reshape(lead), entropy.reshape(lead)
+    chex.assert_shape([logp, entropy], lead)
+    chex.assert_type([logp, entropy], jnp.float32)
+    return logp, entropy
 
 
 def fused_logprob(hidden: chex.Array, unembed: chex.Array, targets: chex.Array, *,
