@@ -20,29 +20,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.loss._masked import masked_whiten
+from rljax.loss._registry import Registry
 
-_ADV_ESTIMATORS: dict[str, Callable] = {}
+
+
+_ADV_ESTIMATORS = Registry("advantage estimator")
 
 
 def register_adv_estimator(name: str) -> Callable[[Callable], Callable]:
     """Decorator registering an advantage estimator under ``name``."""
-
-    def decorator(fn: Callable) -> Callable:
-        if name in _ADV_ESTIMATORS and _ADV_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _ADV_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return _ADV_ESTIMATORS.register(name)
 
 
 def get_adv_estimator(name: str) -> Callable:
     """The estimator registered as ``name``; ``ValueError`` listing the known names otherwise."""
-    if name not in _ADV_ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(_ADV_ESTIMATORS))}"
-        )
-    return _ADV_ESTIMATORS[name]
+    return _ADV_ESTIMATORS.get(name)
 
 
 def _concrete(x) -> Optional[np.ndarray]:

@@ -16,9 +16,10 @@ import jax.numpy as jnp
 
 from rljax.loss._aggregate import aggregate, check_agg_mode
 from rljax.loss._masked import masked_mean
+from rljax.loss._registry import Registry
 
 PolicyLossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_POLICY_LOSSES = Registry("policy loss mode")
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -31,20 +32,12 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     keyword hyper-parameters of :func:`policy_loss`; it returns ``(loss, metrics)``.
     """
 
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    return _POLICY_LOSSES.register(name)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
     """The loss registered as ``name``; ``ValueError`` listing the known modes otherwise."""
-    if name not in _POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss mode {name!r}; registered: {', '.join(sorted(_POLICY_LOSSES))}")
-    return _POLICY_LOSSES[name]
+    return _POLICY_LOSSES.get(name)
 
 
 def policy_loss(
