@@ -64,26 +64,26 @@ def _max_diff(got, want):
                for g, w in zip(got, want))
 
 
-def run_shape(n, h, v, dtype, impls, blocks, reps, precision):
+def run_shape(n, h, v, dtype, variants, reps, precision):
     problem = _problem(n, h, v, dtype)
     fwd_args, all_args = problem[:3], problem
     # The reference: naive, float32 math on the same (possibly bf16-rounded) inputs.
     ref32 = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in problem)
     reference = jax.device_get(_fns("naive", {}, "highest")[1](*ref32))
     rows = []
-    for impl in impls:
-        forward, fwd_bwd = _fns(impl, blocks.get(impl, {}), precision)
+    for label, (impl, blocks) in variants.items():
+        forward, fwd_bwd = _fns(impl, blocks, precision)
         try:
             temp = fwd_bwd.lower(*all_args).compile().memory_analysis().temp_size_in_bytes
             out = jax.device_get(fwd_bwd(*all_args))
             rows.append(dict(
-                impl=impl, temp=temp,
+                impl=label, temp=temp,
                 fwd=_median(forward, fwd_args, reps), fwdbwd=_median(fwd_bwd, all_args, reps),
                 diff_values=_max_diff(out[:2], reference[:2]),
                 diff_grads=_max_diff(out[2:], reference[2:]),
                 grad_scale=max(float(np.max(np.abs(r))) for r in reference[2:])))
         except Exception as err:  # report and go on: one failing path must not hide the rest
-            rows.append(dict(impl=impl, error=f"{type(err).__name__}: {str(err)[:200]}"))
+            rows.append(dict(impl=label, error=f"{type(err).__name__}: {str(err)[:200]}"))
     return rows
 
 
@@ -99,30 +99,34 @@ def main(argv=None):
 
     backend = jax.default_backend()
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
-    impls = ["naive", "chunked"]
-    blocks = {}
+    # label -> (impl, block sizes); "chunk-L" shows whether big tiles pay off on this chip.
+    variants = {"naive": ("naive", {}), "chunked": ("chunked", {}),
+                "chunk-L": ("chunked", dict(block_t=4096, block_v=8192))}
+    if args.smoke:
+        variants["chunk-L"] = ("chunked", dict(block_t=32, block_v=256))
     if backend == "tpu" or args.smoke:
-        impls.append("pallas")
-        blocks["pallas"] = dict(block_t=args.block_t, block_v=args.block_v)
+        pallas_blocks = dict(block_t=args.block_t, block_v=args.block_v)
         if args.smoke and backend != "tpu":
-            blocks["pallas"] = dict(block_t=args.block_t or 16, block_v=args.block_v or 128)
+            pallas_blocks = dict(block_t=args.block_t or 16, block_v=args.block_v or 128)
+        variants["pallas"] = ("pallas", pallas_blocks)
     print(f"jax {jax.__version__}, backend {backend}, {jax.devices()[0].device_kind}, "
           f"reps={args.reps} (median), timed matmul precision {args.precision}")
-    if "pallas" not in impls:
+    if "pallas" not in variants:
         print("pallas: skipped (the kernels target TPU/Mosaic; no GPU variant; auto -> chunked)")
     elif backend != "tpu":
         print("pallas: interpret mode (not a TPU): numbers check the script, not the kernel speed")
     print("temp = fwd+bwd temporary GiB; times in ms; x = ratio to naive (memory: naive/impl, "
-          "time: impl/naive); diffs vs float32 highest-precision naive")
+          "time: impl/naive); diffs vs float32 highest-precision naive; bf16 gradients are "
+          "returned in bf16, so their diff is bf16 rounding of (scale)")
     header = (f"{'N':>5} {'H':>5} {'V':>6} {'dtype':>8} {'impl':>8} | {'temp':>7} {'mem x':>6} | "
-              f"{'fwd':>9} {'x':>5} | {'fwd+bwd':>9} {'x':>5} | {'|d|logp,H':>9} "
+              f"{'fwd':>9} {'x':>6} | {'fwd+bwd':>9} {'x':>6} | {'|d|logp,H':>9} "
               f"{'|d|grads':>9} {'(scale)':>8}")
     print(header)
     print("-" * len(header))
     start = time.perf_counter()
     for n, h, v in shapes:
         for dtype in (jnp.float32, jnp.bfloat16):
-            rows = run_shape(n, h, v, dtype, impls, blocks, args.reps, args.precision)
+            rows = run_shape(n, h, v, dtype, variants, args.reps, args.precision)
             base = rows[0]
             for r in rows:
                 lead = f"{n:>5} {h:>5} {v:>6} {jnp.dtype(dtype).name:>8} {r['impl']:>8} | "
@@ -134,9 +138,9 @@ def main(argv=None):
                       + f"{r['temp'] / 2**30:>7.3f} "
                       + (f"{base['temp'] / r['temp']:>6.1f} | " if ok else f"{'':>6} | ")
                       + f"{r['fwd'] * 1e3:>9.2f} "
-                      + (f"{r['fwd'] / base['fwd']:>5.2f} | " if ok else f"{'':>5} | ")
+                      + (f"{r['fwd'] / base['fwd']:>6.2f} | " if ok else f"{'':>6} | ")
                       + f"{r['fwdbwd'] * 1e3:>9.2f} "
-                      + (f"{r['fwdbwd'] / base['fwdbwd']:>5.2f} | " if ok else f"{'':>5} | ")
+                      + (f"{r['fwdbwd'] / base['fwdbwd']:>6.2f} | " if ok else f"{'':>6} | ")
                       + f"{r['diff_values']:>9.2e} {r['diff_grads']:>9.2e} {r['grad_scale']:>8.2e}",
                       flush=True)
     print(f"total {time.perf_counter() - start:.1f}s")
