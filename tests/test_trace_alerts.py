@@ -84,7 +84,7 @@ def test_one_record_per_stage_per_traced_group_with_field_summaries(tmp_path):
     assert adv["sharding"]["spec"][0] == "dp" and adv["sharding"]["local_shape"] == [B // 8, T]
     assert adv["row_mean"] == [1.0] * N and adv["outside_mask_abs_sum"] == 0.0
     assert len(adv["sharding"]["owner_devices"]) == N // (B // 8)
-    assert out["trace/records"] == len(recs) and 0 <= out["trace/overhead_frac"] < 1
+    assert 0 <= out["trace/overhead_frac"] < 1 and out["timing_s/dataset_item"] >= 0
     assert not any(k.startswith("alerts/") for k in out), out
     assert all(r["t_start"] <= r["t_end"] for r in recs)
     assert tracer.close()["records"] == len(recs)

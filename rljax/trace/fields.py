@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Sequence
 
+import jax
 import numpy as np
 
 
 def _is_device_array(x) -> bool:
-    return hasattr(x, "sharding") and hasattr(x, "addressable_shards")
+    return isinstance(x, jax.Array)
 
 
 @functools.lru_cache(maxsize=256)

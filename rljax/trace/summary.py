@@ -78,13 +78,12 @@ def summarize_run(run_dir: str) -> str:
     totals: dict[str, float] = {}
     for m in read_metrics(run_dir):
         for k, v in m.items():
-            if (k.startswith("timing_s/") and k != "timing_s/step") or k.startswith("trace/stage_s/"):
+            if k.startswith("timing_s/") and k != "timing_s/step":
                 if isinstance(v, (int, float)):
                     totals[k] = totals.get(k, 0.0) + v
     loop = {k: v for k, v in totals.items() if k.startswith("timing_s/")}
     busy = sum(loop.values()) or 1.0
     rows = [(k, f"{v:.3f}", f"{100 * v / busy:.1f}%") for k, v in sorted(loop.items(), key=lambda kv: -kv[1])]
-    rows += [(k, f"{v:.3f}", "") for k, v in totals.items() if k.startswith("trace/stage_s/")]
     out.append(table(rows, ("stage", "seconds", "share")) if rows else "(metrics.jsonl missing)")
 
     s = _load(run_dir, "trace_summary.json")

@@ -46,6 +46,12 @@ KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_respo
               "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo", "actor.ppo_mini_batch_size",
               "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.use_kl_loss", "rollout.n", "rollout.tp",
               "rollout.calculate_log_probs", "reward.function", "trainer.mesh", "trace.groups")
+#: Stages the loop does not time itself: the tracer writes ``timing_s/<stage>`` for them. The
+#: others are the loop's ``timing_s/gen`` (rollout_sessions), ``reward``, ``old_log_prob``,
+#: ``ref`` (reference), ``adv`` (advantages), ``update_actor`` (actor_minibatch) and
+#: ``update_weights`` (weight_sync); config_resolve, uid_assignment and trajectory_fields do
+#: no work of their own in the loop (zero-length windows in their records).
+UNTIMED_STAGES = ("dataset_item", "prompt_submit", "metrics", "cleanup")
 TRACE_FILE = "trace.jsonl"
 SUMMARY_FILE = "trace_summary.json"
 
@@ -229,7 +235,8 @@ class Tracer:
             t0, t1 = s["times"].get(r["stage"], (None, None))
             r["t_start"], r["t_end"] = (self._wall(t0), self._wall(t1)) if t0 is not None else (None, None)
         for stage, (t0, t1) in s["times"].items():
-            out[f"trace/stage_s/{stage}"] = t1 - t0
+            if stage in UNTIMED_STAGES:
+                out[f"timing_s/{stage}"] = t1 - t0
             self._stage_total[stage] = self._stage_total.get(stage, 0.0) + (t1 - t0)
         if self.enabled and records:
             with open(self.path, "a") as fh:
@@ -245,8 +252,7 @@ class Tracer:
         tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
         if tokens is not None and step_wall:
             out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
-        out.update({"trace/overhead_s": spent, "trace/overhead_frac": spent / step_s if step_s > 0 else 0.0,
-                    "trace/records": len(records)})
+        out.update({"trace/overhead_s": spent, "trace/overhead_frac": spent / step_s if step_s > 0 else 0.0})
         if self._ledger_s:
             out["trace/ledger_s"] = self._ledger_s
         self._spent, self._ledger_s = 0.0, 0.0
@@ -286,7 +292,6 @@ class Tracer:
         att = np.asarray(host["attention_mask"])
         counts = A.dp_token_counts(att * real[:, None], self.dp)
         out = {"perf/dp_tokens": [int(c) for c in counts], "perf/dp_token_imbalance": A.imbalance(counts),
-               "perf/dp_tokens_max": int(counts.max()), "perf/dp_tokens_min": int(counts.min()),
                "perf/padding_rows": int((~real).sum())}
         out.update(_percentiles(np.asarray(traj.prompt_length)[real], "prompt_length"))
         out.update({k: v for k, v in _percentiles(np.asarray(traj.response_length)[real], "response_length").items()
@@ -322,7 +327,9 @@ class Tracer:
         uid = s["uids"][g]
         rows = np.nonzero(np.asarray(traj.group_id) == g)[0]
         rows = rows[~np.asarray(traj.is_padding)[rows]]
-        keys = [traj.trajectory_keys[i] for i in rows]
+        # {uid}_{session}_{index} of the traced rows only (Trajectories.trajectory_keys builds all B).
+        key_of = {int(i): f"{traj.uid[i]}_{traj.session[i]}_{traj.index[i]}" for i in rows}
+        keys = list(key_of.values())
         B, T = traj.response_ids.shape
         pad = np.asarray(traj.is_padding)
         loss_mask = np.asarray(traj.loss_mask)
@@ -357,7 +364,7 @@ class Tracer:
         trajs = []
         for i in rows:
             insert = t_submit + float(traj.queue_s[i])
-            trajs.append({"key": traj.trajectory_keys[i], "session": int(traj.session[i]), "index": int(traj.index[i]),
+            trajs.append({"key": key_of[int(i)], "session": int(traj.session[i]), "index": int(traj.index[i]),
                           "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
                           "status": "truncated" if traj.truncated[i] else "eos",
                           "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
@@ -390,7 +397,7 @@ class Tracer:
                             valid_length=seq_len if k != "loss_mask" and k != "rollout_logp" else resp_len,
                             mask=host[k] if k in host else None, **kw)
                   for k in ("input_ids", "attention_mask", "positions", "loss_mask", "rollout_logp") if k in batch]
-        per_traj = [{"key": traj.trajectory_keys[i], "prompt_len": int(traj.prompt_length[i]),
+        per_traj = [{"key": key_of[int(i)], "prompt_len": int(traj.prompt_length[i]),
                      "response_len": int(resp_len[i]), "seq_len": int(seq_len[i]),
                      "response_mask_sum": int(m), "observation_tokens": int(resp_len[i] - m), "num_turns": 1}
                     for i, m in zip(rows, mask_sum)]
