@@ -175,6 +175,14 @@ def test_bfloat16_checkpoint(tmp_path, checkpoints):
     ref = _hf_logits(hf_model.to(torch.bfloat16), toks, mask, pos)
     hf_model.to(torch.float32)
     assert _max_diff_on_real_tokens(ours, ref, mask) <= 0.1 * float(np.abs(ref).max())
+    # bfloat16 export: transformers reads back the same bits
+    out = str(tmp_path / "bf16_export")
+    models.save_hf_checkpoint(out, config, params)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert reloaded.dtype == torch.bfloat16
+    for name, tensor in hf_model.to(torch.bfloat16).state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+    hf_model.to(torch.float32)
 
 
 def test_unsupported_architecture(tmp_path):
