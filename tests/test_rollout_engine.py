@@ -70,7 +70,8 @@ def test_prefill_insert_generate_loop_matches_greedy_reference():
         logps.append(result.log_probs[:, 0])
     assert out == [list(r[:steps]) for r in reference()[1:3]]
     # log-probs reported by generate are the ones the sampler records
-    traj = Sampler(eng, params()).generate(prompts, uids=UIDS[1:3], decode=DecodeParams(temperature=0.0, max_new_tokens=steps, eos_ids=()))
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=steps, eos_ids=())
+    traj = Sampler(eng, params()).generate(prompts, uids=UIDS[1:3], decode=greedy)
     np.testing.assert_allclose(np.stack(logps[:-1], 1), traj.rollout_logp[:, 1:], atol=1e-6)
 
 
@@ -97,7 +98,8 @@ def test_engine_rejects_bad_arguments():
     with pytest.raises(ValueError, match="max_decode_length"):
         eng.init_decode_state(DecodeParams(max_new_tokens=MAX_DECODE + 1))
     with pytest.raises(ValueError, match="slot"):
-        eng.insert_many(eng.prefill_batch(params(), [[1, 2]]), eng.init_decode_state(DecodeParams(max_new_tokens=4)), rows=[0, 0], slots=[1, 1], keys=np.zeros((2, 2)))
+        state = eng.init_decode_state(DecodeParams(max_new_tokens=4))
+        eng.insert_many(eng.prefill_batch(params(), [[1, 2]]), state, rows=[0, 0], slots=[1, 1], keys=np.zeros((2, 2)))
 
 
 def test_importing_rollout_data_types_does_not_import_tensorflow():

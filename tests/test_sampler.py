@@ -377,9 +377,11 @@ def test_bad_input_raises_before_generating(prompts, kwargs, match):
 
 def test_long_prompts_truncate_when_configured():
     long = list(range(3, 3 + MAX_PREFILL + 5))
-    for mode, kept in (("left", long[-MAX_PREFILL:]), ("right", long[:MAX_PREFILL])):
-        traj = Sampler(engine(5), params(), truncation=mode).generate([long], uids=["x"], decode=DecodeParams(max_new_tokens=2))
+    for mode, kept, new in (("left", long[-MAX_PREFILL:], 2), ("right", long[:MAX_PREFILL], 1)):
+        sampler = Sampler(engine(5), params(), truncation=mode)
+        traj = sampler.generate([long], uids=["x"], decode=DecodeParams(max_new_tokens=new))
         assert traj.prompt_ids[0].tolist() == kept and traj.prompt_length[0] == MAX_PREFILL
+        assert traj.response_length.tolist() == [new] and traj.truncated.all()
     with pytest.raises(ValueError, match="truncation"):
         Sampler(engine(5), params(), truncation="middle")
 

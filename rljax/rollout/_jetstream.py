@@ -39,7 +39,8 @@ def jetstream_api() -> types.SimpleNamespace:
             # earlier and used it); nothing more can be done from here.
             pass
         tf.get_logger().setLevel("ERROR")
-    from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2
 
     return types.SimpleNamespace(
         engine_api=engine_api, tokenizer_api=tokenizer_api, tokenizer_pb2=tokenizer_pb2, token_utils=token_utils

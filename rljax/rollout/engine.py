@@ -372,7 +372,9 @@ class RljaxEngine(engine_api.Engine):
         if path.endswith(".model"):
             return super().build_tokenizer(metadata)
         c = self.config
-        return build_jetstream_tokenizer(path, vocab_size=c.vocab_size, eos_id=c.eos_token_id, pad_id=c.pad_token_id, bos_id=c.bos_token_id)
+        return build_jetstream_tokenizer(
+            path, vocab_size=c.vocab_size, eos_id=c.eos_token_id, pad_id=c.pad_token_id, bos_id=c.bos_token_id
+        )
 
     # ----------------------------------------------------------------- prefill
 
@@ -492,7 +494,10 @@ class RljaxEngine(engine_api.Engine):
         keys = np.asarray(keys, np.uint32).reshape(-1, 2)
         r, s = rows.size, self._num_slots
         if not (slots.size == r == keys.shape[0]) or r > s:
-            raise ValueError(f"insert_many: rows, slots and keys must have the same length <= {s}, got {r}, {slots.size}, {keys.shape[0]}")
+            raise ValueError(
+                f"insert_many: rows, slots and keys must have the same length <= {s}, "
+                f"got {r}, {slots.size}, {keys.shape[0]}"
+            )
         if r and (rows.min() < 0 or rows.max() >= prefix.batch_size or slots.min() < 0 or slots.max() >= s):
             raise ValueError(f"insert_many: rows must be in [0, {prefix.batch_size}) and slots in [0, {s})")
         if len(set(slots.tolist())) != r:

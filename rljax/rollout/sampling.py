@@ -60,7 +60,8 @@ class DecodeParams:
         _positive_int(self.max_new_tokens, "max_new_tokens")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
             raise ValueError(f"DecodeParams.top_k is {self.top_k!r}; accepted: an integer >= 0 (0 keeps every token)")
-        if not isinstance(self.temperature, (int, float, np.floating, np.integer)) or not np.isfinite(self.temperature) or self.temperature < 0:
+        number = isinstance(self.temperature, (int, float, np.floating, np.integer))
+        if not number or not np.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"DecodeParams.temperature is {self.temperature!r}; accepted: 0 (greedy) or a finite number > 0")
         if not isinstance(self.top_p, (int, float, np.floating, np.integer)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"DecodeParams.top_p is {self.top_p!r}; accepted: a number in (0, 1]")
