@@ -17,46 +17,52 @@ from rljax.trace.fields import host_rows, summarize
 B, S, T, N = 16, 6, 4, 4  # 4 groups of 4 sessions
 
 
-def _traj(resp_len=None):
+def _traj(pad=0, leak=False):
+    """``B`` real rows (4 groups of ``N``) then ``pad`` padding rows (group 0, as the sampler pads)."""
     rng = np.random.default_rng(0)
-    resp_len = np.full(B, T) if resp_len is None else np.asarray(resp_len)
-    response_mask = np.arange(T)[None, :] < resp_len[:, None]
-    uids = [f"1-{b // N}" for b in range(B)]
+    rows = B + pad
+    is_padding = np.arange(rows) >= B
+    response_mask = np.ones((rows, T), bool) & (~is_padding[:, None] | leak)
+    resp_len = response_mask.sum(1)
+    uids = [f"1-{b // N}" if b < B else "" for b in range(rows)]
     t = types.SimpleNamespace(
-        prompt_ids=rng.integers(1, 9, (B, S)).astype(np.int32), prompt_mask=np.ones((B, S), bool),
-        response_ids=rng.integers(1, 9, (B, T)).astype(np.int32), response_mask=response_mask,
-        loss_mask=response_mask.copy(), rollout_logp=-np.ones((B, T), np.float32) * response_mask,
-        prompt_length=np.full(B, S, np.int32), response_length=resp_len.astype(np.int32),
-        truncated=resp_len == T, group_id=np.arange(B) // N, min_version=np.zeros(B, np.int32),
-        max_version=np.zeros(B, np.int32), is_padding=np.zeros(B, bool), queue_s=np.zeros(B, np.float32),
-        decode_s=np.full(B, 0.01, np.float32), uid=tuple(uids), session=tuple(b % N for b in range(B)),
-        index=(0,) * B)
-    t.trajectory_keys = tuple(f"{u}_{s}_0" for u, s in zip(uids, t.session))
+        prompt_ids=rng.integers(1, 9, (rows, S)).astype(np.int32), prompt_mask=~is_padding[:, None].repeat(S, 1),
+        response_ids=rng.integers(1, 9, (rows, T)).astype(np.int32), response_mask=response_mask,
+        loss_mask=response_mask.copy(), rollout_logp=-np.ones((rows, T), np.float32) * response_mask,
+        prompt_length=np.where(is_padding, 0, S).astype(np.int32), response_length=resp_len.astype(np.int32),
+        truncated=resp_len == T, group_id=np.where(is_padding, 0, np.arange(rows) // N),
+        min_version=np.zeros(rows, np.int32), max_version=np.zeros(rows, np.int32), is_padding=is_padding,
+        queue_s=np.zeros(rows, np.float32), decode_s=np.full(rows, 0.01, np.float32), uid=tuple(uids),
+        session=tuple(b % N if b < B else -1 for b in range(rows)), index=tuple(0 if b < B else -1 for b in range(rows)))
     return t
 
 
-def _step(tmp_path, *, overrides=(), old_logp_shape=(B, T), attention=None, metrics=None, memory=None):
+def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metrics=None, memory=None, pad=0,
+          leak=False):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg, _ = resolve("default", [f"rollout.n={N}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
                                  "trace.ledgers=false", *overrides])
     mesh = make_mesh("dp8")
     tracer = Tracer(cfg, mesh, str(tmp_path), owner=None)
     if memory is not None:
         tracer.memory_stats = lambda: memory
-    traj = _traj()
+    traj = _traj(pad, leak)
+    rows = B + pad
+    old_logp_shape = old_logp_shape or (rows, T)
     prompts = [types.SimpleNamespace(index=10 + g, position=g, ids=tuple(range(S)), truncated=False) for g in range(4)]
     decode = types.SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=T, seed=0)
     att = np.concatenate([traj.prompt_mask, traj.response_mask], 1) if attention is None else attention
     host = {"input_ids": np.concatenate([traj.prompt_ids, traj.response_ids], 1), "attention_mask": att,
-            "positions": np.zeros((B, S + T), np.int32), "loss_mask": traj.loss_mask.astype(np.float32),
+            "positions": np.zeros((rows, S + T), np.int32), "loss_mask": traj.loss_mask.astype(np.float32),
             "rollout_logp": traj.rollout_logp}
     placed = {k: jax.device_put(v, s) for (k, v), s in zip(host.items(), batch_shardings(host, mesh).values())}
     tracer.submit(1, prompts, [f"1-{g}" for g in range(4)], version=0, decode=decode)
     tracer.rollout(traj)
-    scores = np.linspace(0, 1, B).astype(np.float32)
+    scores = np.linspace(0, 1, rows).astype(np.float32) * ~traj.is_padding
     tracer.reward(scores, placed, {"scores": scores})
     old = np.full(old_logp_shape, -0.5, np.float32)
-    tracer.logprob("old_log_prob", old_logp=old, entropy=np.ones((B, T), np.float32))
-    adv = jax.device_put(np.ones((B, T), np.float32) * traj.loss_mask, placed["loss_mask"].sharding)
+    tracer.logprob("old_log_prob", old_logp=old, entropy=np.ones((rows, T), np.float32))
+    adv = jax.device_put(np.ones((rows, T), np.float32) * traj.loss_mask, placed["loss_mask"].sharding)
     tracer.advantages(dict(placed, old_logp=old, advantages=adv))
     tracer.actor_update({"pg_loss": 0.1, "grad_norm": 1.0}, optimizer_steps=1)
     tracer.weight_sync(1, types.SimpleNamespace(version=1, last_weight_sync_s=0.0))
@@ -142,3 +148,19 @@ def test_traced_groups_are_deterministic_and_rotate():
     assert choose_groups(0, 5, 32, 1) == choose_groups(0, 5, 32, 1)
     assert len({choose_groups(0, s, 32, 1)[0] for s in range(1, 40)}) > 5
     assert choose_groups(0, 1, 4, 10) == [0, 1, 2, 3] and choose_groups(0, 1, 4, 0) == []
+
+
+def test_padding_rows_are_kept_out_and_a_leak_fails_the_padding_check(tmp_path):
+    from rljax.trace.check import Run, check_padding
+
+    _step(tmp_path / "ok", pad=8)
+    recs = _records(tmp_path / "ok")
+    mb = next(r for r in recs if r["stage"] == "actor_minibatch")["minibatch"]
+    assert mb["global_batch_size"] == B + 8 and mb["loss_tokens_on_padding_rows"] == 0
+    assert mb["advantages_on_padding_rows_abs_sum"] == 0.0
+    assert next(r for r in recs if r["stage"] == "reward")["padding_rows"] == 8
+    assert all(len(r["keys"]) == N for r in recs)  # padding rows (group 0) are never traced
+    assert check_padding(Run(str(tmp_path / "ok")))[0]
+    _step(tmp_path / "leak", pad=8, leak=True)  # padding rows with a loss mask and advantages
+    ok, _, detail = check_padding(Run(str(tmp_path / "leak")))
+    assert not ok and "padding rows" in detail

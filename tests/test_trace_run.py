@@ -119,6 +119,10 @@ def _padding_in_loss(run, recs):
     _stage(recs, "actor_minibatch")[0]["minibatch"]["loss_tokens_on_padding_rows"] = 3
 
 
+def _padding_advantage(run, recs):
+    _stage(recs, "actor_minibatch")[0]["minibatch"]["advantages_on_padding_rows_abs_sum"] = 0.7
+
+
 def _padding_row_in_mask(run, recs):
     f = next(f for f in _stage(recs, "trajectory_fields")[0]["fields"] if f["name"] == "loss_mask")
     f["is_padding"][0] = True
@@ -184,6 +188,7 @@ def _observation_mismatch(run, recs):
 @pytest.mark.parametrize("edit,check", [
     (_padding_in_loss, "padding rows excluded"),
     (_padding_row_in_mask, "padding rows excluded"),
+    (_padding_advantage, "padding rows excluded"),
     (_padding_in_metrics, "padding rows excluded"),
     (_stale_version, "weight version"),
     (_missing_stage, "consistent across every stage"),
@@ -201,3 +206,20 @@ def test_broken_run_fails_the_matching_check(run_dir, tmp_path, edit, check):
     rc, failed = _broken(run_dir, tmp_path, edit)
     assert rc == 1
     assert failed and all(check in line for line in failed), failed
+
+
+@pytest.mark.slow
+def test_check_passes_with_sp_reference_and_critic(tmp_path):
+    """dp2,tp2,sp2 (learner T rounded up to a multiple of sp), a reference policy and GAE with a
+    critic: every check passes, no shape alert fires, values / returns / ref_logp are traced."""
+    run = tmp_path / "run"
+    out = launch("--mesh=dp2,tp2,sp2", "--run-dir", str(run), *SMALL, "trainer.total_steps=2",
+                 "actor.use_kl_loss=true", "algorithm.adv_estimator=gae")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "alert" not in out.stderr
+    check = trace_cli("check", run)
+    assert check.returncode == 0, check.stdout
+    names = {f["name"] for r in _records(run) for f in r["fields"]}
+    assert {"ref_logp", "values", "returns", "advantages"} <= names
+    ledger = {row["tensor"]: row for row in json.loads((run / "shape_ledger.json").read_text())}
+    assert ledger["returns"]["produced_at"] == "advantages" and ledger["new_logp"]["logical_shape"][1] == 4

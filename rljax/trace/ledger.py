@@ -119,7 +119,11 @@ def shape_ledger(tracer, host) -> list[dict]:
     if sc is not None:
         dev("reward", "rewards (scores)", sc, "sequence-level [B]; broadcast to tokens by the advantage",
             "reward", "advantages", "advantages", "outcome reward placed on every token (counted T times)")
-    if "advantages" in batch:
+    if "returns" in arrays:
+        for name, stage, bug in (("values", "values", "value of the token after the last one not zeroed"),
+                                 ("returns", "advantages", "returns computed from whitened advantages")):
+            dev(stage, name, arrays[name], "loss_mask", stage, "update_critic", "update_critic", bug)
+    elif "advantages" in batch:
         a = batch["advantages"]
         rows.append(_row("advantages", "returns", a.shape, _local(a.shape, a.sharding), "loss_mask",
                          _owners(a.sharding), "advantages (= advantages, not materialised)", "-", "-",
@@ -132,7 +136,7 @@ def shape_ledger(tracer, host) -> list[dict]:
         sc_cfg = trainer.step_config
         micro = sc_cfg.ppo_micro_batch_size
         ids = batch["input_ids"]
-        T = traj.response_ids.shape[1]
+        T = batch["loss_mask"].shape[1]  # the learner's response length (rounded up to a multiple of sp)
         micro_ids = jax.ShapeDtypeStruct((micro, ids.shape[1]), ids.dtype)
         hidden = jax.eval_shape(lambda p, t: F.forward(trainer.graphdef, p, t, mesh=None), trainer.state.params, micro_ids)
         hs = logical_sharding(("batch", "length", "embed"), mesh, shape=hidden.shape)
@@ -281,7 +285,7 @@ def memory_ledger(tracer) -> dict:
         {"item": "kv cache", "formula": f"layers x slots_local x seq x kv_heads_local x head_dim x 2 x bytes = "
                                         f"{mc.num_layers} x {slots_local} x {eng.max_len} x {kv_heads_local} x "
                                         f"{mc.head_dim} x 2 x {cbytes}",
-         "estimate_bytes": int(kv_est), "measured_bytes": (gen.get("argument") - p_local
+         "estimate_bytes": int(kv_est), "measured_bytes": (gen.get("argument") - _tree_bytes(trainer.sampler.params, dev0)
                                                             if gen.get("argument") is not None else None),
          "measured_from": "sampler decode chunk memory_analysis() arguments minus parameters (cache + slot state)"},
         {"item": "buffers", "formula": "naive logits micro_local x T x vocab_local x 4 (fused log-prob avoids most)",

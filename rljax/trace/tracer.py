@@ -39,7 +39,7 @@ STAGES = ("config_resolve", "dataset_item", "uid_assignment", "prompt_submit", "
           "weight_sync", "metrics", "cleanup")
 #: ``[B, T]`` fields (response positions): their trailing dim is the response length.
 RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "old_logp", "entropy", "ref_logp",
-                   "advantages", "rollout_is_weights")
+                   "advantages", "rollout_is_weights", "values", "returns")
 #: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
 KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
               "data.filter_overlong_prompts", "data.truncation", "algorithm.adv_estimator",
@@ -164,6 +164,11 @@ class Tracer:
     def logprob(self, stage: str, **arrays) -> None:
         """After ``old_log_prob`` (``old_logp``, ``entropy``) or ``reference`` (``ref_logp``)."""
         self._mark(stage)
+        self._s["arrays"].update(arrays)
+
+    @_timed
+    def observe(self, **arrays) -> None:
+        """Arrays of the step that are not batch fields (the critic's ``values`` and ``returns``)."""
         self._s["arrays"].update(arrays)
 
     @_timed
@@ -434,8 +439,15 @@ class Tracer:
             adv_fields.append(summarize("rollout_is_weights", batch["rollout_is_weights"],
                                         producer="advantages:rollout_correction_weights",
                                         consumer="actor_minibatch:train_step", mask=loss_mask, **kw))
-        out.append(rec("advantages", adv_fields, estimator=cfg.algorithm.adv_estimator,
-                       returns="not materialised: outcome estimators use advantages as returns"))
+        for k in ("values", "returns"):
+            if k in arrays:
+                adv_fields.append(summarize(k, arrays[k], producer=("values:Trainer.values_fn" if k == "values" else
+                                                                    "advantages:rljax.loss.gae_advantages"),
+                                            consumer="update_critic:critic_step", valid_length=resp_len,
+                                            mask=loss_mask, values=True, **kw))
+        returns = ("materialised (critic targets)" if "returns" in arrays
+                   else "not materialised: outcome estimators use advantages as returns")
+        out.append(rec("advantages", adv_fields, estimator=cfg.algorithm.adv_estimator, returns=returns))
         a = cfg.actor
         mini = a.ppo_mini_batch_size * cfg.rollout.n
         micro = a.ppo_micro_batch_size or mini
@@ -446,6 +458,7 @@ class Tracer:
                      "optimizer_steps_after": s.get("optimizer_steps"),
                      "loss_tokens": int(loss_mask.sum()), "loss_rows": int(loss_mask.any(axis=1).sum()),
                      "loss_tokens_on_padding_rows": int(loss_mask[pad].sum()),
+                     "advantages_on_padding_rows_abs_sum": _padding_abs_sum(batch.get("advantages"), pad),
                      "dp_shard_rows": int(B // self.dp) if B % self.dp == 0 else None, "actor_dp": self.dp}
         consumed = [summarize(k, batch[k], producer=_producer(k), consumer="actor_minibatch:train_step",
                               valid_length=resp_len, mask=loss_mask, **kw)
@@ -461,6 +474,16 @@ class Tracer:
                                                                    "actor/entropy", "actor/pg_loss")}))
         out.append(rec("cleanup"))
         return out
+
+
+def _padding_abs_sum(x, pad: np.ndarray) -> Optional[float]:
+    """Sum of |x| over the padding rows (0.0 without padding rows; reads only their shards)."""
+    if x is None or not pad.any():
+        return 0.0
+    from rljax.trace.fields import host_rows
+
+    v = host_rows(x, np.nonzero(pad)[0])
+    return None if v is None else float(np.abs(v).sum())
 
 
 def _producer(k: str) -> str:

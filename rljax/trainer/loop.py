@@ -365,6 +365,7 @@ class Trainer:
             with timer("update_critic"):
                 critic_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
                 critic_batch.update(old_values=values, returns=returns)
+                self.tracer.observe(values=values, returns=returns)
                 self.critic_state, critic = self.critic_step(self.critic_state, critic_batch, key)
                 critic, value_stats = to_host((critic, (rl.masked_mean(values, batch["loss_mask"]),
                                                         rl.masked_mean(returns, batch["loss_mask"]))))
