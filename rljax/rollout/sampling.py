@@ -168,13 +168,19 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top
             raise ValueError(f"logprobs is {logprobs!r}; accepted: {', '.join(LOGPROB_MODES)}")
         logprobs = logprobs == "truncated"
     logits = logits.astype(jnp.float32)
-    greedy = temperature == 0
-    scaled = logits / jnp.where(greedy, 1.0, temperature)
-    truncating = (top_k > 0) | (top_p < 1.0)
-    truncated = jax.lax.cond(truncating, lambda x: truncate_logits(x, top_k, top_p), lambda x: x, scaled)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-    drawn = jnp.argmax(truncated + gumbel, axis=-1)
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-    dist = jnp.where(greedy, logits, jnp.where(logprobs, truncated, scaled))
+
+    def greedy(_):
+        return jnp.argmax(logits, axis=-1), logits
+
+    def sample(_):
+        scaled = logits / temperature
+        truncating = (top_k > 0) | (top_p < 1.0)
+        truncated = jax.lax.cond(truncating, lambda x: truncate_logits(x, top_k, top_p), lambda x: x, scaled)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
+        return jnp.argmax(truncated + gumbel, axis=-1), jnp.where(logprobs, truncated, scaled)
+
+    # A real branch (the predicate is a scalar): greedy steps draw no random numbers.
+    tokens, dist = jax.lax.cond(temperature == 0, greedy, sample, None)
+    tokens = tokens.astype(jnp.int32)
     logp = jnp.take_along_axis(jax.nn.log_softmax(dist, axis=-1), tokens[:, None], axis=-1)[:, 0]
     return tokens, logp
