@@ -164,3 +164,9 @@ def test_padding_rows_are_kept_out_and_a_leak_fails_the_padding_check(tmp_path):
     _step(tmp_path / "leak", pad=8, leak=True)  # padding rows with a loss mask and advantages
     ok, _, detail = check_padding(Run(str(tmp_path / "leak")))
     assert not ok and "padding rows" in detail
+
+
+def test_more_traced_groups_give_more_records(tmp_path):
+    _step(tmp_path, overrides=["trace.groups=2"])
+    recs = _records(tmp_path)
+    assert len({r["uid"] for r in recs}) == 2 and len(recs) == 2 * (len(STAGES) - 1)

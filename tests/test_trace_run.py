@@ -71,7 +71,8 @@ def test_default_run_writes_every_file(run_dir):
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     step = next(r for r in rows if r["step"] == 2 and "trace/overhead_frac" in r)
     for key in ("perf/dp_token_imbalance", "perf/e2e_tokens_per_s", "prompt_length/p90", "response_length/p99",
-                "response_length/clip_ratio", "timing_s/reward", "timing_s/metrics", "timing_s/dataset_item", "actor/ppo_kl", "actor/grad_norm",
+                "response_length/clip_ratio", "timing_s/reward", "timing_s/metrics", "timing_s/dataset_item",
+                "actor/ppo_kl", "actor/grad_norm",
                 "actor/entropy", "actor/pg_clipfrac"):
         assert step[key] is not None, key
     assert len(step["perf/dp_tokens"]) == 8

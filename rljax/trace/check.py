@@ -78,7 +78,9 @@ def check_config(run: Run) -> Result:
     if not rec.get("sha256") or not rec.get("sources"):
         return False, "config provenance recorded", "trace has no config_resolve record with sources"
     sources = sorted({v for v in prov.values()})
-    return True, "config provenance recorded", f"{tagged} fields tagged; sources: {', '.join(sources)}"
+    hashes = {r["config"].get("sha256") for r in run.by_stage("config_resolve") if r.get("config")}
+    return True, "config provenance recorded", (f"{tagged} fields tagged; sources: {', '.join(sources)}; "
+                                                f"{len(hashes)} resolved config(s) in the trace")
 
 
 def check_group_consistency(run: Run) -> Result:
@@ -113,7 +115,8 @@ def check_sessions(run: Run) -> Result:
     for r in recs:
         sessions = sorted({int(k.rsplit("_", 2)[1]) for k in r["keys"]})
         if r.get("n") != n or sessions != list(range(n)) or r.get("sessions") != sessions:
-            return False, name, f"step {r['step']} uid {r['uid']}: sessions {sessions} (recorded {r.get('sessions')}), rollout.n={n}"
+            return False, name, (f"step {r['step']} uid {r['uid']}: sessions {sessions} "
+                                 f"(recorded {r.get('sessions')}), rollout.n={n}")
     return True, name, f"{len(recs)} group(s) with sessions 0..{n - 1}"
 
 
@@ -248,7 +251,8 @@ def check_actor_dp(run: Run) -> Result:
         return False, name, f"actor_dp={dp} but the mesh's dp axis is {mesh.get('dp')}"
     for r in run.by_stage("actor_minibatch"):
         if r.get("minibatch", {}).get("actor_dp") not in (None, dp):
-            return False, name, f"step {r['step']}: batch dispatched over dp={r['minibatch']['actor_dp']}, topology says {dp}"
+            return False, name, (f"step {r['step']}: batch dispatched over dp={r['minibatch']['actor_dp']}, "
+                                 f"topology says {dp}")
     rtp = t["rollout_tp"]
     return True, name, (f"actor_dp = {t['actor_dp_derivation']}; rollout tp={rtp}, replicas={t.get('rollout_replicas')} "
                         "(recorded separately)")
@@ -307,7 +311,8 @@ def check_summary(run: Run) -> Result:
         return False, name, f"{SUMMARY_FILE} lists uid(s) absent from {TRACE_FILE}: {missing[:3]}"
     files = [f for f in ("shape_ledger.json", "memory_ledger.json") if not os.path.exists(os.path.join(run.dir, f))]
     note = f"; missing ledger(s): {', '.join(files)}" if files else "; shape and memory ledgers present"
-    return True, name, (f"{s['records']} records, {s['steps']} steps, overhead {100 * s.get('overhead_frac_median', 0):.1f}% "
+    frac = 100 * s.get("overhead_frac_median", 0)
+    return True, name, (f"{s['records']} records, {s['steps']} steps, overhead {frac:.1f}% "
                         f"of step time{note}")
 
 

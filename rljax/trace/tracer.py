@@ -120,6 +120,7 @@ class Tracer:
         self._ledgers_done = not cfg.trace.ledgers
         self._compiled_peak: Optional[int] = None
         self._config = self._config_facts()
+        self._config_written = False
         self._s: dict = {}
 
     # ------------------------------------------------------------------ boundaries
@@ -240,9 +241,12 @@ class Tracer:
             t0, t1 = s["times"].get(r["stage"], (None, None))
             r["t_start"], r["t_end"] = (self._wall(t0), self._wall(t1)) if t0 is not None else (None, None)
         for stage, (t0, t1) in s["times"].items():
+            dt = t1 - t0
+            if stage == "metrics":  # its window also holds this step's validation / checkpoint, timed by the loop
+                dt -= sum(metrics.get(f"timing_s/{k}") or 0.0 for k in ("testing", "save_checkpoint"))
             if stage in UNTIMED_STAGES:
-                out[f"timing_s/{stage}"] = t1 - t0
-            self._stage_total[stage] = self._stage_total.get(stage, 0.0) + (t1 - t0)
+                out[f"timing_s/{stage}"] = max(dt, 0.0)
+            self._stage_total[stage] = self._stage_total.get(stage, 0.0) + max(dt, 0.0)
         if self.enabled and records:
             with open(self.path, "a") as fh:
                 fh.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
@@ -326,6 +330,13 @@ class Tracer:
         facts["sources"] = sources
         return facts
 
+    def _config_once(self) -> dict:
+        """The key fields' values and sources in the run's first record; the file and hash after."""
+        if not self._config_written:
+            self._config_written = True
+            return self._config
+        return {k: self._config.get(k) for k in ("file", "sha256")}
+
     def _group_records(self, g: int, traj, host: Mapping, metrics: Mapping) -> list[dict]:
         s = self._s
         cfg = self.cfg
@@ -353,7 +364,7 @@ class Tracer:
         d = s["decode"]
         t_submit = self._wall(s["times"]["prompt_submit"][1])
         out = [
-            rec("config_resolve", config=self._config),
+            rec("config_resolve", config=self._config_once()),
             rec("dataset_item", [{"name": "prompt.ids", "producer": "dataset_item:rljax.data.PromptIterator",
                                   "consumer": "prompt_submit", "shape": [len(p.ids)], "dtype": "int32",
                                   "sharding": {"placement": "host"}, "valid_length": [len(p.ids)]}],
