@@ -202,7 +202,7 @@ class Tracer:
         out.update(self._dfx(traj, host))
         sigs: dict[str, dict] = {}
         records = []
-        for g in s["groups"]:
+        for g in s["groups"] if self.enabled else ():  # other processes of a multi-host run write nothing
             recs = self._group_records(g, traj, host, metrics)
             sigs[recs[0]["uid"]] = {r["stage"]: r["signature"] for r in recs}
             records.extend(recs)
