@@ -8,6 +8,8 @@ import jax
 import numpy as np
 import pytest
 
+from jax.sharding import NamedSharding, PartitionSpec
+
 from rljax.config import resolve
 from rljax.sharding import batch_shardings, make_mesh
 from rljax.trace import STAGES, Tracer, choose_groups
@@ -41,7 +43,7 @@ def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metric
           leak=False):
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg, _ = resolve("default", [f"rollout.n={N}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
-                                 "trace.ledgers=false", *overrides])
+                                 *overrides])
     mesh = make_mesh("dp8")
     tracer = Tracer(cfg, mesh, str(tmp_path), owner=None)
     if memory is not None:
@@ -60,7 +62,7 @@ def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metric
     tracer.rollout(traj)
     scores = np.linspace(0, 1, rows).astype(np.float32) * ~traj.is_padding
     tracer.reward(scores, placed, {"scores": scores})
-    old = np.full(old_logp_shape, -0.5, np.float32)
+    old = jax.device_put(np.full(old_logp_shape, -0.5, np.float32), NamedSharding(mesh, PartitionSpec()))
     tracer.logprob("old_log_prob", old_logp=old, entropy=np.ones((rows, T), np.float32))
     adv = jax.device_put(np.ones((rows, T), np.float32) * traj.loss_mask, placed["loss_mask"].sharding)
     tracer.advantages(dict(placed, old_logp=old, advantages=adv))
@@ -170,3 +172,11 @@ def test_more_traced_groups_give_more_records(tmp_path):
     _step(tmp_path, overrides=["trace.groups=2"])
     recs = _records(tmp_path)
     assert len({r["uid"] for r in recs}) == 2 and len(recs) == 2 * (len(STAGES) - 1)
+
+
+def test_shape_ledger_rows_from_the_step_arrays_flag_rows_not_split_over_dp(tmp_path):
+    _step(tmp_path)
+    rows = {r["tensor"]: r for r in json.loads((tmp_path / "shape_ledger.json").read_text())}
+    assert rows["loss_mask"]["local_shape"] == [B // 8, T] and "note" not in rows["loss_mask"]
+    assert rows["old_logp"]["local_shape"] == [B, T] and "every device holds all" in rows["old_logp"]["note"]
+    assert "old_logp" in (tmp_path / "shape_ledger.md").read_text()

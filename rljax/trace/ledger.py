@@ -4,7 +4,8 @@
 sequence, attention / response / loss masks, rollout / old / ref / new log-prob, entropy,
 rewards, advantages, returns, loss matrix, hidden states, KV cache) with ``stage, tensor,
 logical shape, local shard shape, mask / broadcast, owner devices, lifetime (produced at /
-consumed at / freed after), common bug``. Shapes come from the run's own arrays; tensors
+consumed at / freed after), common bug``, and a ``note`` where a per-trajectory device
+array is not split over ``dp`` (every device holds all rows). Shapes come from the run's own arrays; tensors
 that live only inside a jitted function (new log-prob, loss matrix, hidden states) and the
 sampler's KV cache come from ``jax.eval_shape`` of the same functions with the run's
 configuration, and their local shard shapes from the run's sharding rules.
@@ -77,9 +78,17 @@ def shape_ledger(tracer, host) -> list[dict]:
     host_l = "host (NumPy)"
     rows = []
 
+    dp = int(dict(mesh.shape).get("dp", 1))
+
     def dev(stage, name, x, mask, produced, consumed, freed, bug):
-        rows.append(_row(stage, name, x.shape, _local(x.shape, x.sharding), mask, _owners(x.sharding), produced,
-                         consumed, freed, bug))
+        if not isinstance(x, jax.Array):
+            rows.append(_row(stage, name, x.shape, host_l, mask, "host", produced, consumed, freed, bug))
+            return
+        row = _row(stage, name, x.shape, _local(x.shape, x.sharding), mask, _owners(x.sharding), produced,
+                   consumed, freed, bug)
+        if dp > 1 and x.ndim and x.shape[0] == traj.response_ids.shape[0] and row["local_shape"][0] == x.shape[0]:
+            row["note"] = f"rows not split over dp: every device holds all {x.shape[0]} rows ({dp}x the memory)"
+        rows.append(row)
 
     rows.append(_row("rollout_sessions", "prompt_ids", traj.prompt_ids.shape, host_l, "prompt_mask (left-padded)",
                      "host", "rollout_sessions", "trajectory_fields", "cleanup",
@@ -113,7 +122,7 @@ def shape_ledger(tracer, host) -> list[dict]:
          "group statistics over padding rows or across uids"),
     ):
         x = arrays.get(name, batch.get(name))
-        if x is not None and hasattr(x, "sharding"):
+        if x is not None:
             dev(stage, name, x, mask, produced, consumed, "cleanup" if name != "entropy" else "metrics", bug)
     sc = s.get("placed_scores")
     if sc is not None:
@@ -334,7 +343,7 @@ def write_ledgers(tracer, host) -> Optional[int]:
     with open(os.path.join(run_dir, "shape_ledger.json"), "w") as fh:
         json.dump(shapes, fh, indent=1)
     with open(os.path.join(run_dir, "shape_ledger.md"), "w") as fh:
-        fh.write("# Shape ledger (step %d)\n\n" % tracer._s["step"] + _md_table(shapes, SHAPE_COLUMNS))
+        fh.write("# Shape ledger (step %d)\n\n" % tracer._s["step"] + _md_table(shapes, SHAPE_COLUMNS + ("note",)))
     if tracer.owner is None:
         return None
     led = memory_ledger(tracer)

@@ -56,6 +56,9 @@ def summarize_run(run_dir: str) -> str:
                 "consumed_at", "freed_after")
         out.append(table([[r.get(c) for c in cols] for r in shapes], cols))
         out.append("common bugs:\n" + "\n".join(f"  {r['tensor']}: {r['common_bug']}" for r in shapes))
+        notes = [f"  {r['tensor']}: {r['note']}" for r in shapes if r.get("note")]
+        if notes:
+            out.append("layout notes:\n" + "\n".join(notes))
     else:
         out.append("(shape_ledger.json missing)")
 
