@@ -76,6 +76,8 @@ def test_default_run_writes_every_file(run_dir):
                 "actor/entropy", "actor/pg_clipfrac"):
         assert step[key] is not None, key
     assert len(step["perf/dp_tokens"]) == 8
+    summary = json.loads((run_dir / "trace_summary.json").read_text())
+    assert summary["overhead_frac_median"] < 0.05 and summary["alerts"] == {}
 
 
 def test_check_passes_on_the_default_run(run_dir):
