@@ -13,7 +13,8 @@ For each model configuration, in one process and on the same weights:
 * ``hf``: ``transformers`` ``generate`` (KV cache, greedy) on the same weights exported
   with ``rljax.models.save_hf_checkpoint``, when torch and transformers are installed.
 
-All decode greedily with no EOS, so every row generates exactly ``--new-tokens`` tokens;
+All decode greedily with no EOS, so every row generates exactly ``--new-tokens`` tokens
+(one extra engine row samples at temperature 1 with top-p 0.95, for the cost of sampling);
 prompt lengths are ragged in ``[prompt_len/2, prompt_len]``. Throughput is generated
 tokens / wall seconds of the whole call (prefill included), after one untimed warm-up call
 that compiles. The recompute baseline is slow enough on the ~100M model that, by default,
@@ -61,6 +62,8 @@ def make_prompts(batch, prompt_len, vocab, seed=0):
 
 
 def bench_engine(config, params, prompts, new_tokens):
+    """Greedy and sampled (temperature 1, top-p 0.95) runs on one engine: ``(greedy, sampled)``
+    as ``(seconds, tokens, stats)``."""
     from rljax.rollout import DecodeParams, RljaxEngine, Sampler  # pylint: disable=import-outside-toplevel
 
     batch = len(prompts)
@@ -68,12 +71,15 @@ def bench_engine(config, params, prompts, new_tokens):
     engine = RljaxEngine(config, num_slots=batch, max_prefill_length=max_prefill, max_decode_length=new_tokens,
                          prefill_batch_size=batch)
     sampler = Sampler(engine, params, steps_per_sync=32)
-    decode = DecodeParams(temperature=0.0, max_new_tokens=new_tokens, eos_ids=())
     uids = [f"b{i}" for i in range(batch)]
-    sampler.generate(prompts, uids=uids, decode=decode)  # compile
-    traj = sampler.generate(prompts, uids=uids, decode=decode)
-    tokens = [traj.response_ids[b, : traj.response_length[b]].tolist() for b in range(batch)]
-    return traj.stats.wall_s, tokens, traj.stats
+    out = []
+    for decode in (DecodeParams(temperature=0.0, max_new_tokens=new_tokens, eos_ids=()),
+                   DecodeParams(temperature=1.0, top_p=0.95, max_new_tokens=new_tokens, eos_ids=())):
+        sampler.generate(prompts, uids=uids, decode=decode)  # compile (the first time) and warm up
+        traj = sampler.generate(prompts, uids=uids, decode=decode)
+        tokens = [traj.response_ids[b, : traj.response_length[b]].tolist() for b in range(batch)]
+        out.append((traj.stats.wall_s, tokens, traj.stats))
+    return out
 
 
 # --------------------------------------------------------------------------- recompute baseline
@@ -196,11 +202,12 @@ def main(argv=None):
         generated = args.batch * args.new_tokens
         size = f"{config.num_params() / 1e6:.1f}M"
 
-        eng_s, eng_tokens, stats = bench_engine(config, params, prompts, args.new_tokens)
+        (eng_s, eng_tokens, stats), (smp_s, _, _) = bench_engine(config, params, prompts, args.new_tokens)
         steps = args.recompute_steps if args.recompute_steps is not None else (0 if name == "tiny" else 2)
         rec_s, rec_tokens, timed = bench_recompute(config, params, prompts, args.new_tokens, steps)
         rec_label = "recompute (no cache)" + ("" if timed == args.new_tokens else f" (timed {timed}/{args.new_tokens} steps)")
-        results = [("engine (KV cache, cont. batching)", eng_s, eng_tokens), (rec_label, rec_s, rec_tokens)]
+        results = [("engine (KV cache, cont. batching)", eng_s, eng_tokens),
+                   ("engine, sampling T=1 top-p 0.95", smp_s, None), (rec_label, rec_s, rec_tokens)]
         hf = None if args.no_hf else bench_hf(config, params, prompts, args.new_tokens)
         if hf is not None:
             results.append(("transformers generate", hf[0], hf[1]))

@@ -35,6 +35,33 @@ def test_truncate_top_p_keeps_smallest_set_reaching_p():
     assert np.isfinite(np.asarray(truncate_logits(x, 2, 0.7)))[0].tolist() == [True, True, False, False]
 
 
+def _truncate_by_sorting(scaled, top_k, top_p):
+    """Naive reference: sort, cut at k, renormalise, cut where the mass before reaches top_p."""
+    out = np.full_like(scaled, -np.inf)
+    for r, row in enumerate(np.asarray(scaled, np.float64)):
+        desc = np.sort(row)[::-1]
+        k = len(row) if top_k == 0 else min(top_k, len(row))
+        kept = desc[:k]
+        p = np.exp(kept - kept.max())
+        p /= p.sum()
+        before = np.cumsum(p) - p
+        n = max(1, int(np.sum(before < top_p - 1e-6)))
+        out[r] = np.where(row >= kept[n - 1], row, -np.inf)
+    return out
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (7, 1.0), (7, 0.5), (50, 0.3), (1, 0.99), (0, 0.999)])
+def test_truncate_matches_a_sorting_reference(top_k, top_p):
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(top_k), (16, 300))) * 3
+    x[0, :10] = 2.5  # ties
+    x[1, 100:] = -np.inf  # masked vocabulary
+    x[2] = 0.0  # flat
+    got = np.asarray(jax.jit(truncate_logits)(jnp.asarray(x, jnp.float32), top_k, top_p))
+    want = _truncate_by_sorting(x.astype(np.float32), top_k, top_p)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_array_equal(got[np.isfinite(got)], x.astype(np.float32)[np.isfinite(got)])
+
+
 def test_greedy_is_argmax_and_records_untempered_logp():
     x = _logits()
     keys = jax.random.split(jax.random.PRNGKey(1), 4)

@@ -125,6 +125,32 @@ def trajectory_key(seed: int, uid, session: int) -> np.ndarray:
 # --------------------------------------------------------------------------- sampling
 
 
+def _ordered_key(x: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order (``-inf`` lowest): flip negatives, set the sign bit of the rest."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _largest_threshold(keys: jax.Array, reaches) -> jax.Array:
+    """Per row, the largest ``t`` (uint32) with ``reaches(keys >= t)`` true, by bisection.
+
+    ``reaches`` must be monotone (true for a set, then true for every superset) and true
+    for the full row. 32 halvings of the uint32 range make the result exact: it is one of
+    the row's keys. Costs 32 passes over ``[S, V]`` instead of a sort.
+    """
+    lo = jnp.zeros(keys.shape[:-1], jnp.uint32)
+    hi = jnp.max(keys, axis=-1)  # reaches(keys >= lo) holds; probe up to hi inclusive
+
+    def body(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo + 1) // 2  # in (lo, hi] while lo < hi
+        ok = reaches(keys >= mid[..., None]) & (lo < hi)
+        return jnp.where(ok, mid, lo), jnp.where(ok | (lo >= hi), hi, mid - 1)
+
+    lo, _ = jax.lax.fori_loop(0, 33, body, (lo, hi))
+    return lo
+
+
 def truncate_logits(scaled: jax.Array, top_k, top_p) -> jax.Array:
     """Sets logits outside the top-k, then top-p (nucleus), set to ``-inf``.
 
@@ -134,20 +160,25 @@ def truncate_logits(scaled: jax.Array, top_k, top_p) -> jax.Array:
       top_p: float (may be traced) in ``(0, 1]``; ``1`` keeps all.
 
     Top-p is applied to the distribution renormalised after top-k (as in HF
-    ``generate``). Tokens tied with the last kept logit are kept too.
+    ``generate``): it keeps the most likely tokens up to and including the first one at
+    which the cumulative probability reaches ``top_p``. Tokens tied with the last kept
+    one are kept too. Both cut-offs are found by bisection on the values (exact, no sort).
     """
+    scaled = scaled.astype(jnp.float32)
     v = scaled.shape[-1]
-    desc = -jnp.sort(-scaled, axis=-1)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
-    rank = jnp.arange(v)
-    desc = jnp.where(rank < k, desc, -jnp.inf)
-    probs = jax.nn.softmax(desc, axis=-1)
-    # Keep a sorted token while the mass strictly before it is below top_p (always >= 1 token).
-    before = jnp.cumsum(probs, axis=-1) - probs
-    keep = (before < top_p) & (rank < k)
-    count = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
-    threshold = jnp.take_along_axis(desc, count - 1, axis=-1)
-    return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    key = _ordered_key(scaled)
+    no_cut = jnp.zeros(key.shape[:-1], jnp.uint32)  # every key is >= 0
+    kth = jax.lax.cond(k < v, lambda: _largest_threshold(key, lambda m: jnp.sum(m, axis=-1) >= k), lambda: no_cut)
+    in_k = key >= kth[..., None]
+    probs = jax.nn.softmax(jnp.where(in_k, scaled, -jnp.inf), axis=-1)
+    # Largest probability p* whose set {p >= p*} holds at least top_p of the mass. The
+    # float32 rounding of the masses decides exact ties with top_p, as a cumsum would.
+    pkey = jax.lax.bitcast_convert_type(probs, jnp.uint32)  # probs >= 0: bit order is value order
+    mass = lambda m: jnp.sum(jnp.where(m, probs, 0.0), axis=-1) >= jnp.minimum(top_p, jnp.sum(probs, axis=-1))
+    pth = jax.lax.cond(top_p < 1.0, lambda: _largest_threshold(pkey, mass), lambda: no_cut)
+    keep = in_k & (pkey >= pth[..., None])
+    return jnp.where(keep, scaled, -jnp.inf)
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top_p, logprobs="tempered"):
