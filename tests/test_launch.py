@@ -145,6 +145,7 @@ def _plugin(tmp_path):
     return f"reward.function={path}:reward"
 
 
+@pytest.mark.slow
 def test_reward_errors_over_the_limit_stop_the_run(tmp_path):
     out = launch("--mesh=dp2", "--run-dir", str(tmp_path / "run"), *SMALL, _plugin(tmp_path),
                  "reward.max_error_fraction=0.0", "trainer.total_steps=2")

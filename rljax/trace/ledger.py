@@ -189,18 +189,6 @@ def _analysis(compiled) -> Optional[dict]:
     return d
 
 
-def _lowerable(fn):
-    """The ``jax.jit`` object behind ``fn`` (the train step wraps its jitted function to pin
-    the state layout; the wrapped function is found in its closure after the first call)."""
-    if hasattr(fn, "lower"):
-        return fn
-    for cell in getattr(fn, "__closure__", None) or ():
-        v = cell.cell_contents
-        if isinstance(v, dict) and hasattr(v.get("fn"), "lower"):
-            return v["fn"]
-    raise TypeError(f"{getattr(fn, '__name__', fn)} is not a jitted function (no .lower)")
-
-
 def _abstract_decode_state(eng, decode):
     """The sampler's decode state as shapes with the engine's layouts (KV cache on the sampler
     mesh, the rest replicated), so lowering the decode chunk reuses its compiled executable."""
@@ -248,7 +236,7 @@ def memory_ledger(tracer) -> dict:
     # lowering hits the compilation cache instead of compiling again.
     logprob_batch = s.get("placed", batch)
     lowerings = {
-        "update_actor": lambda: _lowerable(trainer.train_step).lower(trainer.state, batch, jax.random.key(0)),
+        "update_actor": lambda: trainer.train_step.lower(trainer.state, batch, jax.random.key(0)),
         "old_log_prob": lambda: trainer.logprob_fn.lower(params, logprob_batch),
         "gen": lambda: eng._chunk_fn.lower(trainer.sampler.params, _abstract_decode_state(eng, trainer.decode),
                                            jnp.int32(16), jnp.int32(eng.num_slots + 1)),

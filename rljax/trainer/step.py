@@ -203,19 +203,26 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         metrics["skipped_updates"] = state.skipped
         return state, metrics
 
-    return _pin_state_layout(train_step, mesh)
+    return _PinnedStateStep(train_step, mesh)
 
 
-def _pin_state_layout(train_step: Callable, mesh: Optional[Mesh]) -> Callable:
-    """Jit ``train_step`` with the state's output layout equal to its input layout.
+class _PinnedStateStep:
+    """``train_step`` jitted with the state's output layout equal to its input layout.
 
     Left free, XLA may return the updated state in another layout than the initial one,
-    and the second step would compile again for the new input layout.
+    and the second step would compile again for the new input layout. The layout is taken
+    from the first state seen; ``lower`` exposes the compiled program (memory analysis).
     """
-    jitted: dict = {}
 
-    def call(state, batch, key):
-        if "fn" not in jitted:
+    def __init__(self, train_step: Callable, mesh: Optional[Mesh]):
+        self._train_step, self._mesh = train_step, mesh
+        self._layout = None
+        self._jitted = None
+
+    def _prepare(self, state):
+        if self._jitted is None:
+            mesh = self._mesh
+
             def layout(x):
                 sharding = getattr(x, "sharding", None)
                 if isinstance(sharding, NamedSharding) or mesh is None:
@@ -223,13 +230,19 @@ def _pin_state_layout(train_step: Callable, mesh: Optional[Mesh]) -> Callable:
                 return NamedSharding(mesh, PartitionSpec())
 
             scalar = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-            jitted["layout"] = jax.tree.map(layout, state)
-            jitted["fn"] = jax.jit(train_step, donate_argnums=(0,), out_shardings=(jitted["layout"], scalar))
-        if mesh is not None:  # e.g. optimizer counters created on one device join the mesh layout
-            state = jax.device_put(state, jitted["layout"])
-        return jitted["fn"](state, batch, key)
+            self._layout = jax.tree.map(layout, state)
+            self._jitted = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self._layout, scalar))
+        if self._mesh is not None:  # e.g. optimizer counters created on one device join the mesh layout
+            state = jax.device_put(state, self._layout)
+        return state
 
-    return call
+    def __call__(self, state, batch, key):
+        state = self._prepare(state)
+        return self._jitted(state, batch, key)
+
+    def lower(self, state, batch, key):
+        state = self._prepare(state)
+        return self._jitted.lower(state, batch, key)
 
 
 def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: str = "auto",
@@ -243,6 +256,9 @@ def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: st
         fn = lambda chunk: response_logprobs(graphdef, params, chunk, response_len=response_len,  # noqa: E731
                                              temperature=temperature, impl=impl, mesh=mesh)
         logp, entropy = jax.lax.map(fn, _split(fields, n))
-        return logp.reshape(b, -1), entropy.reshape(b, -1)
+        out = logp.reshape(b, -1), entropy.reshape(b, -1)
+        if mesh is not None:  # rows stay on dp (and the response on sp), like the batch they belong to
+            out = tuple(with_logical_constraint(x, ("batch", "length"), mesh) for x in out)
+        return out
 
     return jax.jit(compute)
