@@ -259,6 +259,11 @@ def test_other_cross_field_errors(override, fragment):
     assert fragment in _err([override])
 
 
+def test_bypass_mode_needs_rollout_log_probs_and_no_correction():
+    assert "rollout.calculate_log_probs=true" in _err(["algorithm.bypass_mode=true", "rollout.calculate_log_probs=false"])
+    assert "would all be 1" in _err(["algorithm.bypass_mode=true", "rollout.correction=token"])
+
+
 def test_embedded_reward_only_for_the_embedded_dataset():
     assert "embedded task only" in _err(["reward.function=embedded", "data.dataset=gsm8k", "data.path=/d"])
 

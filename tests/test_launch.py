@@ -199,3 +199,13 @@ def test_sigkill_during_training_resumes_from_the_last_complete_checkpoint(tmp_p
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"restored step {complete[-1]}" in resumed.stdout or f"restored step {complete[-2]}" in resumed.stdout
     assert _metrics(run_dir)[-1]["step"] == complete[-1] + 1
+
+
+@pytest.mark.slow
+def test_bypass_mode_trains_on_rollout_log_probs(tmp_path):
+    run_dir = tmp_path / "run"
+    out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, "algorithm.bypass_mode=true", "trainer.total_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    for r in _metrics(run_dir)[:2]:
+        assert "timing_s/old_log_prob" not in r  # no learner pass for old_logp
+        assert math.isfinite(r["actor/ppo_kl"]) and math.isfinite(r["actor/pg_loss"])

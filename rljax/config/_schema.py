@@ -101,6 +101,10 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward controller")
     gamma: float = _f(1.0, "discount factor (gae, reinforce_plus_plus)", ge=0.0, le=1.0)
     lam: float = _f(1.0, "GAE lambda", ge=0.0, le=1.0)
+    bypass_mode: bool = _f(
+        False, "use the sampler's rollout_logp as old_logp (skip the learner's old log-prob pass; "
+        "PPO ratios are then taken against the sampling policy)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,12 @@ def validate(config) -> None:
             f"rollout.n={r.n} is too small for algorithm.adv_estimator={config.algorithm.adv_estimator}, "
             "which compares samples of one prompt; use rollout.n>=2"
         )
+    if config.algorithm.bypass_mode and not r.calculate_log_probs:
+        raise ConfigError("algorithm.bypass_mode=true uses the sampler's log-probs as old_logp; "
+                          "set rollout.calculate_log_probs=true")
+    if config.algorithm.bypass_mode and r.correction != "none":
+        raise ConfigError(f"rollout.correction={r.correction} with algorithm.bypass_mode=true: the correction weights "
+                          "would all be 1 (old_logp is the rollout log-prob); use rollout.correction=none")
     if r.correction != "none" and not r.calculate_log_probs:
         raise ConfigError(
             f"rollout.correction={r.correction} needs the sampler's log-probs; set rollout.calculate_log_probs=true"

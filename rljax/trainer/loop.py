@@ -325,11 +325,15 @@ class Trainer:
                             "row": ~traj.is_padding}, self.mesh)
             scores = groups["scores"]
         self.tracer.reward(scores_np, batch, groups)
-        with timer("old_log_prob"):
-            old_logp, old_entropy = self.logprob_fn(self.state.params, batch)
-            batch["old_logp"] = old_logp
-            jax.block_until_ready(old_logp)
-        self.tracer.logprob("old_log_prob", old_logp=old_logp, entropy=old_entropy)
+        if cfg.algorithm.bypass_mode:  # the sampler's log-probs are the behaviour policy's
+            old_logp = batch["old_logp"] = batch["rollout_logp"]
+            self.tracer.logprob("old_log_prob", old_logp=old_logp)
+        else:
+            with timer("old_log_prob"):
+                old_logp, old_entropy = self.logprob_fn(self.state.params, batch)
+                batch["old_logp"] = old_logp
+                jax.block_until_ready(old_logp)
+            self.tracer.logprob("old_log_prob", old_logp=old_logp, entropy=old_entropy)
         metrics: dict[str, Any] = {}
         kl_reward = None  # [B, T] KL penalty per token, when it is part of the reward
         if self.needs_ref:
@@ -384,12 +388,11 @@ class Trainer:
         real = ~traj.is_padding
         lengths = traj.response_length[real]
         mask_np = host["loss_mask"]
-        entropy, adv_mean = to_host((rl.masked_mean(old_entropy, batch["loss_mask"]),
-                                     rl.masked_mean(batch["advantages"], batch["loss_mask"])))
+        adv_mean = to_host(rl.masked_mean(batch["advantages"], batch["loss_mask"]))
         metrics.update({
             "actor/pg_loss": actor["pg_loss"], "actor/pg_clipfrac": actor["pg_clipfrac"],
             "actor/pg_clipfrac_lower": actor["pg_clipfrac_lower"], "actor/ppo_kl": actor["ppo_kl"],
-            "actor/entropy": float(entropy),
+            "actor/entropy": actor["entropy"],  # of the policy being updated, as verl reports it
             "actor/grad_norm": actor["grad_norm"], "actor/loss": actor["loss"],
             "actor/skipped_updates": int(actor["skipped_updates"]),
             "actor/lr_step": int(self.state.step),
