@@ -150,3 +150,19 @@ def test_sharded_bfloat16_inputs(problem):
         assert g.dtype == w.dtype, name
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
         assert np.max(np.abs(g - w)) <= 1e-2 * np.max(np.abs(w)), name
+
+
+def test_vocab_axis_misuse_is_rejected(problem):
+    """vocab_axis without an unembed split over it (outside shard_map, or under
+    check_vma=False, where shard_map's transpose would silently halve d_unembed)."""
+    hidden, unembed, targets, _, _ = problem
+    with pytest.raises(ValueError, match="vocab_axis='tp' needs unembed split over that mesh axis"):
+        fused_logprob(hidden, unembed, targets, vocab_axis="tp")
+    mesh = mesh_222(AxisType.Auto)
+    local = functools.partial(fused_logprob, impl="chunked", vocab_axis="tp")
+    tok = P("dp", "sp")
+    for w_spec, check_vma in ((P(None, "tp"), False), (P(), True)):
+        fn = jax.shard_map(local, mesh=mesh, in_specs=(P("dp", "sp", None), w_spec, tok),
+                           out_specs=(tok, tok), check_vma=check_vma)
+        with pytest.raises(ValueError, match="needs unembed split over that mesh axis"):
+            fn(hidden, unembed, targets)

@@ -22,7 +22,8 @@ Gradients are returned in the dtype of ``hidden`` / ``unembed``.
 ``fused_logprob_sharded(..., mesh=...)`` runs it under ``jax.shard_map`` with tokens split
 over ``dp`` / ``sp`` and the vocabulary over ``tp`` (per-shard statistics merged with
 ``pmax`` / ``psum``). Inside a ``shard_map`` of your own, call ``fused_logprob`` on the
-local shards, with ``vocab_axis="tp"`` if ``unembed``'s columns are split.
+local shards, with ``vocab_axis="tp"`` if ``unembed``'s columns are split (this needs the
+default ``check_vma=True``, which types gradients of replicated inputs; otherwise a ValueError).
 
 Block sizes (``block_t`` tokens x ``block_v`` vocabulary columns per tile):
 

@@ -83,6 +83,12 @@ def _flat_call(hidden, unembed, targets, cfg: _common.Config):
     lead = hidden.shape[:-1]
     h = hidden.reshape(-1, hidden.shape[-1])
     y = targets.reshape(-1).astype(jnp.int32)
+    if cfg.vocab_axis is not None and cfg.vocab_axis not in _common.vma(unembed):
+        # Also catches shard_map(check_vma=False), whose transpose conventions for replicated
+        # outputs would silently scale d_unembed.
+        _fail(f"vocab_axis={cfg.vocab_axis!r} needs unembed split over that mesh axis inside "
+              f"jax.shard_map with check_vma=True (the default); here unembed does not vary "
+              f"over it (outside shard_map, a replicated unembed, or check_vma=False)")
     if cfg.impl == "naive" or h.shape[0] == 0:
         if cfg.vocab_axis is not None:
             _fail("impl='naive' does not split the vocabulary; use 'chunked' or 'pallas'")
