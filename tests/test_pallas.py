@@ -102,6 +102,15 @@ def test_bfloat16_inputs_match_naive(impl, blocks, cotangents):
     assert_close_abs(got[:2], want32[:2], atol=1e-5)
 
 
+@pytest.mark.parametrize("impl,blocks", IMPLS[::2])
+def test_mixed_input_dtypes(impl, blocks):
+    """float32 hidden with a bfloat16 unembed: computed in the promoted dtype, like naive."""
+    hidden, unembed, targets, g_logp, g_ent = make_problem(37, 32, 300, seed=9)
+    problem = (hidden, unembed.astype(jnp.bfloat16), targets, g_logp, g_ent)
+    got = run(problem, impl=impl, **blocks)
+    assert_close_rel(got, run(problem, impl="naive"), rel=1e-2)
+
+
 @pytest.mark.parametrize("impl,blocks", IMPLS)
 def test_batch_time_layout_and_exact_blocks(impl, blocks):
     # [B, T, H] input; N = 2 * 24 = 48 and V = 384 are exact multiples of the pallas blocks.

@@ -19,8 +19,16 @@ from jax import lax
 from rljax.pallas import _chunked, _common, _tpu
 
 
+def _same_dtype(h, w):
+    """The kernels' matmuls take one operand dtype: mixed inputs run in the promoted one (as
+    the naive path's ``jnp.dot`` would), at the cost of a converted copy of the narrower."""
+    dtype = jnp.promote_types(h.dtype, w.dtype)
+    return h.astype(dtype), w.astype(dtype)
+
+
 def _stats(h, w, y, cfg: _common.Config):
     if cfg.impl == "pallas":
+        h, w = _same_dtype(h, w)
         h, w, y = _common.unify_vma(h, w, y)
         return _tpu.stats(h, w, y, inv_temp=cfg.inv_temp, block_t=cfg.block_t,
                           block_v=cfg.block_v, interpret=cfg.interpret)
@@ -30,6 +38,7 @@ def _stats(h, w, y, cfg: _common.Config):
 
 def _grads(h, w, y, lse, ez, g_logp, g_ent, cfg: _common.Config, dw_dtype):
     if cfg.impl == "pallas":
+        h, w = _same_dtype(h, w)
         h, w, y, lse, ez, g_logp, g_ent = _common.unify_vma(h, w, y, lse, ez, g_logp, g_ent)
         return _tpu.grads(h, w, y, lse, ez, g_logp, g_ent, inv_temp=cfg.inv_temp,
                           block_t=cfg.block_t, block_v=cfg.block_v, dw_dtype=dw_dtype,
