@@ -1,11 +1,21 @@
 """Rollout: a JetStream engine for the rljax model and the continuous-batching RL sampler.
 
->>> from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
->>> engine = RljaxEngine(config, num_slots=32, max_prefill_length=256, max_decode_length=512,
-...                      mesh=sampler_mesh(rollout_tp=2))
->>> sampler = Sampler(engine, params, version=0)
->>> traj = sampler.generate(prompts, uids=uids, n=8, decode=DecodeParams(temperature=1.0, max_new_tokens=256))
->>> sampler.update_weights(new_params, version=1)
+::
+
+    from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
+
+    engine = RljaxEngine(config, num_slots=32, max_prefill_length=256, max_decode_length=512,
+                         mesh=sampler_mesh(rollout_tp=2))
+    sampler = Sampler(engine, params, version=0)        # params in any layout
+    traj = sampler.generate(prompts, uids=uids, n=8,
+                            decode=DecodeParams(temperature=1.0, max_new_tokens=256))
+    sampler.update_weights(new_params, version=1)        # reshards, timed, versions increase
+
+Where things are: :mod:`~rljax.rollout.engine` (the JetStream ``Engine``),
+:mod:`~rljax.rollout.sampler` (the host loop, versions, ``on_chunk``),
+:mod:`~rljax.rollout.trajectory` (the returned batch and its padding conventions),
+:mod:`~rljax.rollout.sampling` (decode parameters, random streams, what
+``rollout_logp`` means).
 
 ``DecodeParams``, ``Trajectories`` and the sampling functions import only JAX and flax;
 ``RljaxEngine``, ``Sampler`` and the tokenizers import JetStream (and, through it,
