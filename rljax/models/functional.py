@@ -104,12 +104,19 @@ def init_params(config: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None,
     The values do not depend on the mesh: the same ``seed`` gives the same weights.
     """
 
-    def init():
-        return split(Transformer(config, rngs=nnx.Rngs(seed)))[1]
+    rules = tuple(rules.items()) if isinstance(rules, dict) else (None if rules is None else tuple(rules))
+    return _abstract(config)[0], _jitted_init(config, mesh, rules)(jnp.asarray(seed, jnp.uint32))
 
-    graphdef = _abstract(config)[0]
+
+@functools.lru_cache(maxsize=16)
+def _jitted_init(config: ModelConfig, mesh: Mesh | None, rules):
+    """One compiled initialiser per (config, mesh, rules); the seed is a traced argument."""
+
+    def init(seed):
+        return split(Transformer(config, rngs=nnx.Rngs(jax.random.key(seed))))[1]
+
     shardings = None if mesh is None else param_shardings(config, mesh, rules=rules)
-    return graphdef, jax.jit(init, out_shardings=shardings)()
+    return jax.jit(init, out_shardings=shardings)
 
 
 # --------------------------------------------------------------------------- input checks
