@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from rljax.trace import read_metrics
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A small, fast configuration of the embedded default.
 SMALL = ["data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64",
@@ -33,6 +35,11 @@ def launch(*args, timeout=600):
 def _metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def _train_rows(run_dir):
+    """The per-step training records (not the data counts at step 0 nor the final validation)."""
+    return [r for r in _metrics(run_dir) if "actor/pg_loss" in r]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -66,7 +73,9 @@ def _smoke(tmp_path, mesh):
     out = launch(f"--mesh={mesh}", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = _metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 2]  # the final validation adds to step 2
+    assert [r["step"] for r in rows] == [0, 1, 2, 2]  # data counts at 0; the final validation adds to step 2
+    assert rows[0]["data/prompts_total"] == 64 and rows[0]["data/prompts_filtered"] == 0
+    rows = rows[1:]
     for r in rows[:2]:
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "critic/score/mean",
                     "response_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/step",
@@ -103,8 +112,8 @@ def test_resume_gives_the_uninterrupted_metrics(tmp_path):
     resumed = launch("--run-dir", str(tmp_path / "half"), "--resume", *base, "trainer.total_steps=4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored step 2" in resumed.stdout
-    a = {r["step"]: r for r in _metrics(tmp_path / "full")}
-    b = {r["step"]: r for r in _metrics(tmp_path / "half")}
+    a = {r["step"]: r for r in read_metrics(str(tmp_path / "full"))}  # records of a step merged
+    b = {r["step"]: r for r in read_metrics(str(tmp_path / "half"))}
     for step in (3, 4):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"):
             assert math.isclose(a[step][key], b[step][key], rel_tol=1e-5, abs_tol=1e-6), (step, key)
@@ -159,7 +168,7 @@ def test_reward_errors_under_the_limit_score_zero_and_are_counted(tmp_path):
     out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, _plugin(tmp_path),
                  "reward.max_error_fraction=1.0", "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = _metrics(run_dir)[:2]
+    rows = _train_rows(run_dir)
     assert sum(r["reward/errors"] for r in rows) > 0
     assert all(0 <= r["reward/error_fraction"] < 1 for r in rows)
     assert "cannot score a 4" in out.stderr  # the failing uid is logged
@@ -172,7 +181,7 @@ def test_ppo_with_gae_and_kl(tmp_path):
                  "algorithm.lam=0.95", "actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
                  "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    for r in _metrics(run_dir)[:2]:
+    for r in _train_rows(run_dir):
         for key in ("critic/vf_loss", "critic/values/mean", "critic/returns/mean", "actor/kl_loss", "critic/kl"):
             assert r[key] is not None and math.isfinite(r[key]), key
 
@@ -206,6 +215,6 @@ def test_bypass_mode_trains_on_rollout_log_probs(tmp_path):
     run_dir = tmp_path / "run"
     out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, "algorithm.bypass_mode=true", "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    for r in _metrics(run_dir)[:2]:
+    for r in _train_rows(run_dir):
         assert "timing_s/old_log_prob" not in r  # no learner pass for old_logp
         assert math.isfinite(r["actor/ppo_kl"]) and math.isfinite(r["actor/pg_loss"])

@@ -442,10 +442,16 @@ class Trainer:
         first = self.step
         t0 = time.perf_counter()
         val_before = None
+        stats = getattr(self.data.source, "stats", None)
+        if stats is not None:  # what data.filter_overlong_prompts / data.truncation did to the train split
+            self.echo(f"train prompts: {stats.total} total, {stats.kept} kept, {stats.filtered} filtered as overlong, "
+                      f"{stats.truncated} truncated (max_prompt_length {stats.max_length}, longest {stats.longest})")
         if cfg.trainer.val_before_train and self.step == 0:
             val_before = self.validate()
-            self.metrics.write(0, {"val/score/mean": val_before})
             self.echo(f"validation before training: val/score/mean = {val_before:.3f}")
+        if self.step == 0:
+            self.metrics.write(0, {**({} if stats is None else stats.metrics()),
+                                   **({} if val_before is None else {"val/score/mean": val_before})})
         tokens = 0
         last: dict = {}
         while self.step < total:
