@@ -341,6 +341,8 @@ def test_iterator_state_errors():
 
 
 def test_hide_tf_gpus_only_touches_an_already_imported_tensorflow(monkeypatch):
+    import rljax._tensorflow as rtf
+
     calls = []
 
     class _Config:
@@ -351,12 +353,28 @@ def test_hide_tf_gpus_only_touches_an_already_imported_tensorflow(monkeypatch):
 
     fake_tf = type(sys)("tensorflow")
     fake_tf.config = _Config
+    monkeypatch.setattr(rtf, "gpu_driver_present", lambda: True)
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
     D.hide_tf_gpus()
     assert "tensorflow" not in sys.modules  # never imports TF itself
     monkeypatch.setitem(sys.modules, "tensorflow", fake_tf)
     D.hide_tf_gpus()
     assert calls == [([], "GPU")]
+    monkeypatch.setattr(rtf, "gpu_driver_present", lambda: False)  # no GPU: nothing to hide, no cuInit noise
+    D.hide_tf_gpus()
+    assert calls == [([], "GPU")]
+
+
+def test_quiet_native_stderr_drops_only_known_noise(capfd):
+    import os
+
+    from rljax._tensorflow import quiet_native_stderr
+
+    with quiet_native_stderr():
+        os.write(2, b"I0000 port.cc:153] oneDNN custom operations are on.\n")
+        os.write(2, b"E0000 something real went wrong\n")
+    err = capfd.readouterr().err
+    assert "something real went wrong" in err and "oneDNN" not in err
 
 
 def test_train_and_val_iterators_from_a_config(tmp_path):

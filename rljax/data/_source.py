@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from rljax._tensorflow import hide_tf_gpus
 
 DEFAULT_TEMPLATES = {
     "embedded": "{prompt}",
@@ -15,24 +17,21 @@ DEFAULT_TEMPLATES = {
 }
 
 
-def hide_tf_gpus() -> None:
-    """If TensorFlow is loaded, keep it off the accelerators (JAX owns them). Never imports TF."""
-    tf = sys.modules.get("tensorflow")
-    if tf is None:
-        return
-    with contextlib.suppress(Exception):  # RuntimeError once TF has initialised its devices
-        tf.config.set_visible_devices([], "GPU")
-
-
 @contextlib.contextmanager
 def _quiet_tfds():
+    """No progress bars, no "Downloading and preparing" banner (nothing is downloaded) and no
+    absl warnings about custom builder configs while TFDS builds or opens a local dataset."""
+    from absl import logging as absl_logging
     from tensorflow_datasets.core.utils import tqdm_utils
 
-    was = tqdm_utils._active
+    was, verbosity = tqdm_utils._active, absl_logging.get_verbosity()
     tqdm_utils.display_progress_bar(False)
+    absl_logging.set_verbosity(absl_logging.ERROR)
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
+        absl_logging.set_verbosity(verbosity)
         tqdm_utils.display_progress_bar(was)
 
 
@@ -44,6 +43,13 @@ def prepare(data_cfg, *, data_dir: str | os.PathLike | None = None):
       data_dir: TFDS data_dir (default ``data_cfg.data_dir``, then the TFDS default).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _quiet_tfds():
+        builder = _prepare(data_cfg, data_dir)
+    hide_tf_gpus()
+    return builder
+
+
+def _prepare(data_cfg, data_dir):
     import tensorflow_datasets as tfds
 
     from rljax.data import _builders, _local
@@ -66,9 +72,7 @@ def prepare(data_cfg, *, data_dir: str | os.PathLike | None = None):
         download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
     else:
         raise ValueError(f"unknown data.dataset {data_cfg.dataset!r}; accepted: embedded, gsm8k")
-    with _quiet_tfds():
-        builder.download_and_prepare(download_config=download_config)
-    hide_tf_gpus()
+    builder.download_and_prepare(download_config=download_config)
     return builder
 
 

@@ -118,13 +118,15 @@ class _Timer:
         return _Ctx()
 
 
-def _progress(step: int, total: int, reward: float, step_s: float, elapsed: float, first: int) -> None:
-    done = step - first
-    eta = (total - step) * (elapsed / max(done, 1))
+def _progress(step: int, total: int, reward: float, step_times: list[float]) -> None:
+    """One progress line; the ETA uses the median of recent step times (the first step of a
+    run compiles everything and would inflate a plain average)."""
+    recent = sorted(step_times[1:][-20:] or step_times)
+    eta = (total - step) * recent[len(recent) // 2]
     bar_w = 24
     filled = int(bar_w * step / total)
     line = (f"[{'#' * filled}{'.' * (bar_w - filled)}] step {step}/{total} | reward {reward:.3f} | "
-            f"{step_s:.2f}s/step | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+            f"{step_times[-1]:.2f}s/step | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
     end = "\r" if sys.stderr.isatty() and step < total else "\n"
     print(line, file=sys.stderr, end=end, flush=True)
 
@@ -454,12 +456,13 @@ class Trainer:
                                    **({} if val_before is None else {"val/score/mean": val_before})})
         tokens = 0
         last: dict = {}
+        step_times: list[float] = []
         while self.step < total:
             last = self.train_one_step()
             tokens += int(last["perf/total_num_tokens"])
+            step_times.append(last["timing_s/step"])
             if self.main:
-                _progress(self.step, total, last["critic/score/mean"], last["timing_s/step"],
-                          time.perf_counter() - t0, first)
+                _progress(self.step, total, last["critic/score/mean"], step_times)
         val = last.get("val/score/mean")
         if val is None and self.step > first:
             val = self.validate()
