@@ -89,6 +89,13 @@ def _model(cfg: Config, mesh, tokenizer):
     return mcfg, graphdef, params
 
 
+def _optimizer(optim, grad_clip, total_steps: int):
+    """AdamW from an ``actor.optim`` / ``critic.optim`` section; ``total_steps`` counts updates."""
+    return make_optimizer(lr=optim.lr, weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
+                          grad_clip=grad_clip, betas=tuple(optim.betas), eps=optim.eps,
+                          scheduler=optim.lr_scheduler, total_steps=total_steps, min_lr_ratio=optim.min_lr_ratio)
+
+
 def _tokenizer(cfg: Config):
     from rljax.models.tokenizer import CharTokenizer, load_tokenizer
 
@@ -175,10 +182,7 @@ class Trainer:
             ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=a.ppo_mini_batch_size * r.n, ppo_micro_batch_size=micro,
             temperature=r.temperature, logprob_impl=a.logprob_impl, use_rollout_correction=r.correction != "none")
         updates = cfg.trainer.total_steps * a.ppo_epochs * (trajectories // self.step_config.ppo_mini_batch_size)
-        o = a.optim
-        self.optimizer = make_optimizer(lr=o.lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
-                                        grad_clip=a.grad_clip, betas=tuple(o.betas), eps=o.eps,
-                                        scheduler=o.lr_scheduler, total_steps=updates, min_lr_ratio=o.min_lr_ratio)
+        self.optimizer = _optimizer(a.optim, a.grad_clip, updates)
         self.train_step = make_train_step(self.graphdef, self.optimizer, self.step_config, mesh=mesh)
         self.logprob_fn = make_logprob_fn(self.graphdef, response_len=self.learn_response_len, temperature=r.temperature,
                                           impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
@@ -189,10 +193,7 @@ class Trainer:
             critic_cfg = CriticStepConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
                                           ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
                                           ppo_micro_batch_size=micro)
-            critic_opt = make_optimizer(lr=c.optim.lr, weight_decay=c.optim.weight_decay,
-                                        warmup_steps=c.optim.warmup_steps, grad_clip=c.grad_clip,
-                                        betas=tuple(c.optim.betas), eps=c.optim.eps, scheduler=c.optim.lr_scheduler,
-                                        total_steps=updates, min_lr_ratio=c.optim.min_lr_ratio)
+            critic_opt = _optimizer(c.optim, c.grad_clip, updates)
             self.critic_state = init_state(init_critic(params), critic_opt)
             self.critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
             self.values_fn = jax.jit(lambda p, b: critic_values(self.graphdef, p, b, response_len=self.learn_response_len,
