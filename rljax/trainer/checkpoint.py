@@ -1,49 +1,353 @@
-"""Orbax checkpoints of the whole run state: params, optimizer state, step counters, RNG,
+"""Verified orbax checkpoints of the whole run state: params, optimizer state, step counters,
 data-iterator position, weight version and the resolved config.
 
 Saves are asynchronous (the step loop continues while arrays are written) and atomic:
-orbax writes into a temporary directory and renames it when complete, so a run killed
-during a save resumes from the last *complete* checkpoint. The last ``max_to_keep`` are kept.
+orbax writes into a temporary directory and renames it when complete. After the rename
+(the commit) a background thread records a SHA-256 digest of every file of the
+checkpoint in ``<step>/rljax_digest.json``, together with whether every saved array was
+finite. A restore verifies the digest and checks that every restored value is finite; a
+damaged checkpoint is a :class:`CheckpointError` that names it, says why, and names the
+newest intact one.
+
+Checkpoint states:
+
+* *verified*: a digest is present, the files match it and the arrays were finite;
+* *unverified*: committed but no digest (the run stopped between the commit and the
+  digest, or the checkpoint predates verification); restored with a notice, its values
+  checked to be finite;
+* *damaged*: the files do not match the digest, a file is missing, the digest is
+  unreadable, the values are not finite, or orbax cannot read it.
+
+The keep-N rule (``trainer.max_checkpoints``) runs after a new checkpoint is committed and
+its digest written, and never deletes the newest verified checkpoint. Old checkpoints
+are deleted by renaming to ``<step>.rljax-deleting`` first, so a kill during deletion never
+leaves a half-deleted ``<step>`` that looks complete. Unfinished saves
+(``*.orbax-checkpoint-tmp*``) and half-deleted directories are removed when the
+checkpointer opens the directory, with one line each.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any, Optional
+import shutil
+import threading
+import time
+from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+DIGEST_FILE = "rljax_digest.json"
+_DELETING = ".rljax-deleting"
+_ORBAX_TMP = ".orbax-checkpoint-tmp"
+_DISCARDED = "discarded"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used (damaged, missing, or its save failed); the message is one line."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(step_dir: str) -> list[str]:
+    out = []
+    for root, _, names in os.walk(step_dir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), step_dir)
+            if not rel.startswith(DIGEST_FILE):
+                out.append(rel)
+    return sorted(out)
+
+
+def _leaf_name(path) -> str:
+    return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _gather(x):
+    if jax.process_count() == 1 or getattr(x, "is_fully_replicated", False):
+        return jax.device_get(x)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(x, tiled=True)
+
+
+@jax.jit
+def _all_finite(leaves):
+    return jnp.stack([jnp.isfinite(x).all() for x in leaves])
+
+
+def nonfinite_leaves(tree) -> list[str]:
+    """Names (``actor.opt_state.0.mu...``) of the floating-point leaves of ``tree`` that hold a
+    NaN or an infinity; one jitted reduction per device set, one small transfer."""
+    flat = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+    groups: dict = {}  # one reduction per set of devices (leaves may live on different meshes)
+    for i, (_, x) in enumerate(flat):
+        devices = getattr(getattr(x, "sharding", None), "device_set", None)
+        groups.setdefault(frozenset(devices or ()), []).append(i)
+    ok = np.ones(len(flat), bool)
+    for idx in groups.values():
+        ok[idx] = np.asarray(_gather(_all_finite([flat[i][1] for i in idx])))
+    return [_leaf_name(p) for (p, _), good in zip(flat, ok) if not good]
 
 
 class Checkpointer:
-    """Thin wrapper over ``ocp.CheckpointManager`` with rljax's two items: ``state`` and ``meta``."""
+    """Verified, asynchronous checkpoints over ``ocp.CheckpointManager`` with rljax's two
+    items: ``state`` (a pytree of arrays) and ``meta`` (JSON).
 
-    def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
+    Args:
+      directory: the checkpoint directory (``<run_dir>/checkpoints``).
+      max_to_keep: checkpoints kept (None: all); the newest verified one is never deleted.
+      async_save: write arrays in the background.
+      echo: where the one-line notices go (cleaned directories, unverified restores).
+      primary: whether this process writes digests and deletes (default: process 0).
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: Optional[int] = 3, async_save: bool = True,
+                 echo: Callable[[str], None] = print, primary: Optional[bool] = None):
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
-                                               create=True)
+        self.max_to_keep = max_to_keep
+        self.echo = echo
+        self.primary = jax.process_index() == 0 if primary is None else primary
+        if self.primary and os.path.isdir(self.directory):
+            self._clean()
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._verifier: Optional[threading.Thread] = None
+        self._pending: Optional[int] = None
+        self._failure: Optional[BaseException] = None
+
+    # ------------------------------------------------------------------ directory hygiene
+
+    def _clean(self) -> None:
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if _ORBAX_TMP in name:
+                why = "an unfinished save (the run stopped while writing it)"
+            elif name.endswith(_DELETING):
+                why = "a half-deleted old checkpoint"
+            else:
+                continue
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
+            self.echo(f"checkpoint: removed {name} in {self.directory}: {why}")
+
+    def _delete(self, step: int) -> None:
+        src = self.step_dir(step)
+        dst = src + _DELETING
+        os.replace(src, dst)  # atomic: from here on no directory named like a checkpoint is half-deleted
+        shutil.rmtree(dst, ignore_errors=True)
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    # ------------------------------------------------------------------ save
 
     def save(self, step: int, state: Any, meta: dict) -> None:
-        """Start saving ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step``."""
+        """Start saving ``state`` and ``meta`` as checkpoint ``step``; its digest is written in
+        the background once orbax has committed it."""
+        self._join()
+        nonfinite = nonfinite_leaves(state)
         self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                          meta=ocp.args.JsonSave(meta)))
+        self._pending = step
+        self._verifier = threading.Thread(target=self._after_commit, args=(step, nonfinite),
+                                          name=f"rljax-checkpoint-{step}", daemon=True)
+        self._verifier.start()
+
+    def _after_commit(self, step: int, nonfinite: list[str]) -> None:
+        try:
+            self._manager.wait_until_finished()
+            if not self.primary:
+                return
+            self._write_digest(step, nonfinite)
+            if nonfinite:
+                self.echo(f"checkpoint: checkpoint {step} holds non-finite values ({', '.join(nonfinite[:3])}"
+                          f"{', ...' if len(nonfinite) > 3 else ''}); it is kept but never counted as verified")
+            self._keep_n()
+        except BaseException as e:  # noqa: BLE001 - reported by the next save() / wait()
+            self._failure = e
+
+    def _write_digest(self, step: int, nonfinite: list[str]) -> None:
+        step_dir = self.step_dir(step)
+        files = {rel: [os.path.getsize(os.path.join(step_dir, rel)), _sha256(os.path.join(step_dir, rel))]
+                 for rel in _files(step_dir)}
+        record = {"step": step, "algorithm": "sha256", "files": files, "finite": not nonfinite,
+                  "nonfinite": nonfinite, "time": time.time()}
+        tmp = os.path.join(step_dir, DIGEST_FILE + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(record, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(step_dir, DIGEST_FILE))
+
+    def _keep_n(self) -> None:
+        if self.max_to_keep is None:
+            return
+        steps = self.all_steps()
+        keep = set(steps[-self.max_to_keep:])
+        verified = [s for s in steps if self._digest_status(s)[0] == "verified-fast"]
+        if verified:
+            keep.add(verified[-1])
+        gone = [s for s in steps if s not in keep]
+        for s in gone:
+            self._delete(s)
+        if gone:
+            self._manager.reload()
+
+    def _join(self, timeout: Optional[float] = None) -> bool:
+        if self._verifier is not None:
+            self._verifier.join(timeout)
+            if self._verifier.is_alive():
+                return False
+            self._verifier = None
+        if self._failure is not None:
+            e, self._failure = self._failure, None
+            raise CheckpointError(f"saving checkpoint {self._pending} in {self.directory} failed: "
+                                  f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the pending save is committed and its digest written. Returns False when
+        ``timeout`` seconds passed first; raises :class:`CheckpointError` if the save failed."""
+        return self._join(timeout)
+
+    @property
+    def pending(self) -> Optional[int]:
+        """The step whose save is still in flight, or None."""
+        return self._pending if self._verifier is not None and self._verifier.is_alive() else None
+
+    def close(self, timeout: Optional[float] = None) -> bool:
+        """Waits (at most ``timeout`` seconds) for the pending save, then closes; False if it gave up."""
+        done = self._join(timeout)
+        if done:
+            self._manager.close()
+        return done
+
+    # ------------------------------------------------------------------ inspect
+
+    def all_steps(self) -> list[int]:
+        """Committed checkpoints, oldest first (read from the directory)."""
+        if not os.path.isdir(self.directory):
+            return []
+        return sorted(int(n) for n in os.listdir(self.directory)
+                      if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
 
     def latest_step(self) -> Optional[int]:
-        """The newest complete checkpoint, or None."""
-        return self._manager.latest_step()
+        """The newest committed checkpoint (verified or not), or None."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _digest_status(self, step: int, *, full: bool = False) -> tuple[str, str]:
+        """``("verified" | "verified-fast" | "unverified" | "damaged", reason)``; ``full`` hashes every file."""
+        step_dir = self.step_dir(step)
+        path = os.path.join(step_dir, DIGEST_FILE)
+        if not os.path.exists(path):
+            return "unverified", "has no digest (the run stopped before verifying it, or it predates verification)"
+        try:
+            with open(path) as fh:
+                record = json.load(fh)
+            files = {rel: (int(size), str(digest)) for rel, (size, digest) in record["files"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return "damaged", f"its digest file {DIGEST_FILE} is unreadable ({type(e).__name__})"
+        if not record.get("finite", True):
+            bad = record.get("nonfinite") or []
+            return "damaged", f"it was saved with non-finite values in {', '.join(bad[:3]) or 'some arrays'}"
+        for rel, (size, digest) in files.items():
+            f = os.path.join(step_dir, rel)
+            if not os.path.isfile(f):
+                return "damaged", f"file {rel} is missing"
+            if full:
+                got = os.path.getsize(f)
+                if got != size:
+                    return "damaged", f"file {rel} has {got} bytes, {size} were written"
+                if _sha256(f) != digest:
+                    return "damaged", f"file {rel} does not match its SHA-256 digest (its bytes changed after the save)"
+        return ("verified" if full else "verified-fast"), ""
+
+    def verify(self, step: int) -> tuple[str, str]:
+        """``(status, reason)`` of checkpoint ``step`` from its files: ``verified``,
+        ``unverified`` (no digest) or ``damaged`` (the reason says why)."""
+        if not os.path.isdir(self.step_dir(step)):
+            return "damaged", "it does not exist"
+        return self._digest_status(step, full=True)
+
+    def newest_intact(self, before: Optional[int] = None) -> Optional[int]:
+        """The newest verified checkpoint (older than ``before`` when given); hashes each candidate."""
+        for s in reversed(self.all_steps()):
+            if (before is None or s < before) and self.verify(s)[0] == "verified":
+                return s
+        return None
+
+    def _damaged(self, step: int, reason: str) -> CheckpointError:
+        intact = self.newest_intact(before=step)
+        hint = (f"the newest intact checkpoint is {intact}: resume from it with --resume={intact} "
+                f"(or trainer.resume_from={intact})" if intact is not None else "no older intact checkpoint remains")
+        return CheckpointError(f"checkpoint {step} in {self.directory} is damaged: {reason}; {hint}")
+
+    # ------------------------------------------------------------------ restore
+
+    def select(self, resume_from: Optional[int] = None) -> Optional[int]:
+        """The checkpoint a resume restores: ``resume_from`` when given (it must exist), else
+        the newest committed one; None when there is none."""
+        steps = self.all_steps()
+        if resume_from is None:
+            return steps[-1] if steps else None
+        if resume_from not in steps:
+            raise CheckpointError(f"trainer.resume_from={resume_from}: no checkpoint {resume_from} in "
+                                  f"{self.directory}; available: {', '.join(map(str, steps)) or 'none'}")
+        return resume_from
+
+    def discard_newer(self, step: int) -> list[int]:
+        """Moves the checkpoints newer than ``step`` to ``<directory>.discarded/`` (a run resumed
+        from ``step`` saves those steps again); returns their steps."""
+        newer = [s for s in self.all_steps() if s > step]
+        if not newer:
+            return newer
+        if self.primary:
+            dest = f"{self.directory}.{_DISCARDED}"
+            os.makedirs(dest, exist_ok=True)
+            for s in newer:
+                os.replace(self.step_dir(s), os.path.join(dest, f"{s}-{int(time.time())}"))
+            self.echo(f"checkpoint: resuming from {step}; moved newer checkpoint(s) {', '.join(map(str, newer))} "
+                      f"to {dest}")
+        self._manager.reload()  # orbax skips a save of a step <= the newest it knows of
+        return newer
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
-        """Restore checkpoint ``step`` into the structure, dtypes and shardings of ``like``."""
+        """Restore checkpoint ``step`` into the structure, dtypes and shardings of ``like``
+        after verifying its digest, then check that every restored value is finite.
+
+        Raises:
+          CheckpointError: the checkpoint is damaged (names it, why, and the newest intact one).
+        """
+        status, reason = self.verify(step)
+        if status == "damaged":
+            raise self._damaged(step, reason)
+        if status == "unverified":
+            self.echo(f"checkpoint: checkpoint {step} {reason}; restoring it unverified "
+                      "(its values are still checked to be finite)")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                  meta=ocp.args.JsonRestore()))
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                      meta=ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for unreadable files
+            first = " ".join(str(e).split())[:200]
+            raise self._damaged(step, f"orbax cannot read it ({type(e).__name__}: {first})") from e
+        bad = nonfinite_leaves(out["state"])
+        if bad:
+            raise self._damaged(step, f"restored non-finite values in {', '.join(bad[:3])}"
+                                      f"{', ...' if len(bad) > 3 else ''}")
         return out["state"], dict(out["meta"])
-
-    def wait(self) -> None:
-        """Block until the pending asynchronous save is on disk."""
-        self._manager.wait_until_finished()
-
-    def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
