@@ -1,4 +1,4 @@
-"""``python -m rljax.launch [--mesh=dp8] [--config X] [key=value ...] [--run-dir DIR] [--resume]``
+"""``python -m rljax.launch [--mesh=dp8] [--config X] [key=value ...] [--run-dir DIR] [--resume[=N]]``
 
 Resolves and validates the configuration before JAX starts (a mistake costs nothing and
 writes nothing), sets up the devices (virtual CPU devices on a CPU host; multi-host
@@ -6,7 +6,9 @@ initialisation when asked), writes ``config.resolved.yaml`` and ``topology.json`
 run directory, then trains. With no arguments it runs the embedded default preset.
 
 Usage errors (unknown keys, bad values, contradictions, a bad mesh spec, a device-count
-mismatch on an accelerator) print one line and exit with status 2.
+mismatch on an accelerator, a run directory that is a file, not writable, or locked by
+another run) print one line and exit with status 2. The run directory is locked
+(:class:`rljax._rundir.RunDirLock`) for the run's life.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", help="mesh over dp/tp/sp, e.g. dp8 or dp2,tp2,sp2 (default: trainer.mesh, else dp over all devices)")
     p.add_argument("--config", default=None, help=f"preset name in configs/ or a YAML path (default: {DEFAULT_PRESET})")
     p.add_argument("--run-dir", default=None, help="output directory (default: trainer.output_dir)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in the run directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in the run directory; --resume=N from checkpoint N "
+                        "(same as trainer.resume_from=N)")
     p.add_argument("--coordinator", help="multi-host: HOST:PORT of process 0 (jax.distributed.initialize)")
     p.add_argument("--num-processes", type=int, help="multi-host: number of processes")
     p.add_argument("--process-id", type=int, help="multi-host: this process's index")
@@ -104,20 +108,52 @@ def setup_devices(args, spec) -> None:
         raise UsageError(f"mesh {spec} needs {need} devices, found {jax.device_count()} ({jax.devices()[0].platform})")
 
 
+def _resume_arg(argv: list) -> list:
+    """``--resume=N`` -> ``--resume trainer.resume_from=N`` (a plain ``--resume`` stays a flag)."""
+    out = []
+    for a in argv:
+        if a.startswith("--resume="):
+            out += ["--resume", f"trainer.resume_from={a.split('=', 1)[1]}"]
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    from rljax._rundir import RunDirError, RunDirLock, check_run_dir
+
+    args = _parser().parse_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
+    lock = None
     try:
         cfg, prov = resolve_config(args)
+        args.resume = args.resume or cfg.trainer.resume_from is not None
         run_dir = os.path.abspath(args.run_dir or cfg.trainer.output_dir)
+        check_run_dir(run_dir)
+        if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
+            lock = RunDirLock(run_dir).acquire()
         ckpt_dir = os.path.join(run_dir, "checkpoints")
         if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
             raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume to continue it "
                              "or --run-dir for a new run")
         setup_devices(args, cfg.trainer.mesh)
-    except UsageError as e:
+        if args.distributed:
+            import jax
+
+            if jax.process_index() == 0:
+                lock = RunDirLock(run_dir).acquire()
+    except (UsageError, RunDirError) as e:
+        if lock is not None:
+            lock.release()
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
+    try:
+        return _run(args, cfg, prov, run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _run(args, cfg, prov, run_dir) -> int:
     import jax
 
     from rljax.config import non_default_fields, write_resolved
@@ -145,7 +181,17 @@ def main(argv=None) -> int:
         print(f"rljax: mesh {spec} on {topo['world_size']} {topo['platform']} device(s), "
               f"{topo['process_count']} process(es); actor_dp = {topo['actor_dp_derivation']}")
         print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
-    trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None))
+    from rljax.config import ConfigError
+    from rljax.trainer.checkpoint import CheckpointError
+
+    try:
+        trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None))
+    except ConfigError as e:  # data problems found while building the run (an empty split, a missing file)
+        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:
+        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        return 1
     summary = trainer.run()
     if main_process:
         print(format_summary(summary))

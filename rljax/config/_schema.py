@@ -177,6 +177,11 @@ class RolloutConfig:
 class RewardConfig:
     function: str = _f("auto", "auto | embedded | gsm8k | exact_match | path/to/file.py:function_name")
     max_error_fraction: float = _f(0.1, "fail the step when more of the batch raises in the reward", ge=0.0, le=1.0)
+    num_workers: Optional[int] = _f(
+        None, "reward worker processes (0: in the trainer's process, no timeout or crash isolation; "
+              "null: 0 for the built-in rewards, min(8, CPUs) for a path:function plugin)", ge=0)
+    timeout_s: float = _f(30.0, "per-sample time limit of a reward in a worker; over it the sample scores 0 "
+                                "and counts in reward/timeouts", gt=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +204,11 @@ class TrainerConfig:
     val_before_train: bool = _f(False, "validate once before the first step")
     max_checkpoints: Optional[int] = _f(3, "checkpoints kept (null: all)", ge=1)
     resume_mode: Literal["auto", "disable"] = _f("auto", "auto: resume from the latest checkpoint in output_dir")
+    resume_from: Optional[int] = _f(None, "resume from checkpoint N (--resume=N; null: the newest)", ge=0)
+    max_skipped_updates: int = _f(3, "stop (exit 1) after this many consecutive steps whose update was skipped "
+                                     "as non-finite", ge=1)
+    stop_save_timeout_s: float = _f(300.0, "on a stop, wait at most this long for an in-flight checkpoint save",
+                                    gt=0.0)
     project_name: str = _f("rljax", "project name (logging)")
     experiment_name: str = _f("default", "experiment name (logging, run directory)")
     output_dir: str = _f("runs/default", "run directory: config.resolved.yaml, trace, metrics, checkpoints")

@@ -1,0 +1,140 @@
+"""The run directory: usable-path checks and an exclusive lock held for the run's life.
+
+Pure standard library (the launcher uses it before JAX starts).
+
+The lock is ``fcntl.flock`` on ``<run_dir>/rljax.lock``: exclusive, non-blocking, released
+by the kernel when the process ends in any way (exception, Ctrl-C, SIGTERM, SIGKILL), so
+a dead holder never blocks a new launch. The file records the holder (pid, host, start
+time, command line) so a refused launch can name it; a record left by a process that is
+gone (killed) is reported as stale and taken over.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from typing import Callable, Optional
+
+LOCK_FILE = "rljax.lock"
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used: not a directory, not writable, or locked by another run."""
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Raises :class:`RunDirError` (one line) when ``run_dir`` is a file, sits under a file, or
+    cannot be created or written; creates nothing."""
+    run_dir = os.path.abspath(run_dir)
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise RunDirError(f"run directory {run_dir} is a file, not a directory; pass --run-dir to a directory")
+    base = _nearest_existing(run_dir)
+    if not os.path.isdir(base):
+        raise RunDirError(f"run directory {run_dir} cannot be created: {base} is a file, not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        what = "is not writable" if base == run_dir else f"cannot be created: {base} is not writable"
+        raise RunDirError(f"run directory {run_dir} {what}; pass --run-dir to a writable directory")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(holder: dict) -> str:
+    started = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} (started {when})"
+
+
+class RunDirLock:
+    """Exclusive lock on a run directory for this process's life. Use as a context manager, or
+    :meth:`acquire` / :meth:`release`.
+
+    Args:
+      run_dir: the run directory (created if missing).
+      echo: where the one-line stale-lock notice goes.
+    """
+
+    def __init__(self, run_dir: str, *, echo: Callable[[str], None] = print):
+        self.run_dir = os.path.abspath(run_dir)
+        self.path = os.path.join(self.run_dir, LOCK_FILE)
+        self.echo = echo
+        self._fd: Optional[int] = None
+
+    def holder(self) -> dict:
+        """The record of the last holder (empty when none or unreadable)."""
+        try:
+            with open(self.path) as fh:
+                text = fh.read().strip()
+            return json.loads(text) if text else {}
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> "RunDirLock":
+        """Takes the lock or raises :class:`RunDirError` naming the process that holds it."""
+        check_run_dir(self.run_dir)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunDirError(f"run directory {self.run_dir} is not usable: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                raise RunDirError(f"cannot lock run directory {self.run_dir}: {e.strerror}") from None
+            raise RunDirError(f"run directory {self.run_dir} is in use by another run: {_describe(self.holder())}; "
+                              "wait for it to finish or pass another --run-dir") from None
+        previous = self.holder()
+        if previous.get("pid") and previous.get("host") == socket.gethostname() and not _alive(int(previous["pid"])):
+            self.echo(f"rljax: stale lock of {_describe(previous)}, a process that no longer runs; taking it over")
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                  "argv": sys.argv[:8]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Clears the record and drops the lock (the kernel drops it anyway when the process ends)."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> "RunDirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
