@@ -2,11 +2,14 @@
 
 A reward function has the signature ``fn(response: str, answer: str, **extra) -> float``.
 :func:`score_batch` calls it per row, scores failures 0, counts them and raises
-:class:`RewardError` when too many fail. Pure Python and NumPy.
+:class:`RewardError` when too many fail. :func:`make_reward` gives the function itself or,
+with ``reward.num_workers > 0``, a :class:`RewardPool` of worker processes (per-sample
+timeouts, crash isolation, parallel scoring). Pure Python and NumPy.
 """
 
 from rljax.reward._batch import RewardError, RewardReport, score_batch
-from rljax.reward._plugin import BUILTIN_REWARDS, DATASET_REWARDS, get_reward_fn, load_reward_plugin
+from rljax.reward._plugin import BUILTIN_REWARDS, DATASET_REWARDS, get_reward_fn, load_reward_plugin, make_reward
+from rljax.reward._pool import Outcome, RewardPool, RewardWorkerError, default_num_workers
 from rljax.reward._rules import (
     embedded_reward,
     exact_match_reward,
@@ -19,8 +22,12 @@ from rljax.reward._rules import (
 __all__ = [
     "BUILTIN_REWARDS",
     "DATASET_REWARDS",
+    "Outcome",
     "RewardError",
+    "RewardPool",
     "RewardReport",
+    "RewardWorkerError",
+    "default_num_workers",
     "embedded_reward",
     "exact_match_reward",
     "extract_gsm8k_answer",
@@ -28,6 +35,7 @@ __all__ = [
     "gsm8k_ground_truth",
     "gsm8k_reward",
     "load_reward_plugin",
+    "make_reward",
     "normalize_number",
     "score_batch",
 ]

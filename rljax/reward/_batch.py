@@ -1,4 +1,8 @@
-"""Scoring a batch with error isolation: one bad sample scores 0; too many fail the step."""
+"""Scoring a batch with error isolation: one bad sample scores 0; too many fail the step.
+
+The reward runs in the trainer's process (a plain function) or in a
+:class:`~rljax.reward.RewardPool` of worker processes, which adds timeouts and survives
+crashes (``reward.num_workers``)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+from rljax.reward._pool import Outcome, RewardPool
 
 logger = logging.getLogger("rljax.reward")
 _MAX_MSG = 200
@@ -25,9 +31,12 @@ class RewardReport:
     Attributes:
       num_scored: rows the reward function was called on (padding excluded).
       num_padding: padding rows (score 0, never scored).
-      errors: rows whose reward raised or returned a non-finite value or a non-number.
+      errors: rows whose reward failed: raised (``sys.exit`` included), returned a
+        non-finite value or a non-number, timed out, or crashed its worker.
       error_uids: their uids, in batch order.
       first_error: ``"<uid>: <ExceptionType>: <message>"`` of the first failure, or None.
+      timeouts: of ``errors``, the rows that ran past ``reward.timeout_s`` (pool only).
+      worker_restarts: workers replaced while scoring this batch (pool only).
     """
 
     num_scored: int
@@ -35,14 +44,17 @@ class RewardReport:
     errors: int
     error_uids: tuple
     first_error: str | None
+    timeouts: int = 0
+    worker_restarts: int = 0
 
     @property
     def error_fraction(self) -> float:
         return self.errors / self.num_scored if self.num_scored else 0.0
 
     def metrics(self) -> dict[str, float]:
-        """verl-style metrics: ``reward/errors``, ``reward/error_fraction``."""
-        return {"reward/errors": float(self.errors), "reward/error_fraction": self.error_fraction}
+        """``reward/errors``, ``reward/error_fraction``, ``reward/timeouts``, ``reward/worker_restarts``."""
+        return {"reward/errors": float(self.errors), "reward/error_fraction": self.error_fraction,
+                "reward/timeouts": float(self.timeouts), "reward/worker_restarts": float(self.worker_restarts)}
 
 
 def _short(text: str) -> str:
@@ -63,8 +75,15 @@ def _as_score(value) -> float:
     return v
 
 
+def _call(fn, response, answer, extra) -> Outcome:
+    try:
+        return Outcome(_as_score(fn(response, answer, **extra)))
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a user reward may raise anything; isolate it
+        return Outcome(0.0, f"{type(e).__name__}: {_short(e)}")
+
+
 def score_batch(
-    fn: Callable[..., float],
+    fn: Callable[..., float] | RewardPool,
     responses: Sequence[str],
     answers: Sequence[str],
     uids: Sequence,
@@ -80,8 +99,12 @@ def score_batch(
     the message, never the response text). Padding rows are not scored (score 0, not
     counted). The error fraction is ``errors / non-padding rows``.
 
+    With a :class:`RewardPool` the rows are scored in parallel in its worker processes; a row
+    that runs past the pool's timeout or crashes its worker also scores 0 and counts as an
+    error (timeouts also in ``report.timeouts``).
+
     Args:
-      fn: the reward function (see :func:`rljax.reward.get_reward_fn`).
+      fn: the reward function (see :func:`rljax.reward.get_reward_fn`), or a :class:`RewardPool`.
       responses, answers, uids: one per row (uids are trace keys, e.g. ``{uid}_{session}_{index}``).
       max_error_fraction: the largest accepted error fraction, in ``[0, 1]``.
       is_padding: ``[B]`` bool, rows added only to make shapes divide the mesh.
@@ -105,20 +128,25 @@ def score_batch(
     if pad.shape != (n,):
         raise ValueError(f"score_batch: is_padding has {pad.shape[0]} rows for {n} responses")
     scores = np.zeros(n, np.float32)
-    error_uids, first = [], None
-    for i in range(n):
-        if pad[i]:
-            continue
-        try:
-            scores[i] = _as_score(fn(responses[i], answers[i], **(dict(extras[i]) if extras is not None else {})))
-        except Exception as e:  # noqa: BLE001 - a user reward may raise anything; isolate it
-            scores[i] = 0.0
+    rows = [i for i in range(n) if not pad[i]]
+    items = [(responses[i], answers[i], dict(extras[i]) if extras is not None else {}) for i in rows]
+    restarts = 0
+    if isinstance(fn, RewardPool):
+        before = fn.restarts
+        outcomes = fn.map(items)
+        restarts = fn.restarts - before
+    else:
+        outcomes = [_call(fn, *item) for item in items]
+    error_uids, first, timeouts = [], None, 0
+    for i, out in zip(rows, outcomes):
+        scores[i] = out.score
+        if out.error is not None:
             error_uids.append(uids[i])
-            msg = f"{uids[i]}: {type(e).__name__}: {_short(e)}"
-            first = first or msg
-            logger.warning("reward failed for uid %s (scored 0): %s: %s", uids[i], type(e).__name__, _short(e))
-    num_scored = int(n - pad.sum())
-    report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first)
+            timeouts += out.timeout
+            first = first or f"{uids[i]}: {out.error}"
+            logger.warning("reward failed for uid %s (scored 0): %s", uids[i], out.error)
+    num_scored = len(rows)
+    report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first, timeouts, restarts)
     if report.error_fraction > max_error_fraction:
         raise RewardError(
             f"reward failed for {report.errors}/{num_scored} rows ({report.error_fraction:.1%}), more than "

@@ -100,3 +100,21 @@ def get_reward_fn(spec: str = "auto", *, dataset: str | None = None) -> RewardFn
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     return load_reward_plugin(spec)
+
+
+def make_reward(reward_cfg, *, dataset: str | None = None):
+    """What :func:`rljax.reward.score_batch` scores with for a ``reward`` config section: the
+    function itself (``reward.num_workers=0``) or a :class:`~rljax.reward.RewardPool` of
+    ``reward.num_workers`` worker processes with ``reward.timeout_s`` per sample. ``null``
+    workers: 0 for the built-in rewards, ``min(8, CPUs)`` for a plugin. The function is
+    loaded here first, so a broken plugin is a :class:`ConfigError` before any worker starts.
+    Close a pool when done."""
+    from rljax.reward._pool import RewardPool, default_num_workers
+
+    fn = get_reward_fn(reward_cfg.function, dataset=dataset)
+    workers = reward_cfg.num_workers
+    if workers is None:
+        workers = default_num_workers(reward_cfg.function)
+    if workers == 0:
+        return fn
+    return RewardPool(reward_cfg.function, dataset=dataset, num_workers=workers, timeout_s=reward_cfg.timeout_s)

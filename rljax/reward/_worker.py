@@ -1,0 +1,66 @@
+"""A reward worker process: ``python -m rljax.reward._worker IN_FD OUT_FD SPEC DATASET``.
+
+Started by :class:`rljax.reward.RewardPool` (never by hand). It loads the reward function
+once (``reward.function``), then answers ``(task_id, response, answer, extra)`` messages on
+``IN_FD`` with ``(task_id, score, None)`` or ``(task_id, None, "<Type>: <message>")`` on
+``OUT_FD``. Anything the reward raises, ``SystemExit`` and ``KeyboardInterrupt`` included,
+is an error of that sample; a crash, ``os._exit`` or a hang ends or stalls this process,
+and the pool counts the sample and starts a replacement.
+
+Imports only the standard library and :mod:`rljax.reward` (NumPy, PyYAML): never JAX or
+TensorFlow, so a worker starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this worker when the trainer dies (even by SIGKILL), so a hung reward
+    never outlives the run."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    in_fd, out_fd, spec, dataset, parent = int(argv[0]), int(argv[1]), argv[2], argv[3] or None, int(argv[4])
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the pool
+    from multiprocessing.connection import Connection
+
+    inbox, outbox = Connection(in_fd, writable=False), Connection(out_fd, readable=False)
+    try:
+        from rljax.reward._batch import _as_score, _short
+        from rljax.reward._plugin import get_reward_fn
+
+        fn = get_reward_fn(spec, dataset=dataset)
+    except BaseException as e:  # noqa: BLE001 - reported to the pool, which stops the run
+        outbox.send(("init", None, f"{type(e).__name__}: {e}"))
+        return 1
+    outbox.send(("init", True, None))
+    while True:
+        try:
+            msg = inbox.recv()
+        except (EOFError, OSError):
+            return 0
+        if msg is None:
+            return 0
+        task, response, answer, extra = msg
+        try:
+            result = (task, _as_score(fn(response, answer, **extra)), None)
+        except BaseException as e:  # noqa: BLE001 - a user reward may raise anything, sys.exit included
+            result = (task, None, f"{type(e).__name__}: {_short(e)}")
+        outbox.send(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
