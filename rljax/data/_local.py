@@ -38,6 +38,17 @@ def split_files(manual_dir: str | Path) -> dict[str, list[Path]]:
     return out
 
 
+def check_not_empty(files: dict[str, list[Path]], manual_dir: str | Path) -> None:
+    """Raises :class:`~rljax.config.ConfigError` naming a split whose files hold no record (TFDS
+    would fail on it with an internal assertion)."""
+    from rljax.config import ConfigError
+
+    for split, paths in files.items():
+        if not any(True for p in paths for _ in read_records(p)):
+            names = ", ".join(p.name for p in paths)
+            raise ConfigError(f"data.path={str(manual_dir)!r}: the {split} split is empty ({names} hold no records)")
+
+
 def fingerprint(manual_dir: str | Path, *keys: str) -> str:
     """A short hash of the split files (relative path, size, mtime) and ``keys``: a changed file rebuilds."""
     h = hashlib.sha1()
@@ -86,9 +97,11 @@ def local_examples(files: list[Path], *, prompt_key: str = "question", answer_ke
                 raise ValueError(
                     f"{path} record {i} lacks {prompt_key!r}/{answer_key!r} (data.prompt_key/data.answer_key); has {have}"
                 )
-            solution = str(rec[answer_key])
+            # A null field is empty text (not "None"); rows with an empty answer are counted and
+            # skipped by prepare_prompts.
+            solution = "" if rec[answer_key] is None else str(rec[answer_key])
             yield index, {
-                "prompt": str(rec[prompt_key]),
+                "prompt": "" if rec[prompt_key] is None else str(rec[prompt_key]),
                 "answer": gsm8k_ground_truth(solution),
                 "solution": solution,
                 "index": index,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rljax.config import ConfigError
 from rljax.data._iterator import PromptIterator
 from rljax.data._prompts import PreparedPrompts, prepare_prompts
 from rljax.data._source import load_split
+
+logger = logging.getLogger("rljax.data")
 
 
 def data_seed(config) -> int:
@@ -19,15 +23,29 @@ def data_seed(config) -> int:
 def build_prompts(
     config, split: str, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None
 ) -> PreparedPrompts:
-    """The ``split``'s prompts, formatted, tokenized, filtered/truncated per ``config.data``."""
+    """The ``split``'s prompts, formatted, tokenized, filtered/truncated per ``config.data``.
+
+    Raises :class:`~rljax.config.ConfigError` (one line) for data the run cannot use: a
+    missing file or split, an unreadable record, an empty split, or a split left with no
+    prompt after filtering. Rows with an empty or null answer are skipped with one warning
+    naming the first."""
     d = config.data
-    return prepare_prompts(
-        load_split(d, split, data_dir=data_dir),
-        tokenize,
-        max_length=d.max_prompt_length,
-        filter_overlong=d.filter_overlong_prompts,
-        truncation=d.truncation,
-    )
+    try:
+        source = load_split(d, split, data_dir=data_dir)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # a missing file or split, a bad record: the user's data, one line
+        raise ConfigError(" ".join(str(e).split())) from e
+    prompts = prepare_prompts(source, tokenize, max_length=d.max_prompt_length,
+                              filter_overlong=d.filter_overlong_prompts, truncation=d.truncation)
+    s = prompts.stats
+    if s.no_answer:
+        logger.warning("data: %d of %d %s rows have an empty or null answer and were skipped (first: row %d)",
+                       s.no_answer, s.total, split, s.first_no_answer)
+    if not len(prompts):
+        raise ConfigError(f"data: the {split} split has no usable prompt: {s.total} rows, {s.filtered} filtered as "
+                          f"overlong, {s.no_answer} with an empty or null answer")
+    return prompts
 
 
 def train_iterator(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Optional
 
 from rljax.config import ConfigError
 
@@ -42,7 +43,9 @@ class Prompt:
 
 @dataclasses.dataclass(frozen=True)
 class PromptStats:
-    """Counts of :func:`prepare_prompts`: ``total = kept + filtered``; ``truncated <= kept``."""
+    """Counts of :func:`prepare_prompts`: ``total = kept + filtered + no_answer``;
+    ``truncated <= kept``; ``first_no_answer`` is the dataset row of the first row skipped
+    for an empty or null answer."""
 
     total: int
     kept: int
@@ -50,9 +53,12 @@ class PromptStats:
     truncated: int
     max_length: int
     longest: int
+    no_answer: int = 0
+    first_no_answer: Optional[int] = None
 
     def metrics(self, prefix: str = "data/") -> dict[str, float]:
-        return {f"{prefix}prompts_{k}": float(getattr(self, k)) for k in ("total", "kept", "filtered", "truncated")}
+        keys = ("total", "kept", "filtered", "truncated", "no_answer")
+        return {f"{prefix}prompts_{k}": float(getattr(self, k)) for k in keys}
 
 
 class PreparedPrompts(Sequence):
@@ -84,6 +90,8 @@ def prepare_prompts(
     * otherwise ``truncation``: ``left`` / ``right`` cut overlong prompts (counted in
       ``stats.truncated``); ``error`` raises :class:`~rljax.config.ConfigError` naming the
       first overlong row and how many there are, before any training starts.
+    * rows whose answer is empty or null are skipped (a reward cannot score them) and
+      counted in ``stats.no_answer`` (``stats.first_no_answer`` names the first).
 
     Args:
       source: items with ``prompt`` (formatted text) and ``answer``; ``index`` optional
@@ -99,12 +107,15 @@ def prepare_prompts(
     if truncation not in TRUNCATIONS:
         raise ConfigError(f"data.truncation={truncation!r} is not accepted; accepted: {', '.join(TRUNCATIONS)}")
     kept, filtered, truncated, longest = [], 0, 0, 0
-    overlong_rows = []
+    overlong_rows, no_answer_rows = [], []
     for pos in range(len(source)):
         item = source[pos]
+        index = int(item.get("index", pos))
+        if item["answer"] is None or not str(item["answer"]).strip():
+            no_answer_rows.append(index)
+            continue
         ids = list(tokenize(item["prompt"]))
         longest = max(longest, len(ids))
-        index = int(item.get("index", pos))
         was_cut = False
         if len(ids) > max_length:
             if filter_overlong:
@@ -124,5 +135,6 @@ def prepare_prompts(
             f"(first: row {row}, {length} tokens); set data.filter_overlong_prompts=true, data.truncation=left|right, "
             "or a larger data.max_prompt_length"
         )
-    stats = PromptStats(len(source), len(kept), filtered, truncated, max_length, longest)
+    stats = PromptStats(len(source), len(kept), filtered, truncated, max_length, longest, len(no_answer_rows),
+                        no_answer_rows[0] if no_answer_rows else None)
     return PreparedPrompts(kept, stats)

@@ -64,6 +64,7 @@ def _prepare(data_cfg, data_dir):
     elif data_cfg.dataset == "gsm8k":
         if not data_cfg.path:
             raise ValueError("data.path is required for data.dataset=gsm8k")
+        _local.check_not_empty(_local.split_files(data_cfg.path), data_cfg.path)
         name = "files-" + _local.fingerprint(data_cfg.path, data_cfg.prompt_key, data_cfg.answer_key)
         config = _builders.Gsm8kBuilderConfig(
             name=name, version=_builders._VERSION, prompt_key=data_cfg.prompt_key, answer_key=data_cfg.answer_key
