@@ -1,13 +1,16 @@
-"""``python -m rljax.launch [--mesh=dp8] [--config X] [key=value ...] [--run-dir DIR] [--resume[=N]]``
+"""``python -m rljax.launch [--mesh=dp8] [--config X] [key=value ...] [--run-dir DIR] [--resume[=N]] [--print-config]``
 
-Resolves and validates the configuration before JAX starts (a mistake costs nothing and
-writes nothing), sets up the devices (virtual CPU devices on a CPU host; multi-host
-initialisation when asked), writes ``config.resolved.yaml`` and ``topology.json`` to the
-run directory, then trains. With no arguments it runs the embedded default preset.
+Resolves and validates the configuration and checks it against the files it names
+(:func:`rljax.config.check_inputs`: reward plugin, checkpoint, tokenizer, dataset, ``tp``
+against the vocabulary) before JAX starts, so a mistake costs seconds and writes nothing;
+then sets up the devices (virtual CPU devices on a CPU host; multi-host initialisation
+when asked), writes ``config.resolved.yaml`` and ``topology.json`` to the run directory,
+and trains. With no arguments it runs the embedded default preset. ``--print-config``
+prints every key with its value, source and meaning, and exits.
 
-Usage errors (unknown keys, bad values, contradictions, a bad mesh spec, a device-count
-mismatch on an accelerator, a run directory that is a file, not writable, or locked by
-another run) print one line and exit with status 2. The run directory is locked
+Usage errors (unknown keys, bad values, contradictions, a bad mesh spec, missing or
+unusable files, a device-count mismatch on an accelerator, a run directory that is a
+file, not writable, or locked by another run) print one line and exit with status 2. The run directory is locked
 (:class:`rljax._rundir.RunDirLock`) for the run's life.
 """
 
@@ -33,13 +36,19 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m rljax.launch",
-                description="Train a policy with GRPO/PPO. Overrides are key=value, e.g. rollout.n=4.")
-    p.add_argument("--mesh", help="mesh over dp/tp/sp, e.g. dp8 or dp2,tp2,sp2 (default: trainer.mesh, else dp over all devices)")
+                description="Train a policy with GRPO/PPO. Overrides are key=value, e.g. rollout.n=4.",
+                epilog="Every config key with its value, source and meaning: "
+                       "python -m rljax.launch --print-config [--config X] [key=value ...]")
+    p.add_argument("--mesh", help="mesh over dp/tp/sp, e.g. dp8 or dp2,tp2,sp2 (sets trainer.mesh; "
+                                  "default: dp over all devices)")
     p.add_argument("--config", default=None, help=f"preset name in configs/ or a YAML path (default: {DEFAULT_PRESET})")
-    p.add_argument("--run-dir", default=None, help="output directory (default: trainer.output_dir)")
+    p.add_argument("--run-dir", default=None, help="output directory (sets trainer.output_dir; "
+                                                   "default: runs/<trainer.project_name>/<trainer.experiment_name>)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in the run directory; --resume=N from checkpoint N "
-                        "(same as trainer.resume_from=N)")
+                   help="continue from the newest checkpoint in the run directory (sets trainer.resume_mode=auto); "
+                        "--resume=N from checkpoint N (same as trainer.resume_from=N)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every config key with its value, source and one-line doc, then exit (writes nothing)")
     p.add_argument("--coordinator", help="multi-host: HOST:PORT of process 0 (jax.distributed.initialize)")
     p.add_argument("--num-processes", type=int, help="multi-host: number of processes")
     p.add_argument("--process-id", type=int, help="multi-host: this process's index")
@@ -59,21 +68,44 @@ def _accelerator_present() -> bool:
 
 
 def resolve_config(args) -> tuple:
-    """``(config, provenance)`` validated (mesh included) with no JAX initialised; UsageError on any mistake."""
-    from rljax.config import ConfigError, resolve, validate_for_mesh
-    from rljax.sharding.mesh import parse_mesh, spec_device_count
+    """``(config, provenance)`` validated (mesh included) with no JAX imported; UsageError on any mistake.
+
+    ``--mesh``, ``--run-dir`` and ``--resume`` are overrides of ``trainer.mesh``,
+    ``trainer.output_dir`` and ``trainer.resume_mode`` (after the ``key=value`` ones), so
+    ``config.resolved.yaml`` records them.
+    """
+    from rljax.config import ConfigError, parse_mesh_spec, resolve, validate_for_mesh
 
     overrides = list(args.overrides)
     if args.mesh is not None:
         overrides.append(f"trainer.mesh={args.mesh}")
+    if args.run_dir is not None:
+        overrides.append(f"trainer.output_dir={args.run_dir}")
+    if args.resume:
+        overrides.append("trainer.resume_mode=auto")
     try:
         cfg, prov = resolve(args.config or DEFAULT_PRESET, overrides)
         if cfg.trainer.mesh:
-            spec = cfg.trainer.mesh
-            validate_for_mesh(cfg, parse_mesh(spec, devices=spec_device_count(spec)))
+            validate_for_mesh(cfg, parse_mesh_spec(cfg.trainer.mesh))
     except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
     return cfg, prov
+
+
+def run_directory(cfg) -> str:
+    """``trainer.output_dir``, or ``runs/<project_name>/<experiment_name>`` when it is null."""
+    t = cfg.trainer
+    return t.output_dir or os.path.join("runs", t.project_name, t.experiment_name)
+
+
+def check_inputs(cfg) -> None:
+    """:func:`rljax.config.check_inputs` (files, tokenizer, data, tp), as a UsageError."""
+    from rljax.config import ConfigError, check_inputs as check
+
+    try:
+        check(cfg)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def setup_devices(args, spec) -> None:
@@ -126,15 +158,21 @@ def main(argv=None) -> int:
     lock = None
     try:
         cfg, prov = resolve_config(args)
-        args.resume = args.resume or cfg.trainer.resume_from is not None
-        run_dir = os.path.abspath(args.run_dir or cfg.trainer.output_dir)
+        if args.print_config:
+            from rljax.config import format_config
+
+            print(format_config(cfg, prov))
+            return 0
+        args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
+        run_dir = os.path.abspath(run_directory(cfg))
         check_run_dir(run_dir)
+        check_inputs(cfg)  # before the lock creates the run directory
         if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
             lock = RunDirLock(run_dir).acquire()
         ckpt_dir = os.path.join(run_dir, "checkpoints")
         if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-            raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume to continue it "
-                             "or --run-dir for a new run")
+            raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume "
+                             "(trainer.resume_mode=auto) to continue it or --run-dir for a new run")
         setup_devices(args, cfg.trainer.mesh)
         if args.distributed:
             import jax

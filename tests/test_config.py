@@ -49,6 +49,33 @@ def test_provenance_default_preset_cli(tmp_path):
     assert "rollout.n=2" in str(changes["rollout.n"]) and "from cli" in str(changes["rollout.n"])
 
 
+def test_provenance_chain_records_every_writer_with_its_value(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("rollout:\n  n: 4\n  top_k: -1\n")
+    cfg, prov = resolve(preset, ["rollout.n=2", "trainer.seed=7", "rollout.n=6"])
+    default_n = C.RolloutConfig().n
+    assert prov.chain("rollout.n") == (("default", default_n), (str(preset), 4), ("cli", 2), ("cli", 6))
+    assert prov.chain("rollout.top_k") == (("default", -1), (str(preset), -1))  # set to its default: still recorded
+    assert prov.chain("trainer.seed") == (("default", 0), ("cli", 7))
+    assert prov.chain("rollout.top_p") == (("default", 1.0),)
+    assert isinstance(prov, dict) and prov["rollout.n"] == "cli"  # the last writer, as before
+    change = {c.key: c for c in C.non_default_fields(cfg, prov)}["rollout.n"]
+    assert str(change) == f"rollout.n=6 (default {default_n}; from cli, over {preset} 4, cli 2)"
+
+
+def test_format_config_lists_every_key_with_value_source_and_doc(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("rollout:\n  n: 4\n")
+    cfg, prov = resolve(preset, ["rollout.n=2"])
+    lines = C.format_config(cfg, prov).splitlines()
+    assert lines[0].split() == ["key", "value", "source", "doc"]
+    assert len(lines) == 1 + len(C.field_specs())
+    row = next(l for l in lines if l.startswith("rollout.n "))
+    assert row.split()[:3] == ["rollout.n", "2", "cli"]
+    assert f"(default {C.RolloutConfig().n} -> {preset} 4)" in row and C.field_specs()["rollout.n"].doc in row
+    assert next(l for l in lines if l.startswith("rollout.top_p ")).split()[:3] == ["rollout.top_p", "1.0", "default"]
+
+
 def test_setting_a_default_value_explicitly_records_the_source_but_is_not_a_change():
     default_n = C.RolloutConfig().n
     cfg, prov = resolve(None, [f"rollout.n={default_n}"])
@@ -145,9 +172,24 @@ def test_unknown_keys_suggest_the_closest(override, suggestion):
     assert "unknown config key" in msg and f"did you mean {suggestion}?" in msg
 
 
-def test_unknown_key_without_a_close_match_points_to_describe():
+def test_unknown_key_without_a_close_match_points_to_print_config():
     msg = _err(["zzzz.qqqq=1"])
-    assert "unknown config key 'zzzz.qqqq'" in msg and "describe()" in msg
+    assert "unknown config key 'zzzz.qqqq'" in msg and "--print-config" in msg
+
+
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        ("actor.lr=1e-6", "did you mean actor.optim.lr?"),
+        ("critic.warmup_steps=3", "did you mean critic.optim.warmup_steps?"),
+        ("kl_ctrl.type=adaptive", "did you mean algorithm.kl_ctrl.type?"),
+        ("algorithm.target_kl=0.2", "did you mean algorithm.kl_ctrl.target_kl?"),
+        ("val_kwargs.n=2", "did you mean rollout.val_kwargs.n?"),
+        ("lr=1e-6", "did you mean actor.optim.lr? (or critic.optim.lr)"),
+    ],
+)
+def test_unknown_keys_suggest_the_nested_key_with_that_leaf(override, suggestion):
+    assert suggestion in _err([override])
 
 
 @pytest.mark.parametrize("bad", ["foo", "rollout.n", "=3", "a b=3"])
@@ -232,9 +274,10 @@ def test_group_estimators_need_two_samples(est):
     resolve(None, ["algorithm.adv_estimator=gae", "rollout.n=1"])  # gae does not need a group
 
 
-def test_correction_needs_rollout_log_probs():
-    msg = _err(["rollout.correction=token", "rollout.calculate_log_probs=false"])
-    assert "rollout.calculate_log_probs=true" in msg
+@pytest.mark.parametrize("key", ["rollout.calculate_log_probs", "rollout.max_staleness"])
+def test_removed_keys_say_why(key):
+    msg = _err([f"{key}=1"])
+    assert f"{key!r} (command line) was removed" in msg and "delete it" in msg
 
 
 def test_gsm8k_needs_a_path():
@@ -259,9 +302,14 @@ def test_other_cross_field_errors(override, fragment):
     assert fragment in _err([override])
 
 
-def test_bypass_mode_needs_rollout_log_probs_and_no_correction():
-    assert "rollout.calculate_log_probs=true" in _err(["algorithm.bypass_mode=true", "rollout.calculate_log_probs=false"])
+def test_bypass_mode_needs_no_correction():
     assert "would all be 1" in _err(["algorithm.bypass_mode=true", "rollout.correction=token"])
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "x\\y"])
+def test_run_directory_names_are_one_path_component(name):
+    msg = _err([f"trainer.experiment_name={name}"])
+    assert "trainer.experiment_name" in msg and "without '/'" in msg
 
 
 def test_embedded_reward_only_for_the_embedded_dataset():
@@ -330,9 +378,10 @@ def test_resolved_yaml_round_trip_values_and_provenance(tmp_path):
     plain = yaml.safe_load(text)
     assert plain["actor"]["optim"]["lr"] == 3e-7 and plain["data"]["prompt_template"] == cfg.data.prompt_template
     assert plain["trainer"]["experiment_name"] == "a # b: c"
-    # load_resolved recovers both.
+    assert f'# chain: [["default", 1e-06], ["cli", 3e-07]]' in text
+    # load_resolved recovers both, chains included.
     cfg2, prov2 = C.load_resolved(path)
-    assert cfg2 == cfg and prov2 == prov
+    assert cfg2 == cfg and prov2 == prov and prov2.chains == prov.chains
     # And the file is a preset that reproduces the run.
     cfg3, prov3 = resolve(path)
     assert cfg3 == cfg and set(prov3.values()) == {str(path)}

@@ -11,8 +11,6 @@ import sys
 
 import pytest
 
-from rljax.trace import read_metrics
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A small, fast configuration of the embedded default.
 SMALL = ["data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64",
@@ -42,30 +40,167 @@ def _train_rows(run_dir):
     return [r for r in _metrics(run_dir) if "actor/pg_loss" in r]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["actor.optim.lr=abc"], "actor.optim.lr"),
-    (["rollout.nn=4"], "did you mean"),
-    (["rollout.n=0"], "rollout.n"),
-    (["actor.policy_loss=ppo2"], "vanilla"),
-    (["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"], "ppo_mini_batch_size"),
-    (["--mesh=dp8", "data.train_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1"], "dp=8"),
-    (["--mesh=xp2"], "unknown axis 'xp'"),
-    (["--mesh=dp0"], "positive"),
-    (["overridewithoutequals"], "key=value"),
-])
-def test_usage_errors_exit_2_in_one_line_and_write_nothing(tmp_path, args, message):
-    run_dir = tmp_path / "run"
-    out = launch("--run-dir", str(run_dir), *args, timeout=120)
-    assert out.returncode == 2, out.stderr
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and message in lines[0], out.stderr
+# ----------------------------------------------------------------------------- usage errors
+# Each mistake exits 2 with one line naming the key or file, before the run directory exists
+# and before JAX or TensorFlow is imported (test_usage_errors_import_nothing_heavy).
+
+def _gsm8k_dir(root, train, test=("1+1?",), answer="#### 2"):
+    root.mkdir(parents=True, exist_ok=True)
+    for split, prompts in (("train", train), ("test", test)):
+        if prompts is not None:
+            with open(root / f"{split}.jsonl", "w") as fh:
+                for q in prompts:
+                    fh.write(json.dumps({"question": q, "answer": answer}) + "\n")
+    return root
+
+
+def _checkpoint_dir(root, *, vocab_size=96, tokenizer=False):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"vocab_size": vocab_size, "num_attention_heads": 4}))
+    (root / "model.safetensors").write_bytes(b"")
+    if tokenizer:
+        (root / "tokenizer.json").write_text("{}")
+    return root
+
+
+def _mistakes(tmp):
+    """(case id, arguments, fragment of the one-line message) for each user mistake."""
+    (tmp / "wrong_sig.py").write_text("def reward(response):\n    return 1.0\n")
+    gsm = ["data.dataset=gsm8k", "reward.function=exact_match", "data.train_batch_size=4",
+           "actor.ppo_mini_batch_size=4", "rollout.n=2", "data.max_prompt_length=128"]
+    long_dir = _gsm8k_dir(tmp / "long", ["a question far longer than the prompt limit"] * 8)
+    small_dir = _gsm8k_dir(tmp / "small", ["1+1?"] * 3)
+    no_test = _gsm8k_dir(tmp / "no_test", ["1+1?"] * 8, test=None)
+    no_key = tmp / "no_key"
+    no_key.mkdir()
+    (no_key / "train.jsonl").write_text(json.dumps({"prompt": "x", "answer": "1"}) + "\n")
+    ckpt_no_tok = _checkpoint_dir(tmp / "ckpt_no_tok")
+    ckpt_no_cfg = tmp / "ckpt_no_cfg"
+    ckpt_no_cfg.mkdir()
+    ckpt_odd_vocab = _checkpoint_dir(tmp / "ckpt_odd_vocab", vocab_size=100)
+    return [
+        ("actor.optim.lr=abc", ["actor.optim.lr=abc"], "actor.optim.lr"),
+        ("nested leaf", ["actor.lr=1e-6"], "did you mean actor.optim.lr?"),
+        ("rollout.n=0", ["rollout.n=0"], "rollout.n"),
+        ("policy_loss", ["actor.policy_loss=ppo2"], "vanilla"),
+        ("mini batch", ["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"], "ppo_mini_batch_size"),
+        ("dp", ["--mesh=dp8", "data.train_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1"], "dp=8"),
+        ("mesh axis", ["--mesh=xp2"], "unknown axis 'xp'"),
+        ("mesh size", ["--mesh=dp0"], "positive"),
+        ("override", ["overridewithoutequals"], "key=value"),
+        ("removed key", ["rollout.calculate_log_probs=true"], "was removed"),
+        ("plugin signature", [f"reward.function={tmp}/wrong_sig.py:reward"], "must accept (response, answer"),
+        ("plugin relative path", ["reward.function=no/such/reward.py:score"], "file 'no/such/reward.py' not found"),
+        ("prompts too long", [*gsm, f"data.path={long_dir}", "data.max_prompt_length=8"],
+         "8 of 8 prompts are longer than data.max_prompt_length=8"),
+        ("prompts all filtered", [*gsm, f"data.path={long_dir}", "data.max_prompt_length=8",
+                                  "data.filter_overlong_prompts=true"], "all 8 prompts are longer"),
+        ("dataset smaller than the batch", [*gsm, f"data.path={small_dir}"],
+         "3 prompts (0 of 3 filtered as overlong) are fewer than data.train_batch_size=4"),
+        ("embedded smaller than the batch", ["data.embedded.num_train=16"], "fewer than data.train_batch_size=32"),
+        ("data path missing", [*gsm, f"data.path={tmp}/nowhere"], "is not a directory"),
+        ("no test file", [*gsm, f"data.path={no_test}"], "has no test file"),
+        ("field missing", [*gsm, f"data.path={no_key}"], "lacks 'question'/'answer'"),
+        ("model.path without tokenizer.json", [f"model.path={ckpt_no_tok}"], "has no tokenizer.json"),
+        ("model.path without config.json", [f"model.path={ckpt_no_cfg}"], "has no config.json"),
+        ("model.path missing", [f"model.path={tmp}/no_ckpt"], "is not a directory"),
+        ("tp3 vs char vocabulary", ["--mesh=tp3"], "tp=3 must divide the vocabulary size 88"),
+        ("tp16 vs char vocabulary", ["--mesh=tp16"], "tp=16 must divide the vocabulary size 88"),
+        ("tp vs config.json vocabulary", ["--mesh=tp8", f"model.path={ckpt_odd_vocab}", "model.tokenizer=char"],
+         "tp=8 must divide the vocabulary size 100 (model.path's config.json"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mistakes")
+    return tmp, {case: (args, message) for case, args, message in _mistakes(tmp)}
+
+
+def _case_ids():
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return [c for c, _, _ in _mistakes(pathlib.Path(d))]
+
+
+@pytest.mark.parametrize("case", _case_ids())
+def test_usage_errors_exit_2_in_one_line_and_write_nothing(mistakes, case, capsys):
+    from rljax.launch import main
+
+    tmp, table = mistakes
+    args, message = table[case]
+    run_dir = tmp / f"run-{case.replace(' ', '_')}"
+    assert main(["--run-dir", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and message in lines[0], err
     assert not run_dir.exists()
 
 
-def test_existing_checkpoints_need_resume(tmp_path):
+def test_usage_errors_import_nothing_heavy(tmp_path):
+    """A real process: every mistake exits 2 before JAX, TensorFlow or TFDS is imported (so in
+    about a second, whatever the model or dataset size), and before anything is written."""
+    code = f"""
+import json, pathlib, sys
+sys.path.insert(0, {os.path.join(REPO, "tests")!r})
+from test_launch import _mistakes
+from rljax.launch import main
+tmp = pathlib.Path(sys.argv[1])
+codes = {{case: main(["--run-dir", str(tmp / "run"), *args]) for case, args, _ in _mistakes(tmp)}}
+heavy = [m for m in ("jax", "tensorflow", "tensorflow_datasets", "flax") if m in sys.modules]
+print(json.dumps({{"codes": codes, "heavy": heavy}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(report["codes"].values()) == {2}, report
+    assert report["heavy"] == [], report
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_checkpoints_need_resume(tmp_path, capsys):
+    from rljax.launch import main
+
     (tmp_path / "checkpoints" / "3").mkdir(parents=True)
-    out = launch("--run-dir", str(tmp_path), timeout=120)
-    assert out.returncode == 2 and "--resume" in out.stderr
+    assert main(["--run-dir", str(tmp_path)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    # trainer.resume_mode=auto is the same as --resume: the refusal goes (the next check fails instead).
+    assert main(["--run-dir", str(tmp_path), "trainer.resume_mode=auto", "--mesh=tp3"]) == 2
+    assert "tp=3" in capsys.readouterr().err
+
+
+def test_print_config_prints_every_key_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from rljax.config import field_specs
+    from rljax.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--print-config", "rollout.n=4", "--run-dir", "elsewhere"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {l.split()[0]: l for l in out[1:]}
+    assert set(rows) == set(field_specs())
+    assert rows["rollout.n"].split()[1:3] == ["4", "cli"] and "configs/default.yaml 16" in rows["rollout.n"]
+    assert rows["trainer.output_dir"].split()[1:3] == ["elsewhere", "cli"]
+    assert list(tmp_path.iterdir()) == []
+    assert main(["--print-config", "rollout.nn=4"]) == 2  # a mistake is still a usage error
+
+
+def test_help_points_to_print_config():
+    out = launch("--help", timeout=60)
+    assert out.returncode == 0 and "--print-config" in out.stdout
+
+
+def test_run_directory_from_project_and_experiment():
+    from rljax.config import resolve
+    from rljax.launch import run_directory
+
+    cfg, _ = resolve("default")
+    assert run_directory(cfg) == os.path.join("runs", "rljax", "embedded-add")
+    cfg, _ = resolve("default", ["trainer.project_name=p", "trainer.experiment_name=e"])
+    assert run_directory(cfg) == os.path.join("runs", "p", "e")
+    cfg, _ = resolve("default", ["trainer.output_dir=/x/y"])
+    assert run_directory(cfg) == "/x/y"
 
 
 def _smoke(tmp_path, mesh):
@@ -87,6 +222,7 @@ def _smoke(tmp_path, mesh):
     assert "rollout_tp" in topo and "actor_dp_derivation" in topo
     resolved = (run_dir / "config.resolved.yaml").read_text()
     assert "# from: cli" in resolved
+    assert f"  output_dir: {run_dir}  # from: cli" in resolved  # --run-dir: the rerun hint targets this directory
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["1", "2"]
     assert (run_dir / "report.png").stat().st_size > 1000
     assert "held-out reward after" in out.stdout
@@ -109,9 +245,11 @@ def test_resume_gives_the_uninterrupted_metrics(tmp_path):
     assert full.returncode == 0, full.stderr[-3000:]
     half = launch("--run-dir", str(tmp_path / "half"), *base, "trainer.total_steps=2")
     assert half.returncode == 0, half.stderr[-3000:]
-    resumed = launch("--run-dir", str(tmp_path / "half"), "--resume", *base, "trainer.total_steps=4")
+    resumed = launch("--run-dir", str(tmp_path / "half"), "trainer.resume_mode=auto", *base, "trainer.total_steps=4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restored step 2" in resumed.stdout
+    from rljax.trace import read_metrics
+
     a = {r["step"]: r for r in read_metrics(str(tmp_path / "full"))}  # records of a step merged
     b = {r["step"]: r for r in read_metrics(str(tmp_path / "half"))}
     for step in (3, 4):

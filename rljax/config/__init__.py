@@ -4,6 +4,8 @@
 >>> cfg, prov = resolve("default", ["rollout.n=4", "actor.optim.lr=1e-6"])
 >>> cfg.rollout.n, prov["rollout.n"]
 (4, 'cli')
+>>> prov.chain("rollout.n")[0], prov.chain("rollout.n")[-1]
+(('default', 8), ('cli', 4))
 
 Pure Python plus PyYAML: the launcher resolves and validates the configuration before
 JAX initialises. Errors are :class:`ConfigError` (a ``ValueError``) with one line naming
@@ -12,20 +14,25 @@ the key and what is accepted. Units of the batch sizes are documented in
 """
 
 from rljax.config._errors import ConfigError
+from rljax.config._inputs import check_inputs
 from rljax.config._resolve import (
     CLI,
     DEFAULT,
     Change,
     FieldSpec,
+    Provenance,
     describe,
     field_specs,
     find_preset,
+    format_chain,
+    format_config,
     get,
     load_preset,
     load_resolved,
     non_default_fields,
     parse_override,
     preset_dirs,
+    record_reads,
     resolve,
     to_dict,
     to_flat_dict,
@@ -61,6 +68,7 @@ __all__ = [
     "DataConfig",
     "EmbeddedTaskConfig",
     "FieldSpec",
+    "Provenance",
     "KLControlConfig",
     "ModelConfig",
     "OptimConfig",
@@ -69,10 +77,13 @@ __all__ = [
     "TraceConfig",
     "TrainerConfig",
     "ValKwargsConfig",
+    "check_inputs",
     "check_reward_spec",
     "describe",
     "field_specs",
     "find_preset",
+    "format_chain",
+    "format_config",
     "get",
     "load_preset",
     "load_resolved",
@@ -80,6 +91,7 @@ __all__ = [
     "parse_mesh_spec",
     "parse_override",
     "preset_dirs",
+    "record_reads",
     "resolve",
     "to_dict",
     "to_flat_dict",

@@ -1,12 +1,14 @@
 """Resolution: code defaults, then a YAML preset, then ``key=value`` overrides, with provenance.
 
 Every leaf field of :class:`~rljax.config.Config` is addressed by its dotted key
-(``actor.optim.lr``). :func:`resolve` returns the frozen config and a provenance map
-``{dotted_key: source}`` where source is ``"default"``, the preset file path, or ``"cli"``.
+(``actor.optim.lr``). :func:`resolve` returns the frozen config and a :class:`Provenance`:
+``{dotted_key: source}`` of the last writer (``"default"``, the preset file path, or
+``"cli"``) and, per key, the whole chain of writers with the value each one set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -30,6 +32,7 @@ from rljax.config._schema import Config
 DEFAULT = "default"
 CLI = "cli"
 _SOURCE_TAG = "  # from: "
+_CHAIN_TAG = "  # chain: "
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -174,7 +177,23 @@ def _check_bounds(spec: FieldSpec, value) -> None:
 # ---------------------------------------------------------------------------- keys
 
 
+def _is_subsequence(parts: list[str], of: list[str]) -> bool:
+    it = iter(of)
+    return all(p in it for p in parts)
+
+
+def _nested(key: str) -> list[str]:
+    """Keys with the same leaf whose path contains ``key``'s sections in order: ``actor.lr`` ->
+    ``actor.optim.lr``, ``kl_ctrl.type`` -> ``algorithm.kl_ctrl.type``, ``lr`` -> both optimizers' ``lr``."""
+    parts = key.split(".")
+    return [k for k in field_specs() if k.rsplit(".", 1)[-1] == parts[-1] and _is_subsequence(parts, k.split("."))]
+
+
 def _suggest(key: str) -> str:
+    nested = _nested(key)
+    if nested:
+        more = f" (or {', '.join(nested[1:])})" if len(nested) > 1 else ""
+        return f"; did you mean {nested[0]}?{more}"
     candidates = list(field_specs()) + sorted(_section_keys())
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     if not close:  # a misspelt last component under the right section, or a right leaf under the wrong one
@@ -184,10 +203,20 @@ def _suggest(key: str) -> str:
             by_leaf.setdefault(k.rsplit(".", 1)[-1], k)
         hit = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
         close = [by_leaf[hit[0]]] if hit else []
-    return f"; did you mean {close[0]}?" if close else "; see rljax.config.describe() for the accepted keys"
+    return (f"; did you mean {close[0]}?" if close else
+            "; python -m rljax.launch --print-config lists the accepted keys")
+
+
+#: Keys that were accepted once and did nothing; naming one says why it went.
+REMOVED_KEYS = {
+    "rollout.calculate_log_probs": "the sampler always records each token's log-prob (rollout_logp)",
+    "rollout.max_staleness": "training is synchronous; asynchronous training will bring async_training.max_staleness",
+}
 
 
 def _unknown(key: str, where: str) -> ConfigError:
+    if key in REMOVED_KEYS:
+        return ConfigError(f"config key {key!r}{where} was removed: {REMOVED_KEYS[key]}; delete it")
     return ConfigError(f"unknown config key {key!r}{where}{_suggest(key)}")
 
 
@@ -321,6 +350,81 @@ def _first_leaf(section: str) -> str:
 # ---------------------------------------------------------------------------- build
 
 
+class Provenance(dict):
+    """Where each field's value came from.
+
+    A ``dict`` ``{dotted_key: source}`` of the last writer (``"default"``, a preset path, or
+    ``"cli"``), plus :meth:`chain`: every writer in order with the value it set, e.g.
+    ``(("default", 8), ("configs/default.yaml", 16), ("cli", 4))`` for ``rollout.n``.
+    """
+
+    def __init__(self, sources: Mapping[str, str] = (), chains: Mapping[str, Sequence] | None = None):
+        super().__init__(sources)
+        self.chains: dict[str, tuple] = {k: tuple(map(tuple, v)) for k, v in (chains or {}).items()}
+
+    def chain(self, key: str) -> tuple[tuple[str, Any], ...]:
+        """``((source, value), ...)`` from the code default to the final value of ``key``."""
+        if key in self.chains:
+            return self.chains[key]
+        spec = field_specs().get(key)
+        return ((DEFAULT, spec.default if spec else None),) if self.get(key, DEFAULT) == DEFAULT else ()
+
+
+def format_chain(chain: Sequence) -> str:
+    """``default 8 -> configs/default.yaml 16 -> cli 4``."""
+    return " -> ".join(f"{src} {_scalar_text(v)}" for src, v in chain)
+
+
+# Recording of the fields that code outside rljax.config reads (see record_reads).
+_RLJAX_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+_CONFIG_DIR = str(Path(__file__).resolve().parent) + os.sep
+_TRACE_DIR = _RLJAX_DIR + "trace" + os.sep
+_reads: set | None = None
+
+
+def _counts_as_read(key: str, filename: str) -> bool:
+    if not filename.startswith(_RLJAX_DIR) or filename.startswith(_CONFIG_DIR):
+        return False  # tests, dataclasses' generated methods; validation and serialisation
+    return not filename.startswith(_TRACE_DIR) or key.startswith("trace.")  # observers only read trace.*
+
+
+@lru_cache(maxsize=None)
+def _recording_class(cls, prefix: str):
+    names = frozenset(f.name for f in dataclasses.fields(cls))
+
+    def __getattribute__(self, name):
+        if _reads is not None and name in names:
+            key = prefix + name
+            if key in field_specs() and _counts_as_read(key, sys._getframe(1).f_code.co_filename):
+                _reads.add(key)
+        return object.__getattribute__(self, name)
+
+    return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__qualname__": cls.__qualname__,
+                                       "__module__": cls.__module__})
+
+
+@contextlib.contextmanager
+def record_reads():
+    """Records which fields rljax code reads from configs resolved inside the block.
+
+    Yields a set that fills with the dotted keys read, from the configs that :func:`resolve`
+    and :func:`load_resolved` build while the block runs (they are instances of recording
+    subclasses of the schema's dataclasses, equal in value). A read counts when code in
+    ``rljax/`` reads the attribute directly, except code in ``rljax/config`` (validation,
+    checks and serialisation read every key and do nothing with it) and observers in
+    ``rljax/trace`` (which count only for ``trace.*``). Used by the test that every schema
+    key is read by the code that runs.
+    """
+    global _reads
+    outer, _reads = _reads, set()
+    try:
+        yield _reads
+    finally:
+        inner, _reads = _reads, outer
+        if outer is not None:
+            outer.update(inner)
+
+
 def _build(cls, values: Mapping[str, Any], prefix: str = ""):
     kwargs = {}
     hints = _hints(cls)
@@ -330,10 +434,10 @@ def _build(cls, values: Mapping[str, Any], prefix: str = ""):
             kwargs[f.name] = _build(hints[f.name], values, key + ".")
         else:
             kwargs[f.name] = values[key]
-    return cls(**kwargs)
+    return (cls if _reads is None else _recording_class(cls, prefix))(**kwargs)
 
 
-def _apply(values: dict, provenance: dict, raw: Mapping[str, Any], source: str) -> None:
+def _apply(values: dict, provenance: dict, raw: Mapping[str, Any], source: str, chains: dict | None = None) -> None:
     specs = field_specs()
     for key, v in raw.items():
         spec = specs[key]
@@ -341,6 +445,8 @@ def _apply(values: dict, provenance: dict, raw: Mapping[str, Any], source: str) 
         _check_bounds(spec, value)
         values[key] = value
         provenance[key] = source
+        if chains is not None:
+            chains[key].append((source, value))
 
 
 def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *, validate: bool = True):
@@ -353,8 +459,9 @@ def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[st
       validate: run the cross-field checks of :func:`rljax.config.validate`.
 
     Returns:
-      ``(config, provenance)``: the frozen :class:`Config` and ``{dotted_key: source}`` with
-      source ``"default"``, the preset path as a string, or ``"cli"``.
+      ``(config, provenance)``: the frozen :class:`Config` and a :class:`Provenance`,
+      ``{dotted_key: source}`` with source ``"default"``, the preset path as a string, or
+      ``"cli"``, whose ``chain(key)`` lists every writer with its value.
 
     Raises:
       ConfigError: one line naming the key and what is accepted.
@@ -364,17 +471,18 @@ def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[st
     specs = field_specs()
     values = {k: s.default for k, s in specs.items()}
     provenance = {k: DEFAULT for k in specs}
+    chains = {k: [(DEFAULT, s.default)] for k, s in specs.items()}
     if preset_path is not None:
         path = find_preset(preset_path)
-        _apply(values, provenance, load_preset(path), str(path))
-    parsed = [parse_override(o) for o in overrides]
-    _apply(values, provenance, dict(parsed), CLI)
+        _apply(values, provenance, load_preset(path), str(path), chains)
+    for key, value in (parse_override(o) for o in overrides):
+        _apply(values, provenance, {key: value}, CLI, chains)
     config = _build(Config, values)
     if validate:
         from rljax.config._validate import validate as _validate
 
         _validate(config)
-    return config, provenance
+    return config, Provenance(provenance, chains)
 
 
 # ---------------------------------------------------------------------------- views
@@ -418,16 +526,23 @@ class Change:
     value: Any
     default: Any
     source: str
+    chain: tuple = ()
 
     def __str__(self) -> str:
-        return f"{self.key}={_scalar_text(self.value)} (default {_scalar_text(self.default)}; from {self.source})"
+        text = f"{self.key}={_scalar_text(self.value)} (default {_scalar_text(self.default)}; from {self.source}"
+        earlier = [c for c in self.chain[1:-1]]
+        if earlier:
+            text += ", over " + ", ".join(f"{src} {_scalar_text(v)}" for src, v in earlier)
+        return text + ")"
 
 
 def non_default_fields(config, provenance: Mapping[str, str]) -> list[Change]:
-    """Fields whose value differs from the code default, with their source, in schema order."""
+    """Fields whose value differs from the code default, with their source (and, from a
+    :class:`Provenance`, the chain of writers), in schema order."""
     specs = field_specs()
+    chain = provenance.chain if isinstance(provenance, Provenance) else (lambda k: ())
     return [
-        Change(k, v, specs[k].default, provenance.get(k, DEFAULT))
+        Change(k, v, specs[k].default, provenance.get(k, DEFAULT), chain(k))
         for k, v in to_flat_dict(config).items()
         if v != specs[k].default or type(v) is not type(specs[k].default)
     ]
@@ -439,6 +554,28 @@ def describe() -> str:
     for s in field_specs().values():
         lines.append(f"{s.key} ({_type_name(s.type)}; default {_scalar_text(s.default)}): {s.doc}")
     return "\n".join(lines)
+
+
+def format_config(config, provenance: Mapping[str, str]) -> str:
+    """Every key with its value, source (the chain of writers when more than the default) and
+    one-line doc, aligned in columns (``python -m rljax.launch --print-config``)."""
+    specs = field_specs()
+    chain = provenance.chain if isinstance(provenance, Provenance) else (lambda k: ())
+    cwd = os.getcwd() + os.sep
+
+    def short(src: str) -> str:  # preset paths under the working directory, relative
+        return src[len(cwd):] if src.startswith(cwd) else src
+
+    rows = [("key", "value", "source", "doc")]
+    for key, value in to_flat_dict(config).items():
+        c = chain(key)
+        source = short(provenance.get(key, DEFAULT))
+        if len(c) > 1:
+            source += " (" + " -> ".join(f"{short(src)} {_scalar_text(v)}" for src, v in c[:-1]) + ")"
+        rows.append((key, _scalar_text(value), source, specs[key].doc))
+    # Columns fit most cells; a longer cell (a prompt template) pushes only its own row.
+    widths = [max(len(r[i]) for r in rows if len(r[i]) <= cap) for i, cap in enumerate((60, 24, 48))]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
 
 
 # ---------------------------------------------------------------------------- config.resolved.yaml
@@ -466,9 +603,12 @@ def write_resolved(config, provenance: Mapping[str, str], path: str | os.PathLik
     if path.is_dir():
         path = path / "config.resolved.yaml"
     flat = to_flat_dict(config)
+    chain = provenance.chain if isinstance(provenance, Provenance) else (lambda k: ())
     lines = [
-        "# rljax resolved configuration. Each field's source: default (code), a preset file, or cli.",
-        "# Rerun with the same values: python -m rljax.launch --config <this file>",
+        "# rljax resolved configuration. Each field's source: default (code), a preset file, or cli;",
+        "# '# chain:' lists every writer of a field with the value it set, in order.",
+        "# Rerun with the same values and run directory: python -m rljax.launch --config <this file>",
+        "# (add --resume to continue from its checkpoints, or --run-dir DIR for a new run)",
     ]
     open_sections: list[str] = []
     for key, value in flat.items():
@@ -480,7 +620,12 @@ def write_resolved(config, provenance: Mapping[str, str], path: str | os.PathLik
             lines.append("  " * depth + f"{sections[depth]}:")
         open_sections = sections
         source = provenance.get(key, DEFAULT).replace("\n", " ")
-        lines.append("  " * len(sections) + f"{leaf}: {_scalar_text(value)}{_SOURCE_TAG}{source}")
+        line = "  " * len(sections) + f"{leaf}: {_scalar_text(value)}{_SOURCE_TAG}{source}"
+        c = chain(key)
+        if len(c) > 1:  # JSON with no '#' (escaped), so the comment tags stay unambiguous
+            text = json.dumps([[src, list(v) if isinstance(v, tuple) else v] for src, v in c], ensure_ascii=True)
+            line += _CHAIN_TAG + text.replace("#", "\\u0023")
+        lines.append(line)
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text("\n".join(lines) + "\n")
@@ -498,6 +643,7 @@ def load_resolved(path: str | os.PathLike):
     values = {k: s.default for k, s in specs.items()}
     _apply(values, {}, raw, "")
     provenance = {k: DEFAULT for k in specs}
+    chains = {k: ((DEFAULT, s.default),) for k, s in specs.items()}
     stack: list[tuple[int, str]] = []
     for line in path.read_text().splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
@@ -508,10 +654,20 @@ def load_resolved(path: str | os.PathLike):
             stack.pop()
         key = ".".join([s for _, s in stack] + [name])
         if key in specs and _SOURCE_TAG in line:
-            provenance[key] = line.rsplit(_SOURCE_TAG, 1)[1].strip()
+            chain_text = None
+            if _CHAIN_TAG in line:
+                line, chain_text = line.rsplit(_CHAIN_TAG, 1)
+            provenance[key] = source = line.rsplit(_SOURCE_TAG, 1)[1].strip()
+            if chain_text is not None:
+                try:
+                    chains[key] = tuple((src, _coerce(key, v, specs[key].type)) for src, v in json.loads(chain_text))
+                except (ValueError, TypeError):
+                    raise ConfigError(f"{str(path)!r}: the chain of {key} is not readable: {chain_text[:80]!r}") from None
+            elif source != DEFAULT:  # written before chains were recorded
+                chains[key] = ((DEFAULT, specs[key].default), (source, values[key]))
         elif key in _section_keys():
             stack.append((indent, name))
-    return _build(Config, values), provenance
+    return _build(Config, values), Provenance(provenance, chains)
 
 
 def check_template(key: str, template: str | None) -> None:

@@ -84,10 +84,12 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class KLControlConfig:
-    type: Literal["fixed", "adaptive"] = _f("fixed", "KL-in-reward coefficient controller")
+    type: Literal["fixed", "adaptive"] = _f("fixed", "KL-in-reward coefficient: fixed kl_coef, or adaptive (verl's "
+                                            "AdaptiveKLController, starting at kl_coef)")
     kl_coef: float = _f(0.001, "KL-in-reward coefficient (initial value when adaptive)", ge=0.0)
-    target_kl: float = _f(0.1, "adaptive: target KL", gt=0.0)
-    horizon: int = _f(10000, "adaptive: controller horizon", ge=1)
+    target_kl: float = _f(0.1, "adaptive: the KL (per-token mean over a sequence, batch mean) the coefficient steers to", gt=0.0)
+    horizon: int = _f(10000, "adaptive: each step multiplies the coefficient by 1 + clip(kl/target_kl - 1, +-0.2) * trajectories / horizon",
+                      ge=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +127,8 @@ class ActorConfig:
         None, "trajectories per forward/backward (global); divides ppo_mini_batch_size*rollout.n; null: no accumulation", ge=1
     )
     ppo_epochs: int = _f(1, "passes over each step's batch", ge=1)
-    shuffle: bool = _f(False, "shuffle trajectories before splitting into mini-batches")
+    shuffle: bool = _f(True, "shuffle the step's trajectories before splitting them into mini-batches "
+                       "(each epoch, from trainer.seed and the step)")
     use_kl_loss: bool = _f(False, "add a KL loss to the reference policy")
     kl_loss_coef: float = _f(0.001, "KL loss coefficient", ge=0.0)
     kl_loss_type: Literal[KL_LOSS_TYPES] = _f(
@@ -165,11 +168,9 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
     top_k: int = _f(-1, "top-k sampling (-1 or 0: off)", ge=-1)
     tp: int = _f(1, "sampler tensor parallelism; replicas = devices / tp", ge=1)
-    calculate_log_probs: bool = _f(True, "record the sampler's log-prob of each token (rollout_logp)")
     max_slots: Optional[int] = _f(None, "concurrent decode slots of the sampler (null: the whole batch)", ge=1)
     correction: Literal[CORRECTIONS] = _f("none", "rollout-vs-learner importance correction (TIS)")
     correction_threshold: float = _f(2.0, "truncation C of the correction weights", gt=0.0)
-    max_staleness: int = _f(0, "accepted weight-version lag of a trajectory (0: synchronous)", ge=0)
     val_kwargs: ValKwargsConfig = _section(ValKwargsConfig, "decoding for validation")
 
 
@@ -203,16 +204,19 @@ class TrainerConfig:
     test_freq: int = _f(-1, "validate every this many steps (<= 0: never)", ge=-1)
     val_before_train: bool = _f(False, "validate once before the first step")
     max_checkpoints: Optional[int] = _f(3, "checkpoints kept (null: all)", ge=1)
-    resume_mode: Literal["auto", "disable"] = _f("auto", "auto: resume from the latest checkpoint in output_dir")
+    resume_mode: Literal["auto", "disable"] = _f(
+        "disable", "auto: continue from the newest complete checkpoint in the run directory (--resume); "
+        "disable: start fresh and refuse a run directory that holds checkpoints")
     resume_from: Optional[int] = _f(None, "resume from checkpoint N (--resume=N; null: the newest)", ge=0)
     max_skipped_updates: int = _f(3, "stop (exit 1) after this many consecutive steps whose update was skipped "
                                      "as non-finite", ge=1)
     stop_save_timeout_s: float = _f(300.0, "on a stop, wait at most this long for an in-flight checkpoint save",
                                     gt=0.0)
-    project_name: str = _f("rljax", "project name (logging)")
-    experiment_name: str = _f("default", "experiment name (logging, run directory)")
-    output_dir: str = _f("runs/default", "run directory: config.resolved.yaml, trace, metrics, checkpoints")
-    log_freq: int = _f(1, "print metrics every this many steps", ge=1)
+    project_name: str = _f("rljax", "project name: the default run directory is runs/<project_name>/<experiment_name>")
+    experiment_name: str = _f("default", "experiment name: the default run directory is runs/<project_name>/<experiment_name>")
+    output_dir: Optional[str] = _f(None, "run directory: config, trace, metrics, checkpoints "
+                                         "(null: runs/<project_name>/<experiment_name>; --run-dir sets it)")
+    log_freq: int = _f(1, "print a progress line every this many steps", ge=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,16 +53,9 @@ def validate(config) -> None:
             f"rollout.n={r.n} is too small for algorithm.adv_estimator={config.algorithm.adv_estimator}, "
             "which compares samples of one prompt; use rollout.n>=2"
         )
-    if config.algorithm.bypass_mode and not r.calculate_log_probs:
-        raise ConfigError("algorithm.bypass_mode=true uses the sampler's log-probs as old_logp; "
-                          "set rollout.calculate_log_probs=true")
     if config.algorithm.bypass_mode and r.correction != "none":
         raise ConfigError(f"rollout.correction={r.correction} with algorithm.bypass_mode=true: the correction weights "
                           "would all be 1 (old_logp is the rollout log-prob); use rollout.correction=none")
-    if r.correction != "none" and not r.calculate_log_probs:
-        raise ConfigError(
-            f"rollout.correction={r.correction} needs the sampler's log-probs; set rollout.calculate_log_probs=true"
-        )
     if d.dataset == "gsm8k" and not d.path:
         raise ConfigError("data.path is required for data.dataset=gsm8k: the directory with train/test .jsonl or .parquet files")
     check_template("data.prompt_template", d.prompt_template)
@@ -70,6 +63,11 @@ def validate(config) -> None:
     if config.reward.function == "embedded" and d.dataset != "embedded":
         raise ConfigError(f"reward.function=embedded scores the embedded task only; data.dataset={d.dataset}")
     parse_mesh_spec(config.trainer.mesh)
+    for key in ("project_name", "experiment_name"):
+        name = getattr(config.trainer, key)
+        if name.strip() in ("", ".", "..") or "/" in name or "\\" in name:
+            raise ConfigError(f"trainer.{key}={name!r} names a run directory component; "
+                              "use a non-empty name without '/' or '\\' (not '.' or '..')")
     m = config.model
     if m.path is None and m.name not in MODEL_PRESETS:
         raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")

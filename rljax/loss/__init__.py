@@ -20,7 +20,7 @@ from rljax.loss._advantages import (
 )
 from rljax.loss._aggregate import AGGREGATION_MODES, aggregate
 from rljax.loss._correction import rollout_correction_weights
-from rljax.loss._kl import entropy_from_logits, kl_penalty
+from rljax.loss._kl import adaptive_kl_coef, entropy_from_logits, kl_penalty, mean_sequence_kl
 from rljax.loss._masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rljax.loss._policy import get_policy_loss, policy_loss, register_policy_loss
 from rljax.loss._roles import Role, action_mask
@@ -32,6 +32,7 @@ __all__ = [
     "Role",
     "StalenessReport",
     "action_mask",
+    "adaptive_kl_coef",
     "aggregate",
     "entropy_from_logits",
     "gae_advantages",
@@ -43,6 +44,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mean_sequence_kl",
     "policy_loss",
     "policy_staleness",
     "raise_on_future",

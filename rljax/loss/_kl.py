@@ -83,3 +83,54 @@ def entropy_from_logits(logits: chex.Array) -> jax.Array:
     probs = jnp.exp(jnp.where(finite, z, -jnp.inf) - lse[..., None])
     z_safe = jnp.where(finite, z, 0.0)
     return lse - jnp.sum(jnp.where(finite, probs * z_safe, 0.0), axis=-1)
+
+
+def mean_sequence_kl(kl: chex.Array, mask: chex.Array, *, row_mask: chex.Array | None = None) -> jax.Array:
+    """The batch KL the adaptive controller steers: each row's token-mean of ``kl`` over
+    ``mask``, averaged over rows (verl's ``apply_kl_penalty``).
+
+    Args:
+      kl: ``[B, T]`` per-token KL (e.g. :func:`kl_penalty` of old vs reference log-probs).
+      mask: ``[B, T]`` response mask.
+      row_mask: ``[B]`` bool, False on padding rows (excluded from the row mean; verl has none).
+
+    Returns:
+      A float32 scalar. A row with an empty mask counts as 0, as in verl.
+    """
+    chex.assert_rank([kl, mask], 2)
+    chex.assert_equal_shape([kl, mask])
+    mask = mask.astype(jnp.float32)
+    per_row = jnp.sum(kl.astype(jnp.float32) * mask, axis=-1) / (jnp.sum(mask, axis=-1) + 1e-8)
+    if row_mask is None:
+        return jnp.mean(per_row)
+    chex.assert_shape(row_mask, (kl.shape[0],))
+    rows = row_mask.astype(jnp.float32)
+    return jnp.sum(per_row * rows) / jnp.maximum(jnp.sum(rows), 1.0)
+
+
+def adaptive_kl_coef(kl_coef, current_kl, n_steps, *, target_kl: float, horizon: int) -> jax.Array:
+    r"""The next KL-in-reward coefficient of the adaptive controller (Ziegler et al. 2019,
+    "Fine-Tuning Language Models from Human Preferences", §2.2; verl's ``AdaptiveKLController``).
+
+    .. math::
+        \beta_{t+1} = \beta_t \left(1 + \operatorname{clip}\left(\frac{KL_t}{KL_{target}} - 1,
+        -0.2, 0.2\right) \frac{n_t}{H}\right)
+
+    The step's penalty uses :math:`\beta_t` (the value before the update), as verl does.
+
+    Args:
+      kl_coef: the current coefficient :math:`\beta_t` (``algorithm.kl_ctrl.kl_coef`` at the start).
+      current_kl: the step's batch KL, :func:`mean_sequence_kl` of the in-reward KL.
+      n_steps: trajectories in the step (verl passes the batch size); padding rows excluded.
+      target_kl: ``algorithm.kl_ctrl.target_kl`` (> 0).
+      horizon: ``algorithm.kl_ctrl.horizon`` (>= 1).
+
+    Returns:
+      :math:`\beta_{t+1}` as a float32 scalar (works on Python floats and under ``jax.jit``).
+    """
+    if not target_kl > 0:
+        raise ValueError(f"adaptive_kl_coef: target_kl={target_kl} must be > 0")
+    if not horizon >= 1:
+        raise ValueError(f"adaptive_kl_coef: horizon={horizon} must be >= 1")
+    error = jnp.clip(jnp.asarray(current_kl, jnp.float32) / target_kl - 1.0, -0.2, 0.2)
+    return jnp.asarray(kl_coef, jnp.float32) * (1.0 + error * jnp.asarray(n_steps, jnp.float32) / horizon)

@@ -8,7 +8,14 @@ timeouts, crash isolation, parallel scoring). Pure Python and NumPy.
 """
 
 from rljax.reward._batch import RewardError, RewardReport, score_batch
-from rljax.reward._plugin import BUILTIN_REWARDS, DATASET_REWARDS, get_reward_fn, load_reward_plugin, make_reward
+from rljax.reward._plugin import (
+    BUILTIN_REWARDS,
+    DATA_SOURCES,
+    DATASET_REWARDS,
+    get_reward_fn,
+    load_reward_plugin,
+    make_reward,
+)
 from rljax.reward._pool import Outcome, RewardPool, RewardWorkerError, default_num_workers
 from rljax.reward._rules import (
     embedded_reward,
@@ -21,6 +28,7 @@ from rljax.reward._rules import (
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "DATA_SOURCES",
     "DATASET_REWARDS",
     "Outcome",
     "RewardError",

@@ -24,16 +24,30 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 DATASET_REWARDS = {"embedded": "embedded", "gsm8k": "gsm8k"}
 
 
-def load_reward_plugin(spec: str, *, key: str = "reward.function") -> RewardFn:
+#: verl's ``data_source`` for each ``data.dataset`` (what verl's own reward functions dispatch on).
+DATA_SOURCES = {"gsm8k": "openai/gsm8k", "embedded": "rljax/embedded"}
+#: The leading parameters that mark verl's reward signature.
+VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
+
+
+def load_reward_plugin(spec: str, *, key: str = "reward.function", data_source: str | None = None) -> RewardFn:
     """Loads ``function_name`` from the Python file ``path/to/file.py`` (relative paths from the CWD).
 
     The file is executed as a fresh module (its directory is not added to ``sys.path``).
-    The function must accept ``(response: str, answer: str, **extra)``; a function without
-    ``**extra`` receives only the extra keys it names.
+    Two signatures are accepted, told apart by the parameter names:
+
+    * rljax's ``fn(response: str, answer: str, **extra) -> float``; a function without
+      ``**extra`` receives only the extra keys it names;
+    * verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``,
+      returning a number or a dict with a ``"score"`` entry; it is called with
+      ``data_source`` (verl's name of the dataset, e.g. ``"openai/gsm8k"``), the response,
+      the reference answer and ``extra_info`` (the extra keys as a dict), so verl reward
+      files work unchanged.
 
     Raises:
       ConfigError: malformed spec, missing or unreadable file, error while executing the
-        file, missing attribute, or an attribute that is not callable.
+        file, missing attribute, an attribute that is not callable, or a function that
+        takes neither signature.
     """
     if ":" not in spec:
         raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name")
@@ -65,12 +79,38 @@ def load_reward_plugin(spec: str, *, key: str = "reward.function") -> RewardFn:
         raise ConfigError(f"{key}={spec!r}: {name!r} is not callable (it is {type(fn).__name__})")
     try:
         sig = inspect.signature(fn)
-        sig.bind("response", "answer")
-    except TypeError as e:
-        raise ConfigError(f"{key}={spec!r}: {name} must accept (response, answer, **extra): {e}") from None
-    except ValueError:  # builtins without a signature: call as is
+    except (TypeError, ValueError):  # builtins without a signature: call as is
         return fn
+    positional = [p.name for p in sig.parameters.values()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if tuple(positional[:3]) == VERL_PARAMS:
+        return _verl_call(fn, sig, data_source or "unknown")
+    try:
+        sig.bind("response", "answer")
+    except TypeError:
+        raise ConfigError(
+            f"{key}={spec!r}: {name}{sig} must accept (response, answer, **extra) (rljax's signature) or "
+            "(data_source, solution_str, ground_truth, extra_info=None) (verl's)"
+        ) from None
     return _with_extra_filter(fn, sig)
+
+
+def _verl_call(fn: Callable, sig: inspect.Signature, data_source: str) -> RewardFn:
+    takes_extra = "extra_info" in sig.parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+
+    def call(response, answer, **extra):
+        source = extra.pop("data_source", data_source)
+        result = fn(source, response, answer, **({"extra_info": extra} if takes_extra else {}))
+        if isinstance(result, dict):  # verl: {"score": ..., other metrics}
+            if "score" not in result:
+                raise ValueError(f"returned a dict without 'score' (keys {sorted(result)})")
+            return result["score"]
+        return result
+
+    call.__name__ = getattr(fn, "__name__", "compute_score")
+    call.__wrapped__ = fn
+    return call
 
 
 def _with_extra_filter(fn: RewardFn, sig: inspect.Signature) -> RewardFn:
@@ -99,7 +139,7 @@ def get_reward_fn(spec: str = "auto", *, dataset: str | None = None) -> RewardFn
         spec = DATASET_REWARDS[dataset]
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
-    return load_reward_plugin(spec)
+    return load_reward_plugin(spec, data_source=DATA_SOURCES.get(dataset, dataset))
 
 
 def make_reward(reward_cfg, *, dataset: str | None = None):

@@ -1,0 +1,185 @@
+"""Checks of a resolved config against the files and sizes it names, before anything runs.
+
+:func:`check_inputs` is what the launcher runs after :func:`~rljax.config.resolve` and
+before it creates the run directory or imports JAX: the reward plugin (its file and
+signature), the model checkpoint directory (``config.json``, safetensors weights,
+``tokenizer.json``), the mesh's ``tp`` against the vocabulary, and the dataset (its files,
+every prompt tokenized under the length policy, enough prompts for one batch). Each
+mistake is a :class:`ConfigError` of one line naming the key or file and what is accepted.
+
+It imports only pure-Python parts of rljax (``rljax.reward``, ``rljax.data``'s readers,
+``rljax.tokenizer``), plus ``tokenizers`` / ``pyarrow`` when the config names a
+``tokenizer.json`` / Parquet files. The prompts are tokenized exactly as the trainer does
+(:func:`rljax.data.prepare_prompts` with BOS), so a config that passes here does not fail
+the same way after compilation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rljax.config._errors import ConfigError
+from rljax.config._validate import parse_mesh_spec
+
+_CHECKPOINT = "a local Hugging Face checkpoint directory with config.json, *.safetensors and tokenizer.json"
+
+
+def check_inputs(config) -> None:
+    """Checks ``config`` against the files and sizes it names; raises :class:`ConfigError`.
+
+    Checks, in order: ``reward.function`` (a plugin file that exists and a function with
+    rljax's or verl's signature), ``model.path`` / ``model.tokenizer`` (the files exist and
+    load), ``trainer.mesh``'s ``tp`` (it divides the learner's vocabulary, which the fused
+    log-prob splits over ``tp``), and the dataset (``data.path``'s train and test files,
+    their fields, every prompt under ``data.max_prompt_length`` /
+    ``data.filter_overlong_prompts`` / ``data.truncation``, at least
+    ``data.train_batch_size`` train prompts kept and one test prompt).
+    """
+    _check_reward(config)
+    tokenizer, vocab, vocab_from = _check_model(config.model)
+    _check_tp(config, vocab, vocab_from)
+    _check_data(config, tokenizer)
+
+
+# ---------------------------------------------------------------------------- reward
+
+
+def _check_reward(config) -> None:
+    from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES, load_reward_plugin
+
+    spec = config.reward.function
+    if spec != "auto" and spec not in BUILTIN_REWARDS:
+        load_reward_plugin(spec, data_source=DATA_SOURCES.get(config.data.dataset))
+
+
+# ---------------------------------------------------------------------------- model and tokenizer
+
+
+def _check_model(m):
+    """``(tokenizer, learner vocabulary size, where that size comes from)``."""
+    from rljax.tokenizer import CharTokenizer, load_tokenizer
+
+    hf_vocab = None
+    if m.path:
+        root = Path(m.path).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"model.path={m.path!r} is not a directory (cwd {os.getcwd()}); expected {_CHECKPOINT}")
+        cfg_file = root / "config.json"
+        if not cfg_file.is_file():
+            raise ConfigError(f"model.path={m.path!r} has no config.json; expected {_CHECKPOINT}")
+        try:
+            hf = json.loads(cfg_file.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.path={m.path!r}: config.json is not readable JSON ({e})") from None
+        hf_vocab = hf.get("vocab_size") if isinstance(hf, dict) else None
+        if not isinstance(hf_vocab, int) or hf_vocab < 1:
+            raise ConfigError(f"model.path={m.path!r}: config.json has no positive integer vocab_size")
+        if not any(root.glob("*.safetensors")):
+            raise ConfigError(f"model.path={m.path!r} has no *.safetensors weights; expected {_CHECKPOINT}")
+    spec = m.tokenizer
+    if spec == "char" or (spec is None and not m.path):
+        tokenizer, where = CharTokenizer(), "the char tokenizer's"
+    else:
+        key, value = ("model.tokenizer", spec) if spec else ("model.path", m.path)
+        target = Path(value).expanduser()
+        file = target / "tokenizer.json" if target.is_dir() else target
+        if not file.is_file():
+            hint = "" if spec else "; set model.tokenizer to a tokenizer.json path, or 'char'"
+            raise ConfigError(f"{key}={value!r} has no tokenizer.json (looked for {str(file)!r}){hint}")
+        try:
+            tokenizer = load_tokenizer(str(file))
+        except ImportError as e:
+            raise ConfigError(f"{key}={value!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a corrupt tokenizer.json is the user's file
+            raise ConfigError(f"{key}={value!r}: {str(file)!r} is not a readable tokenizer.json "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+        where = f"{str(file)!r}'s"
+    if hf_vocab is not None:
+        if tokenizer.vocab_size > hf_vocab:
+            raise ConfigError(f"the tokenizer ({where}) has {tokenizer.vocab_size} tokens, more than model.path's "
+                              f"config.json vocab_size={hf_vocab}; use the checkpoint's own tokenizer.json")
+        return tokenizer, hf_vocab, f"model.path's config.json vocab_size"
+    # A preset trained from scratch takes the tokenizer's vocabulary (rljax.trainer.loop._model).
+    return tokenizer, tokenizer.vocab_size, f"{where} vocabulary; a preset takes its tokenizer's"
+
+
+def _check_tp(config, vocab: int, vocab_from: str) -> None:
+    sizes = parse_mesh_spec(config.trainer.mesh)
+    tp = 1 if sizes is None else sizes["tp"]
+    if vocab % tp:
+        accepted = [d for d in range(1, min(vocab, 64) + 1) if vocab % d == 0]
+        raise ConfigError(
+            f"trainer.mesh={config.trainer.mesh} (--mesh): tp={tp} must divide the vocabulary size {vocab} "
+            f"({vocab_from}), which the learner splits over tp; accepted tp: {', '.join(map(str, accepted))}"
+        )
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def _records(d, split: str):
+    """The split's examples as ``(where, [{"prompt", "answer", "index"}])`` (prompt before the template)."""
+    if d.dataset == "embedded":
+        from rljax.data._embedded import embedded_examples
+
+        return "data.dataset=embedded", list(embedded_examples(d.embedded, split))
+    from rljax.data._local import local_examples, split_files
+
+    where = f"data.path={d.path!r}"
+    root = Path(d.path).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"{where} is not a directory (cwd {os.getcwd()}); expected a directory holding "
+                          "train*.jsonl|.json|.parquet and test* files")
+    try:
+        files = split_files(root)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    if split not in files:
+        raise ConfigError(f"{where} has no {split} file: expected {split}*.jsonl, {split}*.json or {split}*.parquet "
+                          "(the run validates on the test split)")
+    try:
+        return where, [ex for _, ex in local_examples(files[split], prompt_key=d.prompt_key, answer_key=d.answer_key)]
+    except ImportError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
+
+
+def _check_data(config, tokenizer) -> None:
+    from rljax.data._prompts import prepare_prompts
+    from rljax.data._source import DEFAULT_TEMPLATES
+
+    d = config.data
+    template = d.prompt_template if d.prompt_template is not None else DEFAULT_TEMPLATES[d.dataset]
+
+    def tokenize(text):  # as the trainer does
+        return tokenizer.encode(text, add_bos=True)
+
+    for split in ("train", "test"):
+        where, examples = _records(d, split)
+        source = [{"prompt": template.format(prompt=ex["prompt"]), "answer": ex["answer"], "index": ex["index"]}
+                  for ex in examples]
+        try:
+            stats = prepare_prompts(source, tokenize, max_length=d.max_prompt_length,
+                                    filter_overlong=d.filter_overlong_prompts, truncation=d.truncation).stats
+        except ConfigError as e:
+            raise ConfigError(f"{where}, {split} split: {e}") from None
+        need = d.train_batch_size if split == "train" else 1
+        if stats.kept >= need:
+            continue
+        if stats.total and stats.filtered == stats.total:
+            raise ConfigError(
+                f"{where}, {split} split: all {stats.total} prompts are longer than data.max_prompt_length="
+                f"{d.max_prompt_length} tokens (the longest has {stats.longest}) and data.filter_overlong_prompts=true "
+                "drops them; raise data.max_prompt_length or set data.truncation=left|right with filtering off"
+            )
+        kept = f"{stats.kept} prompt{'s' if stats.kept != 1 else ''}"
+        if split == "train":
+            raise ConfigError(
+                f"{where}, train split: {kept} ({stats.filtered} of {stats.total} filtered as overlong) are fewer than "
+                f"data.train_batch_size={d.train_batch_size}; use a smaller batch or a larger dataset"
+            )
+        raise ConfigError(f"{where}, test split: no prompts to validate on ({stats.total} in the files, "
+                          f"{stats.filtered} filtered as overlong)")
