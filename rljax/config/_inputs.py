@@ -175,11 +175,12 @@ def _check_data(config, tokenizer) -> None:
                 f"{d.max_prompt_length} tokens (the longest has {stats.longest}) and data.filter_overlong_prompts=true "
                 "drops them; raise data.max_prompt_length or set data.truncation=left|right with filtering off"
             )
-        kept = f"{stats.kept} prompt{'s' if stats.kept != 1 else ''}"
+        if stats.total == 0:
+            raise ConfigError(f"{where}: the {split} split is empty")
+        kept = f"{stats.kept} usable prompt{'s' if stats.kept != 1 else ''}"
+        dropped = (f"{stats.total} rows: {stats.filtered} filtered as overlong, "
+                   f"{getattr(stats, 'no_answer', 0)} with an empty or null answer")
         if split == "train":
-            raise ConfigError(
-                f"{where}, train split: {kept} ({stats.filtered} of {stats.total} filtered as overlong) are fewer than "
-                f"data.train_batch_size={d.train_batch_size}; use a smaller batch or a larger dataset"
-            )
-        raise ConfigError(f"{where}, test split: no prompts to validate on ({stats.total} in the files, "
-                          f"{stats.filtered} filtered as overlong)")
+            raise ConfigError(f"{where}, train split: {kept} ({dropped}) are fewer than data.train_batch_size="
+                              f"{d.train_batch_size}; use a smaller batch or a larger dataset")
+        raise ConfigError(f"{where}, test split: no usable prompt to validate on ({dropped})")
