@@ -88,6 +88,7 @@ def test_non_finite_gradient_skips_the_update(model):
     assert int(state.skipped) == 1 and int(state.step) == 0
     chex.assert_trees_all_equal(state.params, params)
     assert int(metrics["skipped_updates"]) == 1
+    assert float(metrics["nonfinite_grad/layers.attn"]) > 0 and float(metrics["nonfinite_grad/lm_head"]) > 0
 
 
 def test_update_moves_towards_higher_advantage(model):

@@ -140,6 +140,17 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
+def _nonfinite_groups(grads) -> dict:
+    """``{"nonfinite_grad/<group>": 1.0 if any gradient of the group is NaN/inf}`` per parameter
+    group (the first two levels of the tree: ``embed``, ``layers.attn``, ``layers.mlp``, ``lm_head``);
+    what a skipped update reports as non-finite."""
+    groups: dict[str, list] = {}
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+        groups.setdefault(".".join(keys[:2] if len(keys) > 2 else keys[:1]), []).append(g)
+    return {f"nonfinite_grad/{name}": (~_all_finite(gs)).astype(jnp.float32) for name, gs in groups.items()}
+
+
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig,
                     mesh: Optional[Mesh] = None, *, loss_fn: Callable = None) -> Callable:
     """``train_step(state, batch, key) -> (state, metrics)``, jitted.
@@ -186,7 +197,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
         state = TrainState(params=keep(new_params, state.params), opt_state=keep(new_opt, state.opt_state),
                            step=state.step + ok.astype(jnp.int32), skipped=state.skipped + (~ok).astype(jnp.int32))
-        metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
+        metrics = dict(metrics, loss=loss, grad_norm=grad_norm, **_nonfinite_groups(grads))
         return state, metrics
 
     def train_step(state: TrainState, batch: dict, key: jax.Array):
