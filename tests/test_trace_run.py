@@ -15,7 +15,7 @@ from test_launch import SMALL, launch  # one small configuration for all end-to-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = ("config provenance", "consistent across every stage", "sessions per uid", "response_mask.sum()",
           "producers and consumers", "padding rows excluded", "mini-batch metadata", "actor_dp explained",
-          "weight version", "nothing left", "trace summary saved")
+          "weight version", "nothing left", "trace summary saved", "updates finite")
 
 
 @pytest.fixture(scope="module")

@@ -316,9 +316,29 @@ def check_summary(run: Run) -> Result:
                         f"of step time{note}")
 
 
+def check_updates(run: Run) -> Result:
+    """Every training step applied its update: no ``alerts/nonfinite_update``, the cumulative
+    ``actor/skipped_updates`` never grows, loss and gradient norm are finite (not null)."""
+    name = "updates finite"
+    bad, prev, steps = [], 0, 0
+    for step, m in sorted(run.metrics.items()):
+        if "actor/skipped_updates" not in m and "alerts/nonfinite_update" not in m:
+            continue
+        steps += 1
+        skipped = m.get("actor/skipped_updates")
+        grew = skipped is not None and skipped > prev
+        nulls = [k for k in ("actor/loss", "actor/grad_norm") if k in m and m[k] is None]
+        if m.get("alerts/nonfinite_update") or grew or nulls:
+            bad.append(f"step {step}" + (f" ({', '.join(nulls)} null)" if nulls else ""))
+        prev = skipped if skipped is not None else prev
+    if bad:
+        return False, name, f"{len(bad)} of {steps} step(s) skipped their update as non-finite: {', '.join(bad[:5])}"
+    return True, name, f"{steps} step(s), every update applied" if steps else "no training steps in metrics.jsonl"
+
+
 CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_config, check_group_consistency, check_sessions, check_response_len, check_producers, check_padding,
-    check_minibatch, check_actor_dp, check_versions, check_cleanup, check_summary)
+    check_minibatch, check_actor_dp, check_versions, check_cleanup, check_summary, check_updates)
 
 
 def run_checks(run_dir: str) -> list[Result]:

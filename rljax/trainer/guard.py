@@ -1,0 +1,156 @@
+"""What keeps a run from losing work or failing silently, as small pieces the step loop uses:
+
+* :class:`NonFiniteMonitor`: each step whose update was skipped as non-finite logs one
+  line naming what was non-finite (the loss, which gradient groups) and raises the
+  ``alerts/nonfinite_update`` alert; ``trainer.max_skipped_updates`` consecutive such
+  steps stop the run with :class:`NonFiniteUpdateError`.
+* :class:`StopSignals`: SIGTERM (what SLURM and TPU maintenance send before a kill)
+  becomes a request the loop honours at the next step boundary with a final save.
+* :func:`wait_for_save`: a stop waits (bounded) for the in-flight checkpoint to commit and
+  says so if it gives up.
+* :func:`cut_metrics`: on resume, ``metrics.jsonl`` is cut back to the restored step so
+  every step appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from typing import Callable, Optional
+
+NONFINITE_ALERT = "alerts/nonfinite_update"
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """Too many consecutive steps had their update skipped as non-finite."""
+
+
+class StopRequested(Exception):
+    """Raised by the loop after a SIGTERM-requested final save (exit status 143, like a plain SIGTERM)."""
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def describe_nonfinite(actor: Mapping, prefix: str = "") -> str:
+    """What was non-finite in a train step's metrics: ``"loss, gradients of layers.attn, lm_head"``."""
+    parts = []
+    if not _finite(actor.get("loss", 0.0)):
+        parts.append(f"{prefix}loss")
+    groups = sorted(k.split("/", 1)[1] for k, v in actor.items() if k.startswith("nonfinite_grad/") and float(v) > 0)
+    if groups:
+        parts.append(f"{prefix}gradients of {', '.join(groups)}")
+    elif not _finite(actor.get("grad_norm", 0.0)):
+        parts.append(f"{prefix}gradient norm")
+    return "; ".join(parts) or f"{prefix}loss or gradients"
+
+
+class NonFiniteMonitor:
+    """Watches the cumulative ``skipped_updates`` counter of the train step(s).
+
+    Args:
+      max_consecutive: ``trainer.max_skipped_updates``.
+      echo: where the per-step line goes.
+    """
+
+    def __init__(self, max_consecutive: int, *, echo: Callable[[str], None] = print):
+        self.max_consecutive = int(max_consecutive)
+        self.echo = echo
+        self.consecutive = 0
+        self.total = 0
+
+    def observe(self, step: int, skipped: Mapping[str, tuple[int, Mapping]]) -> dict:
+        """``skipped``: ``{"actor": (updates skipped this step, step metrics), "critic": ...}``.
+        Returns the metrics to add (the alert when something was skipped); raises
+        :class:`NonFiniteUpdateError` after ``max_consecutive`` consecutive steps with a skip."""
+        hits = {role: (n, m) for role, (n, m) in skipped.items() if n > 0}
+        if not hits:
+            self.consecutive = 0
+            return {}
+        self.consecutive += 1
+        self.total += 1
+        what = "; ".join(f"{role}: {n} update(s), non-finite {describe_nonfinite(m)}" for role, (n, m) in hits.items())
+        self.echo(f"step {step}: update skipped, parameters unchanged ({what}) "
+                  f"[{self.consecutive}/{self.max_consecutive} consecutive]")
+        if self.consecutive >= self.max_consecutive:
+            raise NonFiniteUpdateError(
+                f"{self.consecutive} consecutive steps (through step {step}) skipped their update as non-finite "
+                f"({what}); stopping (trainer.max_skipped_updates={self.max_consecutive}); the last checkpoint "
+                "saved before is kept; lower actor.optim.lr or set actor.grad_clip")
+        return {NONFINITE_ALERT: 1.0}
+
+
+class StopSignals:
+    """While active, SIGTERM sets :attr:`requested` instead of killing the process (main thread
+    only; elsewhere it is a no-op). The previous handler comes back on exit."""
+
+    def __init__(self, signals=(signal.SIGTERM,)):
+        self.signals = tuple(signals)
+        self.requested: Optional[str] = None
+        self._previous: dict = {}
+
+    def _handler(self, signum, frame):
+        self.requested = signal.Signals(signum).name
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.signals:
+                self._previous[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous = {}
+
+
+def wait_for_save(checkpointer, timeout_s: float, echo: Callable[[str], None] = print) -> bool:
+    """Waits at most ``timeout_s`` for the in-flight save; says so when it gives up or the save failed."""
+    pending = checkpointer.pending
+    try:
+        done = checkpointer.wait(timeout_s)
+    except Exception as e:  # noqa: BLE001 - we are already stopping; report, do not mask the first error
+        echo(f"checkpoint: the save of step {pending} failed while stopping: {e}")
+        return False
+    if not done:
+        echo(f"checkpoint: gave up waiting for the save of step {pending} after {timeout_s:g} s "
+             "(trainer.stop_save_timeout_s); it may be incomplete and will be ignored on resume")
+    elif pending is not None:
+        echo(f"checkpoint: waited for the in-flight save of step {pending} before stopping")
+    return done
+
+
+def cut_metrics(run_dir: str, step: int) -> int:
+    """Drops the records of ``metrics.jsonl`` after ``step`` (written by a run that went on
+    past its last checkpoint); returns how many were dropped. Atomic (write, then rename)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    keep, dropped = [], 0
+    with open(path) as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                rec_step = json.loads(line).get("step")
+            except ValueError:  # a line cut short by a kill
+                dropped += 1
+                continue
+            if isinstance(rec_step, int) and rec_step > step:
+                dropped += 1
+            else:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.writelines(keep)
+        os.replace(tmp, path)
+    return dropped
