@@ -154,7 +154,8 @@ def _resume_arg(argv: list) -> list:
 def main(argv=None) -> int:
     from rljax._rundir import RunDirError, RunDirLock, check_run_dir
 
-    args = _parser().parse_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
+    # intermixed: overrides may come before and after options (`... rollout.n=4 --resume trainer.total_steps=8`)
+    args = _parser().parse_intermixed_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
     lock = None
     try:
         cfg, prov = resolve_config(args)
