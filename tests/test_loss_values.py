@@ -94,8 +94,20 @@ class AdvantageTest(chex.TestCase):
         np.testing.assert_allclose(np.asarray(adv)[0, [0, 2, 3]], w, rtol=1e-4)
 
     def test_estimator_registry(self):
-        assert L.get_adv_estimator("grpo") is L.grpo_advantages
-        assert L.get_adv_estimator("gae") is L.gae_advantages
+        # Every registered estimator has the one trainer-facing signature; the outcome ones
+        # read the score as the sum of the token-level rewards and broadcast over the mask.
+        rewards = jnp.array([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.0]])
+        mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+        group, row = jnp.array([0, 0, 1, 1]), jnp.array([True, True, True, False])
+        kw = dict(group_id=group, num_groups=2, row_mask=row, values=None)
+        adv, ret = L.get_adv_estimator("grpo")(rewards, mask, config={"norm_adv_by_std_in_grpo": False}, **kw)
+        expect = L.grpo_advantages(jnp.array([1.0, 0.0, 0.5, 0.0]), group, num_groups=2, row_mask=row,
+                                   scale_by_std=False)
+        np.testing.assert_allclose(adv, expect[:, None] * mask, rtol=1e-6)
+        np.testing.assert_allclose(ret, adv)
+        assert {"grpo", "rloo", "reinforce_plus_plus_baseline", "gae"} <= set(L.registered_adv_estimators())
+        with pytest.raises(ValueError, match="needs critic values"):
+            L.get_adv_estimator("gae")(rewards, mask, config={}, **kw)
         with pytest.raises(ValueError, match="unknown advantage estimator 'nope'; registered: .*grpo"):
             L.get_adv_estimator("nope")
 

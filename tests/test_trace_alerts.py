@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.config import resolve
 from rljax.sharding import batch_shardings, make_mesh
-from rljax.trace import STAGES, Tracer, choose_groups
+from rljax.trace import Tracer, choose_groups
 from rljax.trace import alerts as A
 from rljax.trace.fields import host_rows, summarize
 
@@ -27,7 +27,7 @@ def _traj(pad=0, leak=False):
     response_mask = np.ones((rows, T), bool) & (~is_padding[:, None] | leak)
     resp_len = response_mask.sum(1)
     uids = [f"1-{b // N}" if b < B else "" for b in range(rows)]
-    t = types.SimpleNamespace(
+    t = _Traj(
         prompt_ids=rng.integers(1, 9, (rows, S)).astype(np.int32), prompt_mask=~is_padding[:, None].repeat(S, 1),
         response_ids=rng.integers(1, 9, (rows, T)).astype(np.int32), response_mask=response_mask,
         loss_mask=response_mask.copy(), rollout_logp=-np.ones((rows, T), np.float32) * response_mask,
@@ -35,41 +35,106 @@ def _traj(pad=0, leak=False):
         truncated=resp_len == T, group_id=np.where(is_padding, 0, np.arange(rows) // N),
         min_version=np.zeros(rows, np.int32), max_version=np.zeros(rows, np.int32), is_padding=is_padding,
         queue_s=np.zeros(rows, np.float32), decode_s=np.full(rows, 0.01, np.float32), uid=tuple(uids),
-        session=tuple(b % N if b < B else -1 for b in range(rows)), index=tuple(0 if b < B else -1 for b in range(rows)))
+        session=tuple(b % N if b < B else -1 for b in range(rows)), index=tuple(0 if b < B else -1 for b in range(rows)),
+        batch_size=rows, num_groups=4,
+        decode=types.SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=T, seed=0))
     return t
 
 
+class _Traj(types.SimpleNamespace):
+    def arrays(self):
+        return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
+
+
+def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=False, bugs=()):
+    """Synthetic stages of one step (the runner's real protocol, no model): each produces the
+    fields the trainer's stage of the same name produces. ``bugs`` provokes one defect each."""
+    from rljax.trainer.runner import Stage
+
+    rows = traj.prompt_ids.shape[0]
+    kept = []  # where a leaking stage keeps the batch
+
+    def dataset_item(b):
+        prompts = [types.SimpleNamespace(index=10 + g, position=g, ids=tuple(range(S)), truncated=False)
+                   for g in range(4)]
+        return {"prompts": prompts, "uids": [f"1-{g}" for g in range(4)], "weight_version": 0}
+
+    def trajectory_fields(b):
+        t = b["trajectories"]
+        att = np.concatenate([t.prompt_mask, t.response_mask], 1) if attention is None else attention
+        loss_mask = t.loss_mask.astype(np.float32)
+        if "mask" in bugs:  # the learner drops the first action token of every row
+            loss_mask = loss_mask.copy()
+            loss_mask[:, 0] = 0
+        host = {"input_ids": np.concatenate([t.prompt_ids, t.response_ids], 1), "attention_mask": att,
+                "positions": np.zeros((rows, S + T), np.int32), "loss_mask": loss_mask,
+                "rollout_logp": t.rollout_logp, "group_id": t.group_id.astype(np.int32), "row_mask": ~t.is_padding}
+        shardings = batch_shardings(host, mesh)
+        return {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
+
+    def reward(b):
+        scores = np.linspace(0, 1, rows).astype(np.float32) * ~b["trajectories"].is_padding
+        return {"scores": jax.device_put(scores, NamedSharding(mesh, PartitionSpec("dp")))}
+
+    def old_log_prob(b):
+        x = b["input_ids"]
+        return {"old_logp": jax.device_put(np.full(old_logp_shape, -0.5, np.float32),
+                                           NamedSharding(mesh, PartitionSpec())),
+                "entropy": jax.device_put(np.ones((rows, T), np.float32), NamedSharding(mesh, PartitionSpec()))}
+
+    def advantages(b):
+        _ = (b["scores"], b["group_id"], b["row_mask"])
+        return {"advantages": b["loss_mask"] * 1.0}
+
+    def actor_minibatch(b):
+        behaviour = b["rollout_logp"] if bypass and "bypass" not in bugs else b["old_logp"]
+        del behaviour
+        _ = (b["input_ids"], b["attention_mask"], b["positions"], b["loss_mask"], b["advantages"])
+        if "leak" in bugs:
+            kept.append(b["advantages"])
+        return {"actor_metrics": {"pg_loss": 0.1, "grad_norm": 1.0}, "optimizer_steps": 1}
+
+    def weight_sync(b):
+        return {"weight_version_after": 1, "sampler_version": 0 if "stale" in bugs else 1, "weight_sync_s": 0.0}
+
+    def step_metrics(b):
+        base = {"actor/ppo_kl": 0.01, "actor/grad_norm": 1.0, "actor/entropy": 1.0, "response_length/mean": float(T),
+                "critic/score/mean": 0.5}
+        return {"metrics": dict(base, **(metrics or {}))}
+
+    stages = [Stage("dataset_item", dataset_item), Stage("rollout_sessions", lambda b: {"trajectories": traj}),
+              Stage("trajectory_fields", trajectory_fields), Stage("reward", reward)]
+    if not bypass or "bypass" in bugs:
+        stages.append(Stage("old_log_prob", old_log_prob))
+    stages += [Stage("advantages", advantages), Stage("actor_minibatch", actor_minibatch),
+               Stage("weight_sync", weight_sync), Stage("metrics", step_metrics)]
+    return stages, kept
+
+
 def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metrics=None, memory=None, pad=0,
-          leak=False):
+          leak=False, bugs=(), steps=1):
+    from rljax.config import write_resolved
+    from rljax.trainer.runner import StepRunner
+
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg, _ = resolve("default", [f"rollout.n={N}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
-                                 *overrides])
+    cfg, prov = resolve("default", [f"rollout.n={N}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+                                    *overrides])
+    write_resolved(cfg, prov, tmp_path / "config.resolved.yaml")
+    (tmp_path / "topology.json").write_text(json.dumps(
+        {"world_size": 8, "mesh": {"dp": 8}, "actor_dp": 8, "actor_dp_derivation": "world_size / (tp * sp) = 8",
+         "rollout_tp": 1, "rollout_replicas": 8}))
     mesh = make_mesh("dp8")
-    tracer = Tracer(cfg, mesh, str(tmp_path), owner=None)
+    tracer = Tracer(cfg, mesh, str(tmp_path))
     if memory is not None:
         tracer.memory_stats = lambda: memory
     traj = _traj(pad, leak)
     rows = B + pad
-    old_logp_shape = old_logp_shape or (rows, T)
-    prompts = [types.SimpleNamespace(index=10 + g, position=g, ids=tuple(range(S)), truncated=False) for g in range(4)]
-    decode = types.SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=T, seed=0)
-    att = np.concatenate([traj.prompt_mask, traj.response_mask], 1) if attention is None else attention
-    host = {"input_ids": np.concatenate([traj.prompt_ids, traj.response_ids], 1), "attention_mask": att,
-            "positions": np.zeros((rows, S + T), np.int32), "loss_mask": traj.loss_mask.astype(np.float32),
-            "rollout_logp": traj.rollout_logp}
-    placed = {k: jax.device_put(v, s) for (k, v), s in zip(host.items(), batch_shardings(host, mesh).values())}
-    tracer.submit(1, prompts, [f"1-{g}" for g in range(4)], version=0, decode=decode)
-    tracer.rollout(traj)
-    scores = np.linspace(0, 1, rows).astype(np.float32) * ~traj.is_padding
-    tracer.reward(scores, placed, {"scores": scores})
-    old = jax.device_put(np.full(old_logp_shape, -0.5, np.float32), NamedSharding(mesh, PartitionSpec()))
-    tracer.logprob("old_log_prob", old_logp=old, entropy=np.ones((rows, T), np.float32))
-    adv = jax.device_put(np.ones((rows, T), np.float32) * traj.loss_mask, placed["loss_mask"].sharding)
-    tracer.advantages(dict(placed, old_logp=old, advantages=adv))
-    tracer.actor_update({"pg_loss": 0.1, "grad_norm": 1.0}, optimizer_steps=1)
-    tracer.weight_sync(1, types.SimpleNamespace(version=1, last_weight_sync_s=0.0))
-    base = {"actor/ppo_kl": 0.01, "actor/grad_norm": 1.0, "actor/entropy": 1.0, "response_length/mean": float(T)}
-    out = tracer.end_step(dict(base, **(metrics or {})), host=host)
+    stages, kept = _stages(tmp_path, traj, mesh, old_logp_shape=old_logp_shape or (rows, T), attention=attention,
+                           metrics=metrics, bypass=cfg.algorithm.bypass_mode, bugs=bugs)
+    runner = StepRunner(stages, [tracer])
+    out = {}
+    for step in range(1, steps + 1):
+        out, _ = runner.run(step, {"step": step})
     return tracer, out
 
 
@@ -81,7 +146,9 @@ def _records(tmp_path):
 def test_one_record_per_stage_per_traced_group_with_field_summaries(tmp_path):
     tracer, out = _step(tmp_path)
     recs = _records(tmp_path)
-    assert [r["stage"] for r in recs] == [s for s in STAGES if s != "reference"]
+    assert [r["stage"] for r in recs] == ["config_resolve", "dataset_item", "rollout_sessions", "trajectory_fields",
+                                          "reward", "old_log_prob", "advantages", "actor_minibatch", "weight_sync",
+                                          "metrics", "cleanup"]
     uid = recs[0]["uid"]
     keys = [f"{uid}_{s}_0" for s in range(N)]
     assert all(r["uid"] == uid and r["keys"] == keys for r in recs)
@@ -93,15 +160,17 @@ def test_one_record_per_stage_per_traced_group_with_field_summaries(tmp_path):
     assert adv["row_mean"] == [1.0] * N and adv["outside_mask_abs_sum"] == 0.0
     assert len(adv["sharding"]["owner_devices"]) == N // (B // 8)
     assert 0 <= out["trace/overhead_frac"] < 1 and out["timing_s/dataset_item"] >= 0
+    assert lm["producer"] == "trajectory_fields" and lm["consumers"] == ["advantages", "actor_minibatch"]
+    assert recs[-1]["released"] and recs[-1]["tracked_objects"] > 0
     assert not any(k.startswith("alerts/") for k in out), out
-    assert all(r["t_start"] <= r["t_end"] for r in recs)
+    assert all(r["t_start"] <= r["t_end"] for r in recs if r["t_start"] is not None)
     assert tracer.close()["records"] == len(recs)
 
 
 def test_shape_checksum_mismatch_alert(tmp_path, caplog):
     _, out = _step(tmp_path, old_logp_shape=(B, T - 1))
     assert out.get("alerts/shape_checksum_mismatch") == 1
-    assert "old_log_prob" in caplog.text and "resp_len" in caplog.text
+    assert "old_log_prob" in caplog.text and "resp_len" in caplog.text and "[error]" in caplog.text
 
 
 def test_dp_token_imbalance_alert(tmp_path):
@@ -142,7 +211,7 @@ def test_host_rows_reads_only_owning_shards_and_matches_numpy():
     arr = jax.device_put(x, batch_shardings({"x": x}, mesh)["x"])
     rows = np.array([2, 3, 5])
     np.testing.assert_array_equal(host_rows(arr, rows), x[rows])
-    f = summarize("x", arr, producer="a:b", consumer="c:d", rows=rows, mask=x > 10, values=True)
+    f = summarize("x", arr, producer="a", consumers=["c"], rows=rows, mask_rows=(x > 10)[rows], values=True)
     assert f["sharding"]["local_shape"] == [4, 3] and f["mask_sum"] == [6, 6, 6]
 
 
@@ -162,16 +231,16 @@ def test_padding_rows_are_kept_out_and_a_leak_fails_the_padding_check(tmp_path):
     assert mb["advantages_on_padding_rows_abs_sum"] == 0.0
     assert next(r for r in recs if r["stage"] == "reward")["padding_rows"] == 8
     assert all(len(r["keys"]) == N for r in recs)  # padding rows (group 0) are never traced
-    assert check_padding(Run(str(tmp_path / "ok")))[0]
+    assert check_padding(Run(str(tmp_path / "ok")))[0] == "PASS"
     _step(tmp_path / "leak", pad=8, leak=True)  # padding rows with a loss mask and advantages
-    ok, _, detail = check_padding(Run(str(tmp_path / "leak")))
-    assert not ok and "padding rows" in detail
+    status, _, detail = check_padding(Run(str(tmp_path / "leak")))
+    assert status == "FAIL" and "padding rows" in detail
 
 
 def test_more_traced_groups_give_more_records(tmp_path):
     _step(tmp_path, overrides=["trace.groups=2"])
     recs = _records(tmp_path)
-    assert len({r["uid"] for r in recs}) == 2 and len(recs) == 2 * (len(STAGES) - 1)
+    assert len({r["uid"] for r in recs}) == 2 and len(recs) == 2 * 11
 
 
 def test_shape_ledger_rows_from_the_step_arrays_flag_rows_not_split_over_dp(tmp_path):
@@ -180,3 +249,65 @@ def test_shape_ledger_rows_from_the_step_arrays_flag_rows_not_split_over_dp(tmp_
     assert rows["loss_mask"]["local_shape"] == [B // 8, T] and "note" not in rows["loss_mask"]
     assert rows["old_logp"]["local_shape"] == [B, T] and "every device holds all" in rows["old_logp"]["note"]
     assert "old_logp" in (tmp_path / "shape_ledger.md").read_text()
+
+
+def _check(run_dir):
+    from rljax.trace.check import run_checks
+
+    return {name: (status, detail) for status, name, detail in run_checks(str(run_dir))}
+
+
+def _close(tracer):
+    tracer.close()
+
+
+# Provoked bugs: each makes `python -m rljax.trace check` fail, for its own reason.
+@pytest.mark.parametrize("bug,overrides,check,why", [
+    ("mask", (), "loss_mask consumed by the update == rollout's response_mask", "loss_mask has 3 tokens"),
+    ("leak", (), "nothing left in the buffer after cleanup", "advantages"),
+    ("bypass", ("algorithm.bypass_mode=true",), "behaviour log-prob from the right producer (bypass_mode)",
+     "bypass_mode=true but"),
+    ("stale", (), "weight version after each sync == next rollout's version", "sampler 0"),
+    ("shape", (), "no error-severity alerts", "shape_checksum_mismatch"),
+])
+def test_provoked_bugs_fail_the_check_for_their_own_reason(tmp_path, bug, overrides, check, why):
+    good, _ = _step(tmp_path / "good", overrides=overrides)
+    _close(good)
+    results = _check(tmp_path / "good")
+    assert all(s != "FAIL" for s, _ in results.values()), results
+    bad, _ = _step(tmp_path / "bad", overrides=overrides, bugs=(bug,) if bug != "shape" else (),
+                   old_logp_shape=(B, T - 1) if bug == "shape" else None)
+    _close(bad)
+    results = _check(tmp_path / "bad")
+    status, detail = results[check]
+    assert status == "FAIL" and why in detail, (check, results)
+    failed = {k for k, (s, _) in results.items() if s == "FAIL"}
+    own = {"leak": {check, "no error-severity alerts"}}.get(bug, {check})
+    assert failed == own, failed
+
+
+def test_check_cli_exits_1_on_an_error_alert_and_counts_na(tmp_path):
+    import subprocess
+    import sys
+
+    tracer, _ = _step(tmp_path / "ok")
+    _close(tracer)
+    out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "ok")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "1 not applicable" in out.stdout and "N/A" in out.stdout, out.stdout
+    tracer, _ = _step(tmp_path / "bad", old_logp_shape=(B, T - 1))
+    _close(tracer)
+    out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "bad")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1 and "FAIL  no error-severity alerts" in out.stdout, out.stdout
+
+
+def test_a_failed_run_still_writes_its_summary_with_the_error(tmp_path):
+    from rljax.trace.check import check_summary, Run
+
+    tracer, _ = _step(tmp_path)
+    tracer.close(error="RuntimeError: boom", step=2)
+    s = json.loads((tmp_path / "trace_summary.json").read_text())
+    assert s["status"] == "failed" and s["error"] == "RuntimeError: boom" and s["failed_at_step"] == 2
+    status, _, detail = check_summary(Run(str(tmp_path)))
+    assert status == "FAIL" and "boom" in detail

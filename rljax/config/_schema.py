@@ -128,7 +128,7 @@ class ActorConfig:
     )
     ppo_epochs: int = _f(1, "passes over each step's batch", ge=1)
     shuffle: bool = _f(True, "shuffle the step's trajectories before splitting them into mini-batches "
-                       "(each epoch, from trainer.seed and the step)")
+                       "(each epoch, from trainer.seed and the step; false: batch order)")
     use_kl_loss: bool = _f(False, "add a KL loss to the reference policy")
     kl_loss_coef: float = _f(0.001, "KL loss coefficient", ge=0.0)
     kl_loss_type: Literal[KL_LOSS_TYPES] = _f(

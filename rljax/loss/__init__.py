@@ -12,12 +12,11 @@ This package imports only jax, chex and numpy: no flax, TensorFlow, TFDS or JetS
 
 from rljax.loss._advantages import (
     gae_advantages,
-    get_adv_estimator,
     grpo_advantages,
-    register_adv_estimator,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
+from rljax.loss._estimators import get_adv_estimator, register_adv_estimator, registered_adv_estimators
 from rljax.loss._aggregate import AGGREGATION_MODES, aggregate
 from rljax.loss._correction import rollout_correction_weights
 from rljax.loss._kl import adaptive_kl_coef, entropy_from_logits, kl_penalty, mean_sequence_kl
@@ -50,6 +49,7 @@ __all__ = [
     "raise_on_future",
     "register_adv_estimator",
     "register_policy_loss",
+    "registered_adv_estimators",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "rollout_correction_weights",

@@ -6,13 +6,15 @@ with a static ``num_groups``, so every estimator is jittable and vmappable. Grou
 be arbitrary integers (for example hashes of prompt uids): they are mapped to dense
 indices with a fixed-size ``jnp.unique``.
 
-New estimators are registered by name with :func:`register_adv_estimator` and looked up with
-:func:`get_adv_estimator`, so the trainer never needs an ``if`` per estimator.
+The functions here are the estimators' own maths, each with the arguments it needs. The
+trainer calls every estimator through one signature, registered by name
+(:mod:`rljax.loss._estimators`): :func:`register_adv_estimator` and
+:func:`get_adv_estimator` live there.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import chex
 import jax
@@ -20,21 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.loss._masked import masked_whiten
-from rljax.loss._registry import Registry
-
-
-
-_ADV_ESTIMATORS = Registry("advantage estimator")
-
-
-def register_adv_estimator(name: str) -> Callable[[Callable], Callable]:
-    """Decorator registering an advantage estimator under ``name``."""
-    return _ADV_ESTIMATORS.register(name)
-
-
-def get_adv_estimator(name: str) -> Callable:
-    """The estimator registered as ``name``; ``ValueError`` listing the known names otherwise."""
-    return _ADV_ESTIMATORS.get(name)
 
 
 def _concrete(x) -> Optional[np.ndarray]:
@@ -96,7 +83,6 @@ def _group_stats(scores, group_ids, num_groups, row_mask):
     return scores, weight, count[index], mean[index], jnp.sqrt(var)[index]
 
 
-@register_adv_estimator("grpo")
 def grpo_advantages(
     scores: chex.Array,
     group_ids: chex.Array,
@@ -138,7 +124,6 @@ def grpo_advantages(
     return adv * weight
 
 
-@register_adv_estimator("rloo")
 def rloo_advantages(
     scores: chex.Array,
     group_ids: chex.Array,
@@ -163,7 +148,6 @@ def rloo_advantages(
     return (scores - mean) * factor * weight
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
 def reinforce_pp_baseline_advantages(
     scores: chex.Array,
     group_ids: chex.Array,
@@ -198,7 +182,6 @@ def reinforce_pp_baseline_advantages(
     return masked_whiten(adv, mask_f) * mask_f
 
 
-@register_adv_estimator("gae")
 def gae_advantages(
     token_rewards: chex.Array,
     values: chex.Array,

@@ -2,7 +2,7 @@
 
 summary: topology, non-default config fields with sources, shape and memory ledgers,
 stage-time split and tracing overhead, as tables.
-check: one PASS/FAIL line per check of the run's files; exit 1 when any check fails,
+check: one PASS/FAIL/N/A line per check of the run's files; exit 1 when any check fails,
 2 on a usage error (unknown command, missing run directory).
 """
 
@@ -34,11 +34,12 @@ def main(argv=None) -> int:
     from rljax.trace.check import run_checks
 
     results = run_checks(args.run_dir)
-    for ok, name, detail in results:
-        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
-    failed = sum(1 for ok, _, _ in results if not ok)
-    print(f"{len(results) - failed}/{len(results)} checks passed")
-    return 1 if failed else 0
+    for status, name, detail in results:
+        print(f"{status:<4}  {name}: {detail}")
+    counts = {s: sum(1 for r in results if r[0] == s) for s in ("PASS", "FAIL", "N/A")}
+    print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['N/A']} not applicable "
+          f"(of {len(results)} checks)")
+    return 1 if counts["FAIL"] else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ An alert is ``(name, message)``; the tracer writes ``alerts/<name> = 1`` into
 * ``kl_spike`` / ``grad_norm_spike`` / ``entropy_spike``: the value is more than
   ``trace.alert_spike_factor`` times the running median of the last
   ``trace.alert_spike_window`` steps (entropy also when it falls below median / factor).
+* ``batch_leak``: a field of a finished step's batch is still referenced (the runner's
+  live-batch registry).
+
+Each alert has a severity (:data:`SEVERITY`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,19 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 Alert = tuple[str, str]
+
+#: Severity of each alert. ``error``: the run's data or update is wrong (``python -m
+#: rljax.trace check`` fails the run); ``warning``: worth a look (reported, not failed).
+SEVERITY = {
+    "shape_checksum_mismatch": "error",
+    "batch_leak": "error",
+    "nonfinite_update": "error",
+    "memory_near_limit": "warning",
+    "dp_token_imbalance": "warning",
+    "kl_spike": "warning",
+    "grad_norm_spike": "warning",
+    "entropy_spike": "warning",
+}
 
 #: metric -> (alert name, also alert when the value collapses below median / factor)
 SPIKE_METRICS = {

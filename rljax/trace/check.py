@@ -1,7 +1,11 @@
 """``python -m rljax.trace check RUN_DIR``: verify a run from its files alone.
 
-Each check returns ``(ok, name, detail)``; a check that does not apply to the run (no tool
-observations, no reference policy, no padding rows) passes with a note saying so.
+Each check returns ``(status, name, detail)`` with ``status`` one of ``PASS``, ``FAIL`` or
+``N/A`` (the check does not apply to this run, e.g. no tool observations); N/A is counted
+apart, never as a pass. Producers and consumers in the trace are what the step runner
+observed (the stage that wrote a field, the stages that read it), so these checks compare
+the run with what the configuration implies, not with a second hand-kept table. Alerts of
+``error`` severity in the run fail it.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ import os
 from collections import defaultdict
 from typing import Callable, Optional
 
-from rljax.trace.tracer import STAGES, SUMMARY_FILE, TRACE_FILE
+from rljax.trace.alerts import SEVERITY
+from rljax.trace.tracer import SUMMARY_FILE, TRACE_FILE
 
-Result = tuple[bool, str, str]
+Result = tuple[str, str, str]
+PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 
 
 def read_trace(run_dir: str) -> list[dict]:
@@ -52,6 +58,23 @@ class Run:
     def needs_reference(self) -> bool:
         return bool(self.config_values.get("actor.use_kl_loss") or self.config_values.get("algorithm.use_kl_in_reward"))
 
+    def bypass(self) -> bool:
+        return bool(self.config_values.get("algorithm.bypass_mode"))
+
+    def required_stages(self) -> list[str]:
+        """The stages every traced group must have, from the run's configuration."""
+        stages = ["config_resolve", "dataset_item", "rollout_sessions", "trajectory_fields", "reward"]
+        if not self.bypass():
+            stages.append("old_log_prob")
+        if self.needs_reference():
+            stages.append("reference")
+        if self.config_values.get("algorithm.adv_estimator") == "gae":
+            stages.append("values")
+        stages.append("advantages")
+        if self.config_values.get("algorithm.adv_estimator") == "gae":
+            stages.append("update_critic")
+        return stages + ["actor_minibatch", "weight_sync", "metrics", "cleanup"]
+
     def by_stage(self, stage: str) -> list[dict]:
         return [r for r in self.records if r["stage"] == stage]
 
@@ -63,46 +86,46 @@ def _field(rec: dict, name: str) -> Optional[dict]:
 def check_config(run: Run) -> Result:
     path = os.path.join(run.dir, "config.resolved.yaml")
     if not os.path.exists(path):
-        return False, "config provenance recorded", "config.resolved.yaml missing"
+        return FAIL, "config provenance recorded", "config.resolved.yaml missing"
     try:
         from rljax.config import load_resolved
 
         _, prov = load_resolved(path)
     except Exception as e:
-        return False, "config provenance recorded", f"config.resolved.yaml unreadable: {e}"
+        return FAIL, "config provenance recorded", f"config.resolved.yaml unreadable: {e}"
     with open(path) as fh:
         tagged = sum(1 for line in fh if "# from: " in line)
     if tagged == 0:
-        return False, "config provenance recorded", "no '# from: <source>' tags in config.resolved.yaml"
+        return FAIL, "config provenance recorded", "no '# from: <source>' tags in config.resolved.yaml"
     rec = run.config_record
     if not rec.get("sha256") or not rec.get("sources"):
-        return False, "config provenance recorded", "trace has no config_resolve record with sources"
+        return FAIL, "config provenance recorded", "trace has no config_resolve record with sources"
     sources = sorted({v for v in prov.values()})
     hashes = {r["config"].get("sha256") for r in run.by_stage("config_resolve") if r.get("config")}
-    return True, "config provenance recorded", (f"{tagged} fields tagged; sources: {', '.join(sources)}; "
+    return PASS, "config provenance recorded", (f"{tagged} fields tagged; sources: {', '.join(sources)}; "
                                                 f"{len(hashes)} resolved config(s) in the trace")
 
 
 def check_group_consistency(run: Run) -> Result:
     name = "prompt group uid/sessions/keys consistent across every stage"
     if not run.groups:
-        return False, name, f"no records in {TRACE_FILE}"
-    required = [s for s in STAGES if s != "reference" or run.needs_reference()]
+        return FAIL, name, f"no records in {TRACE_FILE}"
+    required = run.required_stages()
     for (step, uid), stages in sorted(run.groups.items()):
         missing = [s for s in required if s not in stages]
         if missing:
-            return False, name, f"step {step} group {uid}: stage(s) missing: {', '.join(missing)}"
+            return FAIL, name, f"step {step} group {uid}: stage(s) missing: {', '.join(missing)}"
         keys = stages["rollout_sessions"]["keys"]
         if not keys or any(not k.startswith(f"{uid}_") for k in keys):
-            return False, name, f"step {step} group {uid}: trajectory keys {keys[:3]}... do not carry the uid"
+            return FAIL, name, f"step {step} group {uid}: trajectory keys {keys[:3]}... do not carry the uid"
         for s, r in stages.items():
             if r["keys"] != keys:
-                return False, name, f"step {step} group {uid}: keys at stage {s} differ from rollout_sessions"
+                return FAIL, name, f"step {step} group {uid}: keys at stage {s} differ from rollout_sessions"
         traj = [t["key"] for t in stages["rollout_sessions"].get("trajectories", [])]
         if traj != keys:
-            return False, name, f"step {step} group {uid}: rollout_sessions trajectories differ from its keys"
+            return FAIL, name, f"step {step} group {uid}: rollout_sessions trajectories differ from its keys"
     first = sorted(run.groups)[0]
-    return True, name, (f"{len(run.groups)} traced group(s), {len(required)} stages each; e.g. step {first[0]} "
+    return PASS, name, (f"{len(run.groups)} traced group(s), {len(required)} stages each; e.g. step {first[0]} "
                         f"uid {first[1]}: {len(run.groups[first]['rollout_sessions']['keys'])} keys")
 
 
@@ -111,13 +134,13 @@ def check_sessions(run: Run) -> Result:
     n = run.config_values.get("rollout.n")
     recs = run.by_stage("rollout_sessions")
     if not recs or n is None:
-        return False, name, "no rollout_sessions records or rollout.n unknown"
+        return FAIL, name, "no rollout_sessions records or rollout.n unknown"
     for r in recs:
         sessions = sorted({int(k.rsplit("_", 2)[1]) for k in r["keys"]})
         if r.get("n") != n or sessions != list(range(n)) or r.get("sessions") != sessions:
-            return False, name, (f"step {r['step']} uid {r['uid']}: sessions {sessions} "
+            return FAIL, name, (f"step {r['step']} uid {r['uid']}: sessions {sessions} "
                                  f"(recorded {r.get('sessions')}), rollout.n={n}")
-    return True, name, f"{len(recs)} group(s) with sessions 0..{n - 1}"
+    return PASS, name, f"{len(recs)} group(s) with sessions 0..{n - 1}"
 
 
 def check_response_len(run: Run) -> Result:
@@ -125,46 +148,97 @@ def check_response_len(run: Run) -> Result:
     recs = run.by_stage("trajectory_fields")
     trajs = [t for r in recs for t in r.get("trajectories", [])]
     if not trajs:
-        return False, name, "no trajectory_fields records"
+        return FAIL, name, "no trajectory_fields records"
     bad = [t for t in trajs if t["response_mask_sum"] > t["response_len"]
            or t["observation_tokens"] != t["response_len"] - t["response_mask_sum"]]
     if bad:
-        return False, name, f"{bad[0]['key']}: response_mask.sum() {bad[0]['response_mask_sum']} inconsistent with " \
+        return FAIL, name, f"{bad[0]['key']}: response_mask.sum() {bad[0]['response_mask_sum']} inconsistent with " \
                             f"response_len {bad[0]['response_len']}"
     apart = [t for t in trajs if t["observation_tokens"] > 0]
     if apart:
-        return True, name, f"{len(apart)} trajectory(ies) with observation tokens, e.g. {apart[0]['key']}"
-    return True, name, (f"not applicable: no tool observations in this run (response_len == response_mask.sum() "
-                        f"for all {len(trajs)} traced trajectories)")
+        return PASS, name, f"{len(apart)} trajectory(ies) with observation tokens, e.g. {apart[0]['key']}"
+    return NA, name, (f"no tool observations in this run (response_len == response_mask.sum() "
+                      f"for all {len(trajs)} traced trajectories)")
 
 
-EXPECTED = {  # stage -> field -> (producer stage, consumer stages)
-    "reward": {"scores": ("reward", ("advantages",))},
-    "old_log_prob": {"old_logp": ("old_log_prob", ("actor_minibatch",))},
-    "reference": {"ref_logp": ("reference", ("actor_minibatch", "reward"))},
-    "advantages": {"advantages": ("advantages", ("actor_minibatch",))},
-}
+#: field -> (stage that must produce it, stages of which at least one must consume it), by configuration.
+def _expected(run: Run) -> dict[str, tuple[str, tuple[str, ...]]]:
+    out = {"scores": ("reward", ("advantages",)),
+           "loss_mask": ("trajectory_fields", ("actor_minibatch",)),
+           "advantages": ("advantages", ("actor_minibatch",))}
+    if not run.bypass():
+        out["old_logp"] = ("old_log_prob", ("actor_minibatch", "advantages"))
+    if run.needs_reference():
+        out["ref_logp"] = ("reference", ("actor_minibatch", "advantages"))
+    return out
 
 
 def check_producers(run: Run) -> Result:
     name = "reward / old,ref log-prob / advantage producers and consumers"
     seen = 0
-    for stage, fields in EXPECTED.items():
-        recs = run.by_stage(stage)
-        if not recs and (stage != "reference" or run.needs_reference()):
-            return False, name, f"no {stage} records"
-        for r in recs:
-            for fname, (prod, cons) in fields.items():
-                f = _field(r, fname)
-                if f is None:
-                    return False, name, f"step {r['step']} {stage}: field {fname} missing"
-                p, c = f["producer"].split(":")[0], f["consumer"].split(":")[0]
-                if p != prod or c not in cons:
-                    return False, name, (f"step {r['step']} {stage}: {fname} produced by {f['producer']!r}, consumed by "
-                                         f"{f['consumer']!r}; expected {prod} -> {'/'.join(cons)}")
-                seen += 1
+    expected = _expected(run)
+    for (step, uid), stages in sorted(run.groups.items()):
+        found: dict[str, tuple[str, set]] = {}
+        for st, r in stages.items():
+            for f in r.get("fields", []):
+                if f["name"] in expected:
+                    prod, cons = found.get(f["name"], (f["producer"], set()))
+                    found[f["name"]] = (prod, cons | set(f.get("consumers", [])))
+        for fname, (prod, cons) in expected.items():
+            if fname not in found:
+                return FAIL, name, f"step {step} group {uid}: field {fname} never appears in the trace"
+            p, c = found[fname]
+            if p != prod or not c & set(cons):
+                return FAIL, name, (f"step {step} group {uid}: {fname} produced by {p!r}, consumed by "
+                                    f"{sorted(c)}; expected {prod} -> {'/'.join(cons)}")
+            seen += 1
+    if not run.groups:
+        return FAIL, name, "no trace records"
     note = "" if run.needs_reference() else " (no reference policy in this run)"
-    return True, name, f"{seen} field records as expected{note}"
+    return PASS, name, f"{seen} field checks as expected{note}"
+
+
+def check_behaviour_logp(run: Run) -> Result:
+    """The update's behaviour log-prob is the learner's old_logp, or the sampler's in bypass mode."""
+    name = "behaviour log-prob from the right producer (bypass_mode)"
+    recs = run.by_stage("actor_minibatch")
+    if not recs:
+        return FAIL, name, "no actor_minibatch records"
+    bypass = run.bypass()
+    for r in recs:
+        b = r.get("behaviour_logp") or {}
+        field, prod = b.get("field"), b.get("producer")
+        if bypass and (field != "rollout_logp" or prod not in ("rollout_sessions", "trajectory_fields")):
+            return FAIL, name, (f"step {r['step']}: algorithm.bypass_mode=true but the update's behaviour log-prob is "
+                                f"{field!r} produced by {prod!r} (expected the sampler's rollout_logp)")
+        if not bypass and (field != "old_logp" or prod != "old_log_prob"):
+            return FAIL, name, (f"step {r['step']}: the update's behaviour log-prob is {field!r} produced by {prod!r} "
+                                "(expected old_logp from old_log_prob)")
+    src = "the sampler's rollout_logp (bypass_mode)" if bypass else "old_logp from the old_log_prob stage"
+    return PASS, name, f"{len(recs)} update(s) used {src}"
+
+
+def check_masks(run: Run) -> Result:
+    """Per traced trajectory, the loss mask the update consumed has exactly the rollout's action tokens."""
+    name = "loss_mask consumed by the update == rollout's response_mask"
+    checked = 0
+    for (step, uid), st in sorted(run.groups.items()):
+        tf, am = st.get("trajectory_fields"), st.get("actor_minibatch")
+        if tf is None or am is None:
+            continue
+        lm = _field(am, "loss_mask")
+        if lm is None or "mask_sum" not in lm:
+            return FAIL, name, f"step {step} group {uid}: the update's loss_mask is not in the trace"
+        sampler = [t["response_mask_sum"] for t in tf.get("trajectories", [])]
+        learner = lm["mask_sum"]
+        for key, a, b in zip(am["keys"], sampler, learner):
+            if a != b:
+                return FAIL, name, (f"step {step} {key}: the update's loss_mask has {b} tokens, the rollout's "
+                                    f"response_mask {a}")
+            checked += 1
+    if not checked:
+        return FAIL, name, "no traced trajectory with both trajectory_fields and actor_minibatch records"
+    return PASS, name, f"{checked} traced trajectories: loss tokens == action tokens"
 
 
 def check_padding(run: Run) -> Result:
@@ -174,43 +248,43 @@ def check_padding(run: Run) -> Result:
     for (step, uid), st in sorted(run.groups.items()):
         mb = st.get("actor_minibatch", {}).get("minibatch", {})
         if mb.get("loss_tokens_on_padding_rows", 0):
-            return False, name, f"step {step}: {mb['loss_tokens_on_padding_rows']} loss tokens on padding rows"
+            return FAIL, name, f"step {step}: {mb['loss_tokens_on_padding_rows']} loss tokens on padding rows"
         if mb.get("advantages_on_padding_rows_abs_sum"):
-            return False, name, f"step {step}: padding rows carry advantages ({mb['advantages_on_padding_rows_abs_sum']})"
+            return FAIL, name, f"step {step}: padding rows carry advantages ({mb['advantages_on_padding_rows_abs_sum']})"
         rw = st.get("reward", {})
         if rw.get("padding_reward_abs_sum", 0):
-            return False, name, f"step {step}: padding rows carry reward {rw['padding_reward_abs_sum']}"
+            return FAIL, name, f"step {step}: padding rows carry reward {rw['padding_reward_abs_sum']}"
         pad_rows = max(pad_rows, rw.get("padding_rows", 0))
         for s, r in st.items():
             for f in r.get("fields", []):
                 if "is_padding" in f and "mask_sum" in f:
                     for p, m in zip(f["is_padding"], f["mask_sum"]):
                         if p and m and f["name"] not in ("prompt_ids", "prompt_mask"):
-                            return False, name, f"step {step} {s}: padding row counted in {f['name']} (mask_sum {m})"
+                            return FAIL, name, f"step {step} {s}: padding row counted in {f['name']} (mask_sum {m})"
                 if f["name"] == "advantages" and f.get("outside_mask_abs_sum"):
                     masked_nonzero = True  # e.g. whitened GAE; harmless while every consumer masks
         m = st.get("metrics", {})
         if "rows_counted" in m and mb.get("global_batch_size") is not None:
             if m["rows_counted"] != mb["global_batch_size"] - m.get("padding_rows", 0):
-                return False, name, f"step {step}: metrics counted {m['rows_counted']} rows of " \
+                return FAIL, name, f"step {step}: metrics counted {m['rows_counted']} rows of " \
                                     f"{mb['global_batch_size']} with {m.get('padding_rows')} padding"
         logged = run.metrics.get(step, {}).get("response_length/mean")
         real = m.get("response_length_mean_real")
         if logged is not None and real is not None and abs(logged - real) > 1e-4 * max(1.0, abs(real)):
-            return False, name, f"step {step}: metrics.jsonl response_length/mean {logged} != mean over real rows {real}"
+            return FAIL, name, f"step {step}: metrics.jsonl response_length/mean {logged} != mean over real rows {real}"
     if not run.groups:
-        return False, name, "no trace records"
+        return FAIL, name, "no trace records"
     note = f"{pad_rows} padding row(s) per step" if pad_rows else "no padding rows in this run; masks and means checked"
     if masked_nonzero:
         note += "; note: advantages are nonzero on masked tokens of real rows (the loss masks them)"
-    return True, name, note
+    return PASS, name, note
 
 
 def check_minibatch(run: Run) -> Result:
     name = "actor mini-batch metadata present"
     recs = run.by_stage("actor_minibatch")
     if not recs:
-        return False, name, "no actor_minibatch records"
+        return FAIL, name, "no actor_minibatch records"
     need = ("global_batch_size", "ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_epochs", "mini_batches_per_epoch",
             "loss_tokens")
     n = run.config_values.get("rollout.n")
@@ -219,15 +293,15 @@ def check_minibatch(run: Run) -> Result:
         mb = r.get("minibatch") or {}
         missing = [k for k in need if mb.get(k) is None]
         if missing:
-            return False, name, f"step {r['step']}: missing {', '.join(missing)}"
+            return FAIL, name, f"step {r['step']}: missing {', '.join(missing)}"
         if mb["global_batch_size"] % mb["ppo_mini_batch_size"] or mb["ppo_mini_batch_size"] % mb["ppo_micro_batch_size"]:
-            return False, name, f"step {r['step']}: batch {mb['global_batch_size']} / mini {mb['ppo_mini_batch_size']} / " \
+            return FAIL, name, f"step {r['step']}: batch {mb['global_batch_size']} / mini {mb['ppo_mini_batch_size']} / " \
                                 f"micro {mb['ppo_micro_batch_size']} do not divide"
         if n and mini_prompts and mb["ppo_mini_batch_size"] != n * mini_prompts:
-            return False, name, f"step {r['step']}: mini-batch {mb['ppo_mini_batch_size']} trajectories != " \
+            return FAIL, name, f"step {r['step']}: mini-batch {mb['ppo_mini_batch_size']} trajectories != " \
                                 f"actor.ppo_mini_batch_size x rollout.n = {mini_prompts * n}"
     mb = recs[-1]["minibatch"]
-    return True, name, (f"{len(recs)} record(s); batch {mb['global_batch_size']} = {mb['mini_batches_per_epoch']} "
+    return PASS, name, (f"{len(recs)} record(s); batch {mb['global_batch_size']} = {mb['mini_batches_per_epoch']} "
                         f"mini-batches of {mb['ppo_mini_batch_size']} x {mb['ppo_epochs']} epoch(s), micro "
                         f"{mb['ppo_micro_batch_size']}")
 
@@ -236,25 +310,25 @@ def check_actor_dp(run: Run) -> Result:
     name = "actor_dp explained by the topology, not by rollout TP"
     t = run.topology
     if not t:
-        return False, name, "topology.json missing"
+        return FAIL, name, "topology.json missing"
     try:
         world, mesh, dp = t["world_size"], t["mesh"], t["actor_dp"]
         expect = world // (mesh.get("tp", 1) * mesh.get("sp", 1))
     except (KeyError, TypeError) as e:
-        return False, name, f"topology.json lacks {e}"
+        return FAIL, name, f"topology.json lacks {e}"
     if dp != expect or "actor_dp_derivation" not in t or "rollout_tp" not in t:
-        return False, name, f"actor_dp={dp}, world/(tp*sp)={expect}, derivation/rollout_tp recorded: " \
+        return FAIL, name, f"actor_dp={dp}, world/(tp*sp)={expect}, derivation/rollout_tp recorded: " \
                             f"{'actor_dp_derivation' in t}/{'rollout_tp' in t}"
     if "rollout" in t["actor_dp_derivation"]:
-        return False, name, f"actor_dp derivation mentions the rollout layout: {t['actor_dp_derivation']}"
+        return FAIL, name, f"actor_dp derivation mentions the rollout layout: {t['actor_dp_derivation']}"
     if mesh.get("dp", dp) != dp:
-        return False, name, f"actor_dp={dp} but the mesh's dp axis is {mesh.get('dp')}"
+        return FAIL, name, f"actor_dp={dp} but the mesh's dp axis is {mesh.get('dp')}"
     for r in run.by_stage("actor_minibatch"):
         if r.get("minibatch", {}).get("actor_dp") not in (None, dp):
-            return False, name, (f"step {r['step']}: batch dispatched over dp={r['minibatch']['actor_dp']}, "
+            return FAIL, name, (f"step {r['step']}: batch dispatched over dp={r['minibatch']['actor_dp']}, "
                                  f"topology says {dp}")
     rtp = t["rollout_tp"]
-    return True, name, (f"actor_dp = {t['actor_dp_derivation']}; rollout tp={rtp}, replicas={t.get('rollout_replicas')} "
+    return PASS, name, (f"actor_dp = {t['actor_dp_derivation']}; rollout tp={rtp}, replicas={t.get('rollout_replicas')} "
                         "(recorded separately)")
 
 
@@ -265,54 +339,81 @@ def check_versions(run: Run) -> Result:
     for r in run.by_stage("rollout_sessions"):
         rollouts[r["step"]].append(r)
     if not syncs:
-        return False, name, "no weight_sync records"
+        return FAIL, name, "no weight_sync records"
     pairs = 0
     for step, s in sorted(syncs.items()):
         v = s.get("learner_version")
         if v is None or s.get("sampler_version") != v or s.get("next_rollout_version") != v:
-            return False, name, f"step {step}: learner version {v}, sampler {s.get('sampler_version')}, next rollout " \
+            return FAIL, name, f"step {step}: learner version {v}, sampler {s.get('sampler_version')}, next rollout " \
                                 f"{s.get('next_rollout_version')}"
         for r in rollouts.get(step + 1, []):
             if r.get("min_version") != v or r.get("max_version") != v:
-                return False, name, (f"step {step + 1}: rollout used versions {r.get('min_version')}..{r.get('max_version')}"
+                return FAIL, name, (f"step {step + 1}: rollout used versions {r.get('min_version')}..{r.get('max_version')}"
                                      f", the sync after step {step} installed {v}")
             pairs += 1
     for step, rs in rollouts.items():
         sub = [r for r in run.by_stage("prompt_submit") if r["step"] == step]
         for r, p in zip(rs, sub):
             if r.get("min_version") != p.get("weight_version"):
-                return False, name, f"step {step}: submitted at version {p.get('weight_version')}, sampled with " \
+                return FAIL, name, f"step {step}: submitted at version {p.get('weight_version')}, sampled with " \
                                     f"{r.get('min_version')}"
-    return True, name, f"{len(syncs)} sync(s), {pairs} followed by a traced rollout with the synced version"
+    return PASS, name, f"{len(syncs)} sync(s), {pairs} followed by a traced rollout with the synced version"
 
 
 def check_cleanup(run: Run) -> Result:
     name = "nothing left in the buffer after cleanup"
     recs = run.by_stage("cleanup")
     if not recs:
-        return False, name, "no cleanup records"
+        return FAIL, name, "no cleanup records"
     for r in recs:
+        if "tracked_objects" not in r:
+            return FAIL, name, f"step {r['step']}: the cleanup record has no live-batch registry report"
         if r.get("remaining_keys") or not r.get("released"):
-            return False, name, f"step {r['step']}: {len(r.get('remaining_keys') or [])} key(s) still held " \
-                                f"(released={r.get('released')})"
-    return True, name, f"{len(recs)} cleanup record(s), none holding trajectory keys"
+            return FAIL, name, (f"step {r['step']}: {len(r.get('remaining_keys') or [])} batch field(s) still "
+                                f"referenced after the step: {', '.join((r.get('remaining_keys') or [])[:5])}")
+    tracked = max(r["tracked_objects"] for r in recs)
+    return PASS, name, (f"{len(recs)} cleanup record(s): every batch field released "
+                        f"(up to {tracked} objects followed per step)")
+
+
+def check_alerts(run: Run) -> Result:
+    """Error-severity alerts fail the run; warnings are reported."""
+    name = "no error-severity alerts"
+    alerts = dict((run.summary or {}).get("alerts") or {})
+    for step, m in sorted(run.metrics.items()):  # also alerts that only reached metrics.jsonl
+        for k, v in m.items():
+            if k.startswith("alerts/") and v:
+                a = k.split("/", 1)[1]
+                if a not in alerts:
+                    alerts[a] = {"count": 1, "severity": SEVERITY.get(a, "warning"), "first_step": step}
+    errors = {k: v for k, v in alerts.items() if isinstance(v, dict) and v.get("severity") == "error"}
+    if errors:
+        k, v = next(iter(sorted(errors.items())))
+        return FAIL, name, (f"{len(errors)} error alert kind(s): {k} x{v.get('count')} (first at step "
+                            f"{v.get('first_step')}: {v.get('message', '')})")
+    warns = {k: v.get("count") if isinstance(v, dict) else v for k, v in alerts.items()}
+    if warns:
+        return PASS, name, "warnings: " + ", ".join(f"{k} x{c}" for k, c in sorted(warns.items()))
+    return PASS, name, "no alerts"
 
 
 def check_summary(run: Run) -> Result:
     name = "trace summary saved"
     s = run.summary
     if not s:
-        return False, name, f"{SUMMARY_FILE} missing"
+        return FAIL, name, f"{SUMMARY_FILE} missing"
+    if s.get("status") == "failed":
+        return FAIL, name, f"the run failed at step {s.get('failed_at_step')}: {s.get('error')}"
     if not s.get("records") or not s.get("traced_uids"):
-        return False, name, f"{SUMMARY_FILE} records no trace"
+        return FAIL, name, f"{SUMMARY_FILE} records no trace"
     uids = {r["uid"] for r in run.records}
     missing = [u for u in s["traced_uids"] if u not in uids]
     if missing:
-        return False, name, f"{SUMMARY_FILE} lists uid(s) absent from {TRACE_FILE}: {missing[:3]}"
+        return FAIL, name, f"{SUMMARY_FILE} lists uid(s) absent from {TRACE_FILE}: {missing[:3]}"
     files = [f for f in ("shape_ledger.json", "memory_ledger.json") if not os.path.exists(os.path.join(run.dir, f))]
     note = f"; missing ledger(s): {', '.join(files)}" if files else "; shape and memory ledgers present"
     frac = 100 * s.get("overhead_frac_median", 0)
-    return True, name, (f"{s['records']} records, {s['steps']} steps, overhead {frac:.1f}% "
+    return PASS, name, (f"{s['records']} records, {s['steps']} steps, overhead {frac:.1f}% "
                         f"of step time{note}")
 
 
@@ -332,13 +433,16 @@ def check_updates(run: Run) -> Result:
             bad.append(f"step {step}" + (f" ({', '.join(nulls)} null)" if nulls else ""))
         prev = skipped if skipped is not None else prev
     if bad:
-        return False, name, f"{len(bad)} of {steps} step(s) skipped their update as non-finite: {', '.join(bad[:5])}"
-    return True, name, f"{steps} step(s), every update applied" if steps else "no training steps in metrics.jsonl"
+        return FAIL, name, f"{len(bad)} of {steps} step(s) skipped their update as non-finite: {', '.join(bad[:5])}"
+    if not steps:
+        return NA, name, "no training steps in metrics.jsonl"
+    return PASS, name, f"{steps} step(s), every update applied"
 
 
 CHECKS: tuple[Callable[[Run], Result], ...] = (
-    check_config, check_group_consistency, check_sessions, check_response_len, check_producers, check_padding,
-    check_minibatch, check_actor_dp, check_versions, check_cleanup, check_summary, check_updates)
+    check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
+    check_behaviour_logp, check_masks, check_padding, check_minibatch, check_actor_dp, check_versions, check_cleanup,
+    check_alerts, check_updates, check_summary)
 
 
 def run_checks(run_dir: str) -> list[Result]:
@@ -348,5 +452,5 @@ def run_checks(run_dir: str) -> list[Result]:
         try:
             out.append(check(run))
         except Exception as e:  # a malformed file fails its check, not the tool
-            out.append((False, check.__name__.removeprefix("check_"), f"{type(e).__name__}: {e}"))
+            out.append((FAIL, check.__name__.removeprefix("check_"), f"{type(e).__name__}: {e}"))
     return out

@@ -86,34 +86,36 @@ def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
     return out if filled.all() else None
 
 
-def summarize(name: str, x, *, producer: str, consumer: str, rows: np.ndarray, valid_length=None,
-              mask=None, is_padding=None, values: bool = False) -> dict:
+def summarize(name: str, x, *, producer: str, consumers: Sequence[str], rows: np.ndarray, valid_length=None,
+              mask_rows=None, is_padding=None, values: bool = False) -> dict:
     """One field of a trace record.
 
     Args:
       name: field name (the batch key).
       x: the array (NumPy on the host, or a ``jax.Array``).
-      producer, consumer: ``"stage:object"`` that wrote / reads it.
+      producer: the stage that wrote it (as the runner observed it).
+      consumers: the stages that read it during the step (as the runner observed them).
       rows: the traced rows (trajectory indices of the group).
-      valid_length: per-row valid lengths of the traced rows (e.g. ``response_length``).
-      mask: host ``[B, T]`` mask governing the field (``loss_mask`` for log-probs /
-        advantages, the field itself for masks); its per-row sums over the traced rows
-        are ``mask_sum``.
+      valid_length: ``[B]`` valid lengths (e.g. ``response_length``); the traced rows' are kept.
+      mask_rows: ``[len(rows), T]`` mask governing the field on the traced rows (the learner's
+        ``loss_mask`` for log-probs / advantages, the field itself for masks); its per-row
+        sums are ``mask_sum``.
       is_padding: host ``[B]`` padding flags.
       values: also summarise the traced rows' values (per-row masked mean; reads only the
         shards holding them).
     """
     shape = [int(d) for d in x.shape]
-    out: dict[str, Any] = {"name": name, "producer": producer, "consumer": consumer, "shape": shape,
+    out: dict[str, Any] = {"name": name, "producer": producer, "consumers": list(consumers), "shape": shape,
                            "dtype": str(x.dtype), "sharding": layout(x)}
     owners = owner_devices(x, rows)
     if owners is not None:
         out["sharding"]["owner_devices"] = owners
     if valid_length is not None:
         out["valid_length"] = [int(v) for v in np.asarray(valid_length)[rows]]
-    if mask is not None:
-        m = np.asarray(mask)[rows]
-        out["mask_sum"] = [int(v) for v in (m.reshape(len(rows), -1) != 0).sum(axis=1)]
+    m_rows = None
+    if mask_rows is not None:
+        m_rows = np.asarray(mask_rows).reshape(len(rows), -1) != 0
+        out["mask_sum"] = [int(v) for v in m_rows.sum(axis=1)]
     if is_padding is not None:
         out["is_padding"] = [bool(v) for v in np.asarray(is_padding)[rows]]
     if values:
@@ -124,11 +126,10 @@ def summarize(name: str, x, *, producer: str, consumer: str, rows: np.ndarray, v
                 out["row_value"] = [round(float(a), 6) for a in v]
             else:
                 m = np.ones(v.shape, bool)
-                if mask is not None:  # the learner layout may be wider (sp rounding): pad with zeros
-                    src = np.asarray(mask)[rows].reshape(len(rows), -1) != 0
+                if m_rows is not None:  # the learner layout may be wider (sp rounding): pad with zeros
                     m = np.zeros(v.shape, bool)
-                    w = min(src.shape[1], v.shape[1])
-                    m[:, :w] = src[:, :w]
+                    w = min(m_rows.shape[1], v.shape[1])
+                    m[:, :w] = m_rows[:, :w]
                 cnt = np.maximum(m.sum(axis=1), 1)
                 out["row_mean"] = [round(float(a), 6) for a in (v * m).sum(axis=1) / cnt]
                 out["outside_mask_abs_sum"] = round(float(np.abs(v * ~m).sum()), 6)

@@ -19,10 +19,11 @@ backend reports it), and the peak stage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -32,6 +33,22 @@ SHAPE_COLUMNS = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadc
 #: residual stream, the norms, q/k/v/o and the MLP input; the MLP hidden adds
 #: ``3 * intermediate / hidden``. With remat only the layer input is kept (factor 1).
 ACTIVATION_FACTOR_BASE = 8
+
+
+@dataclasses.dataclass
+class LedgerInput:
+    """What the ledgers are written from: the step's fields as the stages produced them, who
+    produced and consumed each (observed by the runner), and the sources the trainer names
+    explicitly for compiling and measuring (``None``: shape ledger only)."""
+
+    run_dir: str
+    step: int
+    mesh: Any
+    traj: Any
+    fields: Mapping[str, Any]
+    producers: Mapping[str, str]
+    consumers: Mapping[str, list]
+    sources: Optional[Mapping[str, Any]] = None
 
 
 def _mib(b: Optional[float]) -> Optional[float]:
@@ -66,21 +83,25 @@ def _row(stage, tensor, shape, local, mask, owners, produced, consumed, freed, b
                                     freed, bug)))
 
 
-def shape_ledger(tracer, host) -> list[dict]:
-    """Rows from the step the tracer just observed (its step state still holds the arrays)."""
+def shape_ledger(inp: LedgerInput) -> list[dict]:
+    """Rows from the step the tracer just observed; produced / consumed as the runner saw them."""
     import jax
     from jax.sharding import NamedSharding
 
     from rljax.sharding import batch_spec, kv_cache_sharding, logical_sharding
 
-    s, trainer, mesh = tracer._s, tracer.owner, tracer.mesh
-    traj, batch, arrays = s["traj"], s.get("batch", {}), s.get("arrays", {})
+    mesh, src, traj, batch = inp.mesh, inp.sources, inp.traj, inp.fields
     host_l = "host (NumPy)"
+
+    def seen(name, produced, consumed):  # observed producer / consumers override the descriptions
+        return inp.producers.get(name, produced), ", ".join(inp.consumers.get(name, [])) or consumed
     rows = []
 
     dp = int(dict(mesh.shape).get("dp", 1))
 
     def dev(stage, name, x, mask, produced, consumed, freed, bug):
+        produced, consumed = seen(name.split(" ")[0] if name != "full_sequence (input_ids)" else "input_ids",
+                                  produced, consumed)
         if not isinstance(x, jax.Array):
             rows.append(_row(stage, name, x.shape, host_l, mask, "host", produced, consumed, freed, bug))
             return
@@ -121,17 +142,17 @@ def shape_ledger(tracer, host) -> list[dict]:
         ("advantages", "advantages", "advantages", "actor_minibatch", "loss_mask (per-sequence value broadcast over T)",
          "group statistics over padding rows or across uids"),
     ):
-        x = arrays.get(name, batch.get(name))
+        x = batch.get(name)
         if x is not None:
             dev(stage, name, x, mask, produced, consumed, "cleanup" if name != "entropy" else "metrics", bug)
-    sc = s.get("placed_scores")
+    sc = batch.get("scores")
     if sc is not None:
-        dev("reward", "rewards (scores)", sc, "sequence-level [B]; broadcast to tokens by the advantage",
+        dev("reward", "scores (rewards)", sc, "sequence-level [B]; broadcast to tokens by the advantage",
             "reward", "advantages", "advantages", "outcome reward placed on every token (counted T times)")
-    if "returns" in arrays:
+    if "values" in batch:
         for name, stage, bug in (("values", "values", "value of the token after the last one not zeroed"),
                                  ("returns", "advantages", "returns computed from whitened advantages")):
-            dev(stage, name, arrays[name], "loss_mask", stage, "update_critic", "update_critic", bug)
+            dev(stage, name, batch[name], "loss_mask", stage, "update_critic", "update_critic", bug)
     elif "advantages" in batch:
         a = batch["advantages"]
         rows.append(_row("advantages", "returns", a.shape, _local(a.shape, a.sharding), "loss_mask",
@@ -139,17 +160,17 @@ def shape_ledger(tracer, host) -> list[dict]:
                          "value targets taken from unnormalised returns (only with a critic)"))
 
     # Tensors that live inside jitted functions: real shapes from eval_shape of the same model.
-    if trainer is not None and "input_ids" in batch:
+    if src is not None and "input_ids" in batch:
         from rljax.models import functional as F
 
-        sc_cfg = trainer.step_config
+        sc_cfg = src["step_config"]
         micro = sc_cfg.ppo_micro_batch_size
         ids = batch["input_ids"]
         T = batch["loss_mask"].shape[1]  # the learner's response length (rounded up to a multiple of sp)
         micro_ids = jax.ShapeDtypeStruct((micro, ids.shape[1]), ids.dtype)
-        hidden = jax.eval_shape(lambda p, t: F.forward(trainer.graphdef, p, t, mesh=None), trainer.state.params, micro_ids)
+        hidden = jax.eval_shape(lambda p, t: F.forward(src["graphdef"], p, t, mesh=None), src["params"], micro_ids)
         hs = logical_sharding(("batch", "length", "embed"), mesh, shape=hidden.shape)
-        layers = trainer.model_config.num_layers
+        layers = src["model_config"].num_layers
         rows.append(_row("actor_minibatch", f"hidden_states (per layer, x{layers} saved)", hidden.shape,
                          _local(hidden.shape, hs), "attention_mask", _owners(hs), "actor_minibatch (forward)",
                          "actor_minibatch (backward)", "actor_minibatch (each micro-batch)",
@@ -162,7 +183,7 @@ def shape_ledger(tracer, host) -> list[dict]:
         rows.append(_row("actor_minibatch", "loss_matrix", new, _local(new, ns), "loss_mask (token-mean over the "
                          "mini-batch's tokens)", _owners(ns), "actor_minibatch", "actor_minibatch (aggregate)",
                          "actor_minibatch", "normalised per micro-batch instead of per mini-batch"))
-        eng = trainer.sampler.engine
+        eng = src["sampler_engine"]
         cache = jax.eval_shape(lambda: F.init_kv_cache(eng.config, eng.num_slots, eng.max_len))
         smesh = eng.mesh
         if smesh is not None:
@@ -209,36 +230,34 @@ def _abstract_decode_state(eng, decode):
     return jax.tree.map(attach, state)
 
 
-def memory_ledger(tracer) -> dict:
+def memory_ledger(inp: LedgerInput) -> dict:
     """Estimates (rl-data-flow 7.2) beside measurements, per device, and the peak stage."""
     import jax
 
-    s, trainer, mesh = tracer._s, tracer.owner, tracer.mesh
-    batch = s.get("batch", {})
-    mc, sc = trainer.model_config, trainer.step_config
+    src, mesh, batch = inp.sources, inp.mesh, inp.fields
+    mc, sc = src["model_config"], src["step_config"]
     sizes = {k: int(v) for k, v in dict(mesh.shape).items()}
     dp, tp, sp = sizes.get("dp", 1), sizes.get("tp", 1), sizes.get("sp", 1)
     dev0 = jax.local_devices()[0]
-    params = trainer.state.params
+    params = src["params"]
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     pbytes = jax.tree.leaves(params)[0].dtype.itemsize
     cbytes = np.dtype(mc.jnp_dtype).itemsize
     p_global, p_local = _tree_bytes(params), _tree_bytes(params, dev0)
-    o_global, o_local = _tree_bytes(trainer.state.opt_state), _tree_bytes(trainer.state.opt_state, dev0)
+    o_global, o_local = _tree_bytes(src["opt_state"]), _tree_bytes(src["opt_state"], dev0)
 
     import time
 
     import jax.numpy as jnp
 
     measured: dict[str, Optional[dict]] = {}
-    eng = trainer.sampler.engine
-    # The arguments exactly as the loop passed them (same pytree, shapes and layouts), so the
-    # lowering hits the compilation cache instead of compiling again.
-    logprob_batch = s.get("placed", batch)
+    eng = src["sampler_engine"]
+    # The arguments exactly as the stages passed them (same pytree, shapes and layouts), so
+    # the lowering hits the compilation cache instead of compiling again.
     lowerings = {
-        "update_actor": lambda: trainer.train_step.lower(trainer.state, batch, jax.random.key(0)),
-        "old_log_prob": lambda: trainer.logprob_fn.lower(params, logprob_batch),
-        "gen": lambda: eng._chunk_fn.lower(trainer.sampler.params, _abstract_decode_state(eng, trainer.decode),
+        "update_actor": lambda: src["lower_update"](batch),
+        "old_log_prob": lambda: src["lower_logprob"](batch),
+        "gen": lambda: eng._chunk_fn.lower(src["sampler_params"], _abstract_decode_state(eng, src["decode"]),
                                            jnp.int32(16), jnp.int32(eng.num_slots + 1)),
     }
     for stage, lower in lowerings.items():
@@ -252,7 +271,7 @@ def memory_ledger(tracer) -> dict:
 
     micro = sc.ppo_micro_batch_size
     seq = batch["input_ids"].shape[1] if "input_ids" in batch else 0
-    T = s["traj"].response_ids.shape[1]
+    T = inp.traj.response_ids.shape[1]
     local_tokens = math.ceil(micro / dp) * math.ceil(seq / sp)
     factor = 1 if mc.remat else ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size
     act_est = mc.num_layers * local_tokens * mc.hidden_size * cbytes * factor
@@ -282,7 +301,7 @@ def memory_ledger(tracer) -> dict:
         {"item": "kv cache", "formula": f"layers x slots_local x seq x kv_heads_local x head_dim x 2 x bytes = "
                                         f"{mc.num_layers} x {slots_local} x {eng.max_len} x {kv_heads_local} x "
                                         f"{mc.head_dim} x 2 x {cbytes}",
-         "estimate_bytes": int(kv_est), "measured_bytes": (gen.get("argument") - _tree_bytes(trainer.sampler.params, dev0)
+         "estimate_bytes": int(kv_est), "measured_bytes": (gen.get("argument") - _tree_bytes(src["sampler_params"], dev0)
                                                             if gen.get("argument") is not None else None),
          "measured_from": "sampler decode chunk memory_analysis() arguments minus parameters (cache + slot state)"},
         {"item": "buffers", "formula": "naive logits micro_local x T x vocab_local x 4 (fused log-prob avoids most)",
@@ -324,17 +343,17 @@ def memory_md(led: dict) -> str:
     return out
 
 
-def write_ledgers(tracer, host) -> Optional[int]:
+def write_ledgers(inp: LedgerInput) -> Optional[int]:
     """Writes both ledgers (JSON + Markdown) into the run directory; returns the peak bytes."""
-    run_dir = tracer.run_dir
-    shapes = shape_ledger(tracer, host)
+    run_dir = inp.run_dir
+    shapes = shape_ledger(inp)
     with open(os.path.join(run_dir, "shape_ledger.json"), "w") as fh:
         json.dump(shapes, fh, indent=1)
     with open(os.path.join(run_dir, "shape_ledger.md"), "w") as fh:
-        fh.write("# Shape ledger (step %d)\n\n" % tracer._s["step"] + _md_table(shapes, SHAPE_COLUMNS + ("note",)))
-    if tracer.owner is None:
+        fh.write("# Shape ledger (step %d)\n\n" % inp.step + _md_table(shapes, SHAPE_COLUMNS + ("note",)))
+    if inp.sources is None:
         return None
-    led = memory_ledger(tracer)
+    led = memory_ledger(inp)
     with open(os.path.join(run_dir, "memory_ledger.json"), "w") as fh:
         json.dump(led, fh, indent=1, default=str)
     with open(os.path.join(run_dir, "memory_ledger.md"), "w") as fh:

@@ -1,20 +1,24 @@
 """The field-level stage trace of a run (``trace.jsonl``), DFX metrics and alerts.
 
-The trainer owns one :class:`Tracer` and calls it at stage boundaries; the tracer only
-reads. At each boundary it keeps references and host-side metadata (cheap); at the end
-of the step, once the loop has synchronised on the actor update, it summarises the
-traced prompt groups' fields (reading only the shards that hold their rows), writes one
-JSON record per stage per traced group, adds the DFX metrics and alerts to the step's
-metrics, writes the shape and memory ledgers after the first step, and drops every
-reference it held. Time spent inside the tracer is measured and reported
-(``trace/overhead_s``, ``trace/overhead_frac`` of the step time).
+The :class:`Tracer` is an observer of :class:`rljax.trainer.runner.StepRunner`: it learns
+everything from the stage events, never from the trainer. For each stage it is told the
+fields the stage *read* (recorded by the runner as the stage read them) and *wrote*, and
+the producer of each. At the end of the step it summarises the traced prompt groups'
+fields (reading only the shards that hold their rows): shape, dtype, sharding, per-row
+valid lengths, mask sums (against the learner's ``loss_mask`` that the update actually
+consumed), the producer stage and the stages that consumed the field. Then it drops every
+reference it held; the runner's cleanup report (what of the batch is still alive after
+the step) becomes the ``cleanup`` record. Time spent inside the tracer is measured and
+reported (``trace/overhead_s``, ``trace/overhead_frac`` of the step time).
 
-Stages (:data:`STAGES`): config_resolve -> dataset_item -> uid_assignment -> prompt_submit
--> rollout_sessions -> trajectory_fields -> reward -> old_log_prob -> reference (when a
-reference policy is used) -> advantages -> actor_minibatch -> weight_sync -> metrics ->
-cleanup. Each record: ``stage``, ``step``, ``uid``, ``group``, ``keys``
-(``{uid}_{session}_{index}``), ``t_start`` / ``t_end`` (Unix seconds), ``fields`` (see
-:func:`rljax.trace.fields.summarize`), a shape ``signature`` and stage-specific facts.
+Records: one per stage per traced group, in the order the stages ran, plus
+``config_resolve`` (first) and ``cleanup`` (last). Each record: ``stage``, ``step``,
+``uid``, ``group``, ``keys`` (``{uid}_{session}_{index}``), ``t_start`` / ``t_end`` (Unix
+seconds), ``reads`` / ``writes`` (field names), ``fields`` (see
+:func:`rljax.trace.fields.summarize`), a shape ``signature`` and stage facts.
+
+Alerts carry a severity (:data:`rljax.trace.alerts.SEVERITY`); ``trace_summary.json``
+counts them, and is written also when the run fails (with the error).
 """
 
 from __future__ import annotations
@@ -25,33 +29,38 @@ import json
 import logging
 import os
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 from rljax.trace import alerts as A
-from rljax.trace.fields import summarize
+from rljax.trace.fields import host_rows, summarize
 
 log = logging.getLogger("rljax.trace")
 
-STAGES = ("config_resolve", "dataset_item", "uid_assignment", "prompt_submit", "rollout_sessions",
-          "trajectory_fields", "reward", "old_log_prob", "reference", "advantages", "actor_minibatch",
-          "weight_sync", "metrics", "cleanup")
+#: The stages of a synchronous step as the runner names them, with the trace's own
+#: ``config_resolve`` and ``cleanup`` records around them (optional ones: ``old_log_prob``
+#: is absent in bypass mode; ``reference``, ``values`` and ``update_critic`` when unused).
+STAGES = ("config_resolve", "dataset_item", "rollout_sessions", "trajectory_fields", "reward", "old_log_prob",
+          "reference", "values", "advantages", "update_critic", "actor_minibatch", "weight_sync", "metrics",
+          "cleanup")
+OPTIONAL_STAGES = ("old_log_prob", "reference", "values", "update_critic")
 #: ``[B, T]`` fields (response positions): their trailing dim is the response length.
 RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "old_logp", "entropy", "ref_logp",
-                   "advantages", "rollout_is_weights", "values", "returns")
+                   "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
+#: ``[B, S+T]`` fields of the learner layout.
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
+#: Masks: their own mask sums are reported.
+MASK_FIELDS = ("prompt_mask", "response_mask", "loss_mask", "sampler_loss_mask", "attention_mask")
+#: Fields whose traced rows' values are summarised (row means under the mask).
+VALUE_FIELDS = ("scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
+                "token_level_rewards", "rollout_is_weights")
 #: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
 KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
               "data.filter_overlong_prompts", "data.truncation", "algorithm.adv_estimator",
-              "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo", "actor.ppo_mini_batch_size",
-              "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.use_kl_loss", "rollout.n", "rollout.tp",
-              "rollout.calculate_log_probs", "reward.function", "trainer.mesh", "trace.groups")
-#: Stages the loop does not time itself: the tracer writes ``timing_s/<stage>`` for them. The
-#: others are the loop's ``timing_s/gen`` (rollout_sessions), ``reward``, ``old_log_prob``,
-#: ``ref`` (reference), ``adv`` (advantages), ``update_actor`` (actor_minibatch) and
-#: ``update_weights`` (weight_sync); config_resolve, uid_assignment and trajectory_fields do
-#: no work of their own in the loop (zero-length windows in their records).
-UNTIMED_STAGES = ("dataset_item", "prompt_submit", "metrics", "cleanup")
+              "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo", "algorithm.bypass_mode",
+              "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.use_kl_loss",
+              "rollout.n", "rollout.tp", "reward.function", "trainer.mesh", "trace.groups")
 TRACE_FILE = "trace.jsonl"
 SUMMARY_FILE = "trace_summary.json"
 
@@ -85,20 +94,28 @@ def _percentiles(x: np.ndarray, prefix: str) -> dict:
             f"{prefix}/p50": float(p50), f"{prefix}/p90": float(p90), f"{prefix}/p99": float(p99)}
 
 
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 class Tracer:
-    """Stage hooks of the step loop (see the module docstring).
+    """An observer of the step runner (see the module docstring).
 
     Args:
       cfg: the resolved configuration (``trace.*`` for the groups and alert thresholds).
       mesh: the learner mesh.
       run_dir: where ``trace.jsonl``, the ledgers and ``trace_summary.json`` go.
       enabled: write files (the main process); hooks still run cheaply elsewhere.
-      owner: the trainer, read once after the first step for the ledgers (its model
-        config, graphdef, parameters, jitted train step and sampler).
+      ledger_sources: ``() -> dict`` of what the ledgers compile and measure (model config,
+        step config, parameters, optimizer state, ``lower_update(fields)`` /
+        ``lower_logprob(fields)``, the sampler's engine and parameters, decode parameters),
+        called once after the first step; ``None``: shape ledger only.
     """
 
-    def __init__(self, cfg, mesh, run_dir: str, *, enabled: bool = True, owner: Any = None):
-        self.cfg, self.mesh, self.run_dir, self.owner = cfg, mesh, run_dir, owner
+    def __init__(self, cfg, mesh, run_dir: str, *, enabled: bool = True,
+                 ledger_sources: Optional[Callable[[], Mapping[str, Any]]] = None):
+        self.cfg, self.mesh, self.run_dir = cfg, mesh, run_dir
+        self.ledger_sources = ledger_sources
         self.enabled = enabled
         self.k = int(cfg.trace.groups)
         self.dp = int(dict(mesh.shape).get("dp", 1))
@@ -115,172 +132,163 @@ class Tracer:
         self._fracs: list[float] = []
         self._steps = 0
         self._uids: list[str] = []
-        self._alert_counts: dict[str, int] = {}
+        self._alerts: dict[str, dict] = {}
         self._stage_total: dict[str, float] = {}
+        self._stages_seen: list[str] = []
         self._ledgers_done = not cfg.trace.ledgers
         self._compiled_peak: Optional[int] = None
         self._config = self._config_facts()
         self._config_written = False
-        self._s: dict = {}
+        self._closed = False
+        self._events: list = []
+        self._pending: list[dict] = []
+        self._step: Optional[int] = None
+        self._t0 = 0.0
 
-    # ------------------------------------------------------------------ boundaries
+    def _wall(self, t_perf: Optional[float]) -> Optional[float]:
+        return None if t_perf is None else round(t_perf + self._offset, 6)
 
-    def _wall(self, t_perf: float) -> float:
-        return round(t_perf + self._offset, 6)
-
-    def _mark(self, stage: str) -> None:
-        now = time.perf_counter()
-        self._s["times"][stage] = (self._s["last"], now)
-        self._s["last"] = now
-
-    @_timed
-    def submit(self, step: int, prompts, uids, *, version: int, decode, t_step: Optional[float] = None) -> None:
-        """Before the rollout: the step's prompts (dataset rows), their uids and the weight version."""
-        now = time.perf_counter()
-        t0 = now if t_step is None else t_step
-        self._s = {"step": int(step), "last": t0, "times": {}, "prompts": prompts, "uids": list(uids),
-                   "groups": choose_groups(self.cfg.trainer.seed, step, len(prompts), self.k),
-                   "version": int(version), "decode": decode, "arrays": {}}
-        self._s["times"]["config_resolve"] = (t0, t0)
-        self._mark("dataset_item")
-        self._s["times"]["uid_assignment"] = (now, now)
-        self._mark("prompt_submit")
+    # ------------------------------------------------------------------ observer hooks
 
     @_timed
-    def rollout(self, traj) -> None:
-        """After the rollout: the :class:`Trajectories` (host arrays)."""
-        self._mark("rollout_sessions")
-        self._s["times"]["trajectory_fields"] = self._s["times"]["rollout_sessions"][1:] * 2
-        self._s["traj"] = traj
+    def step_start(self, step: int, t: float) -> None:
+        self._step, self._t0, self._events, self._pending = int(step), t, [], []
 
     @_timed
-    def reward(self, scores, batch: Mapping, groups: Mapping) -> None:
-        """After the reward: per-trajectory scores and the learner batch placed on the mesh."""
-        self._mark("reward")
-        self._s["scores"], self._s["placed_scores"] = scores, groups.get("scores")
-        self._s["placed"] = dict(batch)  # what the log-prob function is called with
-        self._s["batch"] = self._s["placed"]
+    def stage(self, event) -> None:
+        self._events.append(event)
 
-    @_timed
-    def logprob(self, stage: str, **arrays) -> None:
-        """After ``old_log_prob`` (``old_logp``, ``entropy``) or ``reference`` (``ref_logp``)."""
-        self._mark(stage)
-        self._s["arrays"].update(arrays)
-
-    @_timed
-    def observe(self, **arrays) -> None:
-        """Arrays of the step that are not batch fields (the critic's ``values`` and ``returns``)."""
-        self._s["arrays"].update(arrays)
-
-    @_timed
-    def advantages(self, batch: Mapping) -> None:
-        self._mark("advantages")
-        self._s["batch"] = dict(batch)
-
-    @_timed
-    def actor_update(self, actor: Mapping, *, optimizer_steps: int) -> None:
-        self._mark("actor_minibatch")
-        self._s["actor"], self._s["optimizer_steps"] = actor, int(optimizer_steps)
-
-    @_timed
-    def weight_sync(self, version: int, sampler) -> None:
-        self._mark("weight_sync")
-        self._s["sync"] = {"learner_version": int(version), "sampler_version": int(sampler.version),
-                           "sync_s": round(float(getattr(sampler, "last_weight_sync_s", 0.0)), 6)}
-
-    # ------------------------------------------------------------------ end of step
-
-    def end_step(self, metrics: Mapping, *, host: Mapping) -> dict:
-        """Summaries, records, DFX metrics and alerts of the step; returns metrics to add."""
+    def step_end(self, step: int, metrics: dict) -> None:
+        """Records, DFX metrics and alerts of the step (added to ``metrics``); drops the step's arrays."""
         entered = time.perf_counter()
-        s = self._s
+        events, self._events = self._events, []
+        fields = {}  # the newest value of every field of the step
+        for ev in events:
+            fields.update(ev.reads)
+            fields.update(ev.writes)
+        traj = fields.get("trajectories")
         out: dict[str, Any] = {}
-        traj = s.get("traj")
-        if traj is None:
-            return out
-        self._mark("metrics")
-        out.update(self._dfx(traj, host))
-        sigs: dict[str, dict] = {}
-        records = []
-        for g in s["groups"] if self.enabled else ():  # other processes of a multi-host run write nothing
-            recs = self._group_records(g, traj, host, metrics)
-            sigs[recs[0]["uid"]] = {r["stage"]: r["signature"] for r in recs}
-            records.extend(recs)
-        found = A.checksum_alerts(sigs)
-        if not self._ledgers_done:
-            t = time.perf_counter()
-            self._ledgers_done = True
-            try:
-                from rljax.trace.ledger import write_ledgers
+        if traj is not None:
+            out.update(self._dfx(traj, fields.get("attention_mask")))
+            consumers: dict[str, list[str]] = {}
+            for ev in events:
+                for k in ev.reads:
+                    consumers.setdefault(k, []).append(ev.stage)
+            loss_mask = fields.get("loss_mask")
+            records = []
+            sigs: dict[str, dict] = {}
+            groups = choose_groups(self.cfg.trainer.seed, step, int(traj.num_groups), self.k)
+            for g in groups if self.enabled else ():  # other processes of a multi-host run write nothing
+                recs = self._group_records(g, events, traj, fields, consumers, loss_mask, metrics)
+                sigs[recs[0]["uid"]] = {r["stage"]: r["signature"] for r in recs}
+                records.extend(recs)
+            self._pending = records
+            found = A.checksum_alerts(sigs)
+            if not self._ledgers_done:
+                t = time.perf_counter()
+                self._ledgers_done = True
+                try:
+                    from rljax.trace.ledger import LedgerInput, write_ledgers
 
-                self._compiled_peak = write_ledgers(self, host) if self.enabled else None
-            except Exception as e:  # a ledger must never stop training
-                log.warning("rljax.trace: ledgers not written: %s: %s", type(e).__name__, e)
-            self._ledger_s = time.perf_counter() - t
-            self._ledger_total += self._ledger_s
-        stats = self.memory_stats()
-        if stats and stats[0]:
-            out.update({f"memory/{k}": stats[0].get(k) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")})
-        found += [a for a in (A.memory_alert(stats, self.cfg.trace.alert_memory_frac, compiled_peak=self._compiled_peak),
-                              A.dp_imbalance_alert(out["perf/dp_tokens"], self.cfg.trace.alert_dp_imbalance)) if a]
+                    if self.enabled:
+                        self._compiled_peak = write_ledgers(LedgerInput(
+                            run_dir=self.run_dir, step=step, mesh=self.mesh, traj=traj, fields=fields,
+                            producers=_producers(events), consumers=consumers,
+                            sources=self.ledger_sources() if self.ledger_sources else None))
+                except Exception as e:  # a ledger must never stop training
+                    log.warning("rljax.trace: ledgers not written: %s: %s", type(e).__name__, e)
+                self._ledger_s = time.perf_counter() - t
+                self._ledger_total += self._ledger_s
+            stats = self.memory_stats()
+            if stats and stats[0]:
+                out.update({f"memory/{k}": stats[0].get(k) for k in ("bytes_in_use", "peak_bytes_in_use",
+                                                                      "bytes_limit")})
+            found += [a for a in (A.memory_alert(stats, self.cfg.trace.alert_memory_frac,
+                                                 compiled_peak=self._compiled_peak),
+                                  A.dp_imbalance_alert(out["perf/dp_tokens"], self.cfg.trace.alert_dp_imbalance)) if a]
+        else:
+            found = []
         found += self.spikes.update(metrics)
         for name, msg in found:
-            out[f"alerts/{name}"] = 1
-            self._alert_counts[name] = self._alert_counts.get(name, 0) + 1
-            log.warning("rljax alert %s (step %d): %s", name, s["step"], msg)
-        # cleanup: release every reference to the step's arrays, then record what is left.
-        keys_held = [k for r in records if r["stage"] == "rollout_sessions" for k in r["keys"]]
-        batch_keys = sorted(s.get("batch", {}))
-        self._s = {"step": s["step"], "last": s["last"], "times": s["times"]}
-        remaining = [k for k in keys_held if k in self._held_keys()]
-        self._mark("cleanup")
-        for r in records:
-            if r["stage"] == "cleanup":
-                r.update(batch_keys=batch_keys, remaining_keys=remaining, released=True)
-        for r in records:
-            t0, t1 = s["times"].get(r["stage"], (None, None))
-            r["t_start"], r["t_end"] = (self._wall(t0), self._wall(t1)) if t0 is not None else (None, None)
-        for stage, (t0, t1) in s["times"].items():
-            dt = t1 - t0
-            if stage == "metrics":  # its window also holds this step's validation / checkpoint, timed by the loop
-                dt -= sum(metrics.get(f"timing_s/{k}") or 0.0 for k in ("testing", "save_checkpoint"))
-            if stage in UNTIMED_STAGES:
-                out[f"timing_s/{stage}"] = max(dt, 0.0)
-            self._stage_total[stage] = self._stage_total.get(stage, 0.0) + max(dt, 0.0)
+            self._alert(step, name, msg, out)
+        for ev in events:
+            dt = ev.t_end - ev.t_start
+            self._stage_total[ev.stage] = self._stage_total.get(ev.stage, 0.0) + dt
+            if ev.stage not in self._stages_seen:
+                self._stages_seen.append(ev.stage)
+        del events, fields, traj
+        tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
+        if tokens is not None and step_wall:
+            out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
+        self._spent += time.perf_counter() - entered - self._ledger_s
+        step_s = time.perf_counter() - self._t0
+        out.update({"trace/overhead_s": self._spent, "trace/overhead_frac": self._spent / step_s if step_s > 0 else 0.0})
+        if self._ledger_s:
+            out["trace/ledger_s"] = self._ledger_s
+        self._spent_total += self._spent
+        self._step_total += step_s
+        self._fracs.append(self._spent / step_s if step_s > 0 else 0.0)
+        self._spent, self._ledger_s = 0.0, 0.0
+        self._steps += 1
+        metrics.update(out)
+
+    def cleanup(self, report) -> None:
+        """The runner's cleanup report becomes each group's last record; the step's records are written."""
+        if report.leaked:
+            self._alert(report.step, "batch_leak",
+                        f"step {report.step}: {len(report.leaked)} batch field(s) still referenced after the step: "
+                        f"{', '.join(report.leaked[:8])}", None)
+        records = self._pending
+        self._pending = []
+        for uid in dict.fromkeys(r["uid"] for r in records):
+            first = next(r for r in records if r["uid"] == uid)
+            rec = dict(step=first["step"], uid=uid, group=first["group"], keys=first["keys"], stage="cleanup",
+                       t_start=self._wall(report.t_start), t_end=self._wall(report.t_end), reads=[], writes=[],
+                       fields=[], batch_keys=report.batch_keys, tracked_objects=report.tracked,
+                       remaining_keys=list(report.leaked), released=not report.leaked)
+            rec["signature"] = {"keys": list(first["keys"]), "rows": len(first["keys"]), "batch": None,
+                                "resp_len": None, "mask_sum": None}
+            records.append(rec)
         if self.enabled and records:
             with open(self.path, "a") as fh:
                 fh.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
         self._records += len(records)
         self._uids.extend(sorted({r["uid"] for r in records}))
-        self._steps += 1
-        step_s = time.perf_counter() - s["times"]["config_resolve"][0]
-        spent = self._spent + (time.perf_counter() - entered) - self._ledger_s
-        self._spent_total += spent
-        self._step_total += step_s
-        self._fracs.append(spent / step_s if step_s > 0 else 0.0)
-        tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
-        if tokens is not None and step_wall:
-            out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
-        out.update({"trace/overhead_s": spent, "trace/overhead_frac": spent / step_s if step_s > 0 else 0.0})
-        if self._ledger_s:
-            out["trace/ledger_s"] = self._ledger_s
-        self._spent, self._ledger_s = 0.0, 0.0
-        return out
 
-    def close(self) -> dict:
-        """Writes ``trace_summary.json`` (records, traced uids, stage time, overhead, alerts); returns it."""
+    def _alert(self, step: int, name: str, msg: str, out: Optional[dict]) -> None:
+        sev = A.SEVERITY.get(name, "warning")
+        a = self._alerts.setdefault(name, {"count": 0, "severity": sev, "first_step": int(step), "message": msg})
+        a["count"] += 1
+        if out is not None:
+            out[f"alerts/{name}"] = 1
+        (log.error if sev == "error" else log.warning)("rljax alert %s [%s] (step %d): %s", name, sev, step, msg)
+
+    def alert(self, step: int, name: str, msg: str) -> None:
+        """An alert raised outside the tracer's own rules (e.g. a skipped non-finite update)."""
+        self._alert(step, name, msg, None)
+
+    def close(self, *, error: Optional[str] = None, step: Optional[int] = None) -> dict:
+        """Writes ``trace_summary.json`` (records, traced uids, stage time, overhead, alerts, and the
+        error when the run failed); returns it. Closing twice keeps the first summary's error."""
         frac = self._spent_total / self._step_total if self._step_total > 0 else 0.0
         summary = {"steps": self._steps, "records": self._records, "groups_per_step": self.k,
-                   "stages": list(STAGES), "traced_uids": self._uids, "stage_s": self._stage_total,
-                   "overhead_s": self._spent_total, "step_s": self._step_total, "overhead_frac": frac,
+                   "stages": ["config_resolve", *self._stages_seen, "cleanup"], "traced_uids": self._uids,
+                   "stage_s": self._stage_total, "overhead_s": self._spent_total, "step_s": self._step_total,
+                   "overhead_frac": frac,
                    "overhead_frac_median": float(np.median(self._fracs)) if self._fracs else 0.0,
                    "overhead_frac_max": float(max(self._fracs, default=0.0)),
-                   "ledger_s": self._ledger_total, "alerts": self._alert_counts,
+                   "ledger_s": self._ledger_total, "alerts": self._alerts,
+                   "status": "failed" if error else "completed",
                    "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json")
                              if os.path.exists(os.path.join(self.run_dir, f))]}
-        if self.enabled:
+        if error:
+            summary["error"] = error
+            summary["failed_at_step"] = step
+        if self.enabled and not (self._closed and not error):
+            os.makedirs(self.run_dir, exist_ok=True)
             with open(os.path.join(self.run_dir, SUMMARY_FILE), "w") as fh:
                 json.dump(summary, fh, indent=1)
+        self._closed = True
         return summary
 
     @staticmethod
@@ -290,16 +298,18 @@ class Tracer:
                 f"{100 * summary['overhead_frac_max']:.1f}%, {summary['overhead_s']:.2f} s in "
                 f"{summary['steps']} steps) + ledgers {summary['ledger_s']:.2f} s once")
 
-    def _held_keys(self) -> set:
-        traj = self._s.get("traj")
-        return set(traj.trajectory_keys) if traj is not None else set()
-
     # ------------------------------------------------------------------ DFX metrics
 
-    def _dfx(self, traj, host: Mapping) -> dict:
+    def _dfx(self, traj, attention_mask=None) -> dict:
+        """Per-dp-shard tokens of the learner batch as placed (its attention mask), lengths."""
         real = ~np.asarray(traj.is_padding)
-        att = np.asarray(host["attention_mask"])
-        counts = A.dp_token_counts(att * real[:, None], self.dp)
+        if attention_mask is not None:
+            import jax.numpy as jnp
+
+            tokens = np.asarray(_to_host(jnp.sum(attention_mask, axis=1))) * real
+        else:
+            tokens = (np.asarray(traj.prompt_length) + np.asarray(traj.response_length)) * real
+        counts = A.dp_token_counts(tokens[:, None], self.dp)
         out = {"perf/dp_tokens": [int(c) for c in counts], "perf/dp_token_imbalance": A.imbalance(counts),
                "perf/padding_rows": int((~real).sum())}
         out.update(_percentiles(np.asarray(traj.prompt_length)[real], "prompt_length"))
@@ -337,154 +347,175 @@ class Tracer:
             return self._config
         return {k: self._config.get(k) for k in ("file", "sha256")}
 
-    def _group_records(self, g: int, traj, host: Mapping, metrics: Mapping) -> list[dict]:
-        s = self._s
-        cfg = self.cfg
-        uid = s["uids"][g]
+    def _group_records(self, g: int, events, traj, fields: Mapping, consumers: Mapping, loss_mask,
+                       metrics: Mapping) -> list[dict]:
+        B = int(traj.batch_size)
+        pad = np.asarray(traj.is_padding)
         rows = np.nonzero(np.asarray(traj.group_id) == g)[0]
-        rows = rows[~np.asarray(traj.is_padding)[rows]]
-        # {uid}_{session}_{index} of the traced rows only (Trajectories.trajectory_keys builds all B).
+        rows = rows[~pad[rows]]
+        uid = str(traj.uid[rows[0]]) if len(rows) else f"group-{g}"
         key_of = {int(i): f"{traj.uid[i]}_{traj.session[i]}_{traj.index[i]}" for i in rows}
         keys = list(key_of.values())
-        B, T = traj.response_ids.shape
-        pad = np.asarray(traj.is_padding)
-        loss_mask = np.asarray(traj.loss_mask)
         resp_len = np.asarray(traj.response_length)
-        batch = s.get("batch", {})
-        arrays = s.get("arrays", {})
-        kw = dict(rows=rows, is_padding=pad)
-        base = {"step": s["step"], "uid": uid, "group": int(g), "keys": keys}
+        prompt_len = np.asarray(traj.prompt_length)
+        sampler_mask = np.asarray(traj.response_mask)[rows]
+        # The learner's loss mask as the update consumed it (traced rows only).
+        learner_mask = host_rows(loss_mask, rows) if loss_mask is not None else None
+        base = {"step": self._step, "uid": uid, "group": int(g), "keys": keys}
 
-        def rec(stage, fields=(), **extra):
-            r = dict(base, stage=stage, fields=list(fields), **extra)
-            r["signature"] = _signature(keys, fields, loss_mask, rows)
-            return r
+        def field(name, x, producer, consumed_as=None):
+            if name in MASK_FIELDS:
+                mask_rows = (host_rows(x, rows) if name != "response_mask" or x is not traj.response_mask
+                             else sampler_mask)
+            elif name in RESPONSE_FIELDS:
+                mask_rows = sampler_mask if _sampler_side(x, traj) else learner_mask
+            else:
+                mask_rows = None
+            if name in SEQUENCE_FIELDS:
+                valid = prompt_len + resp_len
+            elif name in RESPONSE_FIELDS:
+                valid = resp_len
+            elif name in ("prompt_ids", "prompt_mask"):
+                valid = prompt_len
+            else:
+                valid = None
+            return summarize(name, x, producer=producer, consumers=consumers.get(consumed_as or name, []), rows=rows,
+                             valid_length=valid, mask_rows=mask_rows, is_padding=pad,
+                             values=name in VALUE_FIELDS)
 
-        p = s["prompts"][g]
-        d = s["decode"]
-        t_submit = self._wall(s["times"]["prompt_submit"][1])
-        out = [
-            rec("config_resolve", config=self._config_once()),
-            rec("dataset_item", [{"name": "prompt.ids", "producer": "dataset_item:rljax.data.PromptIterator",
-                                  "consumer": "prompt_submit", "shape": [len(p.ids)], "dtype": "int32",
-                                  "sharding": {"placement": "host"}, "valid_length": [len(p.ids)]}],
-                row_index=int(p.index), position=int(p.position), prompt_tokens=len(p.ids),
-                truncated=bool(p.truncated), message_count=1),
-            rec("uid_assignment", uid_rule="uid = '{step}-{index in batch}'", num_groups=len(s["uids"]),
-                prompt_key=uid),
-            rec("prompt_submit", t_submit=t_submit, n=int(cfg.rollout.n), weight_version=s["version"],
-                decode={"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
-                        "max_new_tokens": d.max_new_tokens, "seed": d.seed}),
-        ]
-        t_sample = self._wall(s["times"]["rollout_sessions"][1])
-        trajs = []
-        for i in rows:
-            insert = t_submit + float(traj.queue_s[i])
-            trajs.append({"key": key_of[int(i)], "session": int(traj.session[i]), "index": int(traj.index[i]),
-                          "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
-                          "status": "truncated" if traj.truncated[i] else "eos",
-                          "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
-        out.append(rec("rollout_sessions", sessions=sorted({t["session"] for t in trajs}), n=int(cfg.rollout.n),
-                       trajectories=trajs, t_submit=t_submit, t_sample=t_sample,
-                       min_version=min((t["min_version"] for t in trajs), default=None),
-                       max_version=max((t["max_version"] for t in trajs), default=None)))
-        mask_sum = np.asarray(traj.response_mask)[rows].sum(axis=1)
-        host_fields = [
-            summarize("prompt_ids", traj.prompt_ids, producer="rollout_sessions:Sampler.generate",
-                      consumer="trajectory_fields:Trainer._host_batch", valid_length=traj.prompt_length,
-                      mask=traj.prompt_mask, **kw),
-            summarize("prompt_mask", traj.prompt_mask, producer="rollout_sessions:Sampler.generate",
-                      consumer="trajectory_fields:Trainer._host_batch", mask=traj.prompt_mask, **kw),
-            summarize("response_ids", traj.response_ids, producer="rollout_sessions:Sampler.generate",
-                      consumer="trajectory_fields:Trainer._host_batch", valid_length=resp_len,
-                      mask=traj.response_mask, **kw),
-            summarize("response_mask", traj.response_mask, producer="rollout_sessions:Sampler.generate",
-                      consumer="trajectory_fields:Trainer._host_batch", valid_length=resp_len,
-                      mask=traj.response_mask, **kw),
-            summarize("loss_mask", traj.loss_mask, producer="rollout_sessions:Sampler.generate",
-                      consumer="actor_minibatch:train_step", valid_length=resp_len, mask=loss_mask, **kw),
-            summarize("rollout_logp", traj.rollout_logp, producer="rollout_sessions:Sampler.generate",
-                      consumer="actor_minibatch:train_step (rollout correction)", valid_length=resp_len,
-                      mask=loss_mask, **kw),
-        ]
-        seq_len = np.asarray(traj.prompt_length) + resp_len
-        placed = [summarize(k, batch[k], producer="trajectory_fields:Trainer._host_batch+place",
-                            consumer=("old_log_prob:logprob_fn" if k != "loss_mask" else "actor_minibatch:train_step"),
-                            valid_length=seq_len if k != "loss_mask" and k != "rollout_logp" else resp_len,
-                            mask=host[k] if k in host else None, **kw)
-                  for k in ("input_ids", "attention_mask", "positions", "loss_mask", "rollout_logp") if k in batch]
-        per_traj = [{"key": key_of[int(i)], "prompt_len": int(traj.prompt_length[i]),
-                     "response_len": int(resp_len[i]), "seq_len": int(seq_len[i]),
-                     "response_mask_sum": int(m), "observation_tokens": int(resp_len[i] - m), "num_turns": 1}
-                    for i, m in zip(rows, mask_sum)]
-        out.append(rec("trajectory_fields", host_fields + placed, trajectories=per_traj, layout=
-                       "prompts left-padded to data.max_prompt_length, responses right-padded to "
-                       "data.max_response_length; input_ids = [prompt | response]"))
-        scores = np.asarray(s["scores"])
-        reward_fields = [summarize("scores", scores, producer="reward:rljax.reward.score_batch",
-                                   consumer="advantages:Trainer._advantages", values=True, **kw)]
-        if s.get("placed_scores") is not None:
-            reward_fields[0]["sharding"] = summarize("scores", s["placed_scores"], producer="", consumer="",
-                                                     rows=rows)["sharding"]
-        out.append(rec("reward", reward_fields, placement="outcome reward: one scalar per trajectory, "
-                       "broadcast over loss_mask by the advantage", padding_rows=int(pad.sum()),
-                       padding_reward_abs_sum=float(np.abs(scores[pad]).sum()) if pad.any() else 0.0))
-        lp = [summarize(k, arrays[k], producer="old_log_prob:Trainer.logprob_fn(state.params)",
-                        consumer=("actor_minibatch:train_step (ratio)" if k == "old_logp" else "metrics:actor/entropy"),
-                        valid_length=resp_len, mask=loss_mask, values=True, **kw)
-              for k in ("old_logp", "entropy") if k in arrays]
-        out.append(rec("old_log_prob", lp, bypass=False))
-        if "ref_logp" in arrays:
-            consumer = "actor_minibatch:train_step (kl_loss)" if cfg.actor.use_kl_loss else "reward:kl_in_reward"
-            out.append(rec("reference", [summarize("ref_logp", arrays["ref_logp"],
-                                                   producer="reference:Trainer.logprob_fn(ref_params)",
-                                                   consumer=consumer, valid_length=resp_len, mask=loss_mask,
-                                                   values=True, **kw)]))
-        adv = batch.get("advantages")
-        adv_fields = []
-        if adv is not None:
-            adv_fields.append(summarize("advantages", adv, producer="advantages:Trainer._advantages",
-                                        consumer="actor_minibatch:train_step", valid_length=resp_len,
-                                        mask=loss_mask, values=True, **kw))
-        if "rollout_is_weights" in batch:
-            adv_fields.append(summarize("rollout_is_weights", batch["rollout_is_weights"],
-                                        producer="advantages:rollout_correction_weights",
-                                        consumer="actor_minibatch:train_step", mask=loss_mask, **kw))
-        for k in ("values", "returns"):
-            if k in arrays:
-                adv_fields.append(summarize(k, arrays[k], producer=("values:Trainer.values_fn" if k == "values" else
-                                                                    "advantages:rljax.loss.gae_advantages"),
-                                            consumer="update_critic:critic_step", valid_length=resp_len,
-                                            mask=loss_mask, values=True, **kw))
-        returns = ("materialised (critic targets)" if "returns" in arrays
-                   else "not materialised: outcome estimators use advantages as returns")
-        out.append(rec("advantages", adv_fields, estimator=cfg.algorithm.adv_estimator, returns=returns))
-        a = cfg.actor
-        mini = a.ppo_mini_batch_size * cfg.rollout.n
+        def fields_of(ev) -> list[dict]:
+            out = []
+            for name, x in {**ev.reads, **ev.writes}.items():
+                producer = ev.producers.get(name, "?")
+                if name == "trajectories":
+                    for k, v in x.arrays().items() if hasattr(x, "arrays") else ():
+                        if k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask",
+                                 "rollout_logp"):
+                            out.append(field(k if k != "loss_mask" else "sampler_loss_mask", v, producer,
+                                             consumed_as="trajectories"))
+                elif _is_array(x) and x.ndim and x.shape[0] == B:
+                    out.append(field(name, x, producer))
+            return out
+
+        recs = [self._rec(base, "config_resolve", [], None, None, keys, config=self._config_once())]
+        for ev in events:
+            facts = self._facts(ev, g, rows, key_of, traj, fields, learner_mask, metrics)
+            recs.append(self._rec(base, ev.stage, fields_of(ev), ev.t_start, ev.t_end, keys,
+                                  reads=list(ev.reads), writes=list(ev.writes), **facts))
+        return recs
+
+    def _rec(self, base, stage, fields, t0, t1, keys, **extra) -> dict:
+        r = dict(base, stage=stage, t_start=self._wall(t0), t_end=self._wall(t1), fields=fields, **extra)
+        r["signature"] = _signature(keys, fields)
+        return r
+
+    def _facts(self, ev, g: int, rows, key_of, traj, fields: Mapping, learner_mask, metrics: Mapping) -> dict:
+        """Stage facts: what a reader of the trace needs beyond the field summaries."""
+        cfg = self.cfg
+        pad = np.asarray(traj.is_padding)
+        resp_len = np.asarray(traj.response_length)
+        w = ev.writes
+        if ev.stage == "dataset_item":
+            p = w["prompts"][g]
+            return dict(row_index=int(p.index), position=int(p.position), prompt_tokens=len(p.ids),
+                        truncated=bool(p.truncated), message_count=1, prompt_key=w["uids"][g],
+                        uid_rule="uid = '{step}-{index in batch}'", num_groups=len(w["uids"]),
+                        weight_version=w.get("weight_version"))
+        if ev.stage == "rollout_sessions":
+            d = traj.decode
+            t_submit = self._wall(ev.t_start)
+            trajs = []
+            for i in rows:
+                insert = t_submit + float(traj.queue_s[i])
+                trajs.append({"key": key_of[int(i)], "session": int(traj.session[i]), "index": int(traj.index[i]),
+                              "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
+                              "status": "truncated" if traj.truncated[i] else "eos",
+                              "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
+            return dict(sessions=sorted({t["session"] for t in trajs}), n=int(cfg.rollout.n), trajectories=trajs,
+                        t_submit=t_submit, weight_version=ev.reads.get("weight_version"),
+                        decode={"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                                "max_new_tokens": d.max_new_tokens, "seed": d.seed},
+                        min_version=min((t["min_version"] for t in trajs), default=None),
+                        max_version=max((t["max_version"] for t in trajs), default=None))
+        if ev.stage == "trajectory_fields":
+            mask_sum = np.asarray(traj.response_mask)[rows].sum(axis=1)
+            per = [{"key": key_of[int(i)], "prompt_len": int(traj.prompt_length[i]), "response_len": int(resp_len[i]),
+                    "seq_len": int(traj.prompt_length[i] + resp_len[i]), "response_mask_sum": int(m),
+                    "observation_tokens": int(resp_len[i] - m), "num_turns": 1} for i, m in zip(rows, mask_sum)]
+            return dict(trajectories=per, layout="prompts left-padded to the learner's prompt length, responses "
+                                                 "right-padded; input_ids = [prompt | response]")
+        if ev.stage == "reward":
+            scores = w.get("scores")
+            pad_abs = _padding_abs_sum(scores, pad) if scores is not None else None
+            return dict(placement="outcome reward: one scalar per trajectory, on its last action token",
+                        padding_rows=int(pad.sum()), padding_reward_abs_sum=pad_abs)
+        if ev.stage == "advantages":
+            return dict(estimator=cfg.algorithm.adv_estimator,
+                        returns="materialised (critic targets)" if "values" in ev.reads
+                        else "= advantages (outcome estimators have no critic)")
+        if ev.stage == "actor_minibatch":
+            return self._minibatch_facts(ev, traj, learner_mask)
+        if ev.stage == "weight_sync":
+            return dict(learner_version=w.get("weight_version_after"), sampler_version=w.get("sampler_version"),
+                        sync_s=round(float(w.get("weight_sync_s") or 0.0), 6),
+                        next_rollout_version=w.get("sampler_version"))
+        if ev.stage == "metrics":
+            real = ~pad
+            scores = fields.get("scores")
+            host_scores = host_rows(scores, np.nonzero(real)[0]) if scores is not None else None
+            return dict(rows_counted=int(real.sum()), padding_rows=int(pad.sum()),
+                        response_length_mean_real=float(resp_len[real].mean()) if real.any() else None,
+                        score_mean_real=float(host_scores.mean()) if host_scores is not None and real.any() else None,
+                        logged={k: _num((w.get("metrics") or {}).get(k))
+                                for k in ("critic/score/mean", "response_length/mean", "actor/entropy",
+                                          "actor/pg_loss")})
+        return {}
+
+    def _minibatch_facts(self, ev, traj, learner_mask) -> dict:
+        a, n = self.cfg.actor, self.cfg.rollout.n
+        pad = np.asarray(traj.is_padding)
+        reads = ev.reads
+        lm = reads.get("loss_mask")
+        B = int(lm.shape[0]) if lm is not None else int(traj.batch_size)
+        mini = a.ppo_mini_batch_size * n
         micro = a.ppo_micro_batch_size or mini
-        actor = {k: _num(v) for k, v in (s.get("actor") or {}).items()}
-        minibatch = {"global_batch_size": int(B), "ppo_mini_batch_size": int(mini), "ppo_micro_batch_size": int(micro),
+        behaviour = "old_logp" if "old_logp" in reads else ("rollout_logp" if "rollout_logp" in reads else None)
+        loss_tokens = loss_rows = pad_tokens = None
+        if lm is not None:
+            import jax.numpy as jnp
+
+            per_row = np.asarray(_to_host(jnp.sum(lm, axis=1)))
+            loss_tokens, loss_rows = int(per_row.sum()), int((per_row > 0).sum())
+            pad_tokens = int(per_row[pad].sum()) if pad.any() else 0
+        minibatch = {"global_batch_size": B, "ppo_mini_batch_size": int(mini), "ppo_micro_batch_size": int(micro),
                      "ppo_epochs": int(a.ppo_epochs), "mini_batches_per_epoch": int(B // mini),
                      "micro_batches_per_mini_batch": int(mini // micro),
-                     "optimizer_steps_after": s.get("optimizer_steps"),
-                     "loss_tokens": int(loss_mask.sum()), "loss_rows": int(loss_mask.any(axis=1).sum()),
-                     "loss_tokens_on_padding_rows": int(loss_mask[pad].sum()),
-                     "advantages_on_padding_rows_abs_sum": _padding_abs_sum(batch.get("advantages"), pad),
+                     "optimizer_steps_after": ev.writes.get("optimizer_steps"), "loss_tokens": loss_tokens,
+                     "loss_rows": loss_rows, "loss_tokens_on_padding_rows": pad_tokens,
+                     "advantages_on_padding_rows_abs_sum": _padding_abs_sum(reads.get("advantages"), pad),
                      "dp_shard_rows": int(B // self.dp) if B % self.dp == 0 else None, "actor_dp": self.dp}
-        consumed = [summarize(k, batch[k], producer=_producer(k), consumer="actor_minibatch:train_step",
-                              valid_length=resp_len, mask=loss_mask, **kw)
-                    for k in ("loss_mask", "old_logp", "advantages", "ref_logp", "rollout_is_weights") if k in batch]
-        out.append(rec("actor_minibatch", consumed, minibatch=minibatch, actor_metrics=actor))
-        out.append(rec("weight_sync", **(s.get("sync") or {}), next_rollout_version=(s.get("sync") or {}).get(
-            "learner_version")))
-        real = ~pad
-        out.append(rec("metrics", rows_counted=int(real.sum()), padding_rows=int(pad.sum()),
-                       response_length_mean_real=float(resp_len[real].mean()) if real.any() else None,
-                       score_mean_real=float(scores[real].mean()) if real.any() else None,
-                       logged={k: _num(metrics.get(k)) for k in ("critic/score/mean", "response_length/mean",
-                                                                   "actor/entropy", "actor/pg_loss")}))
-        out.append(rec("cleanup"))
-        return out
+        actor = {k: _num(v) for k, v in (ev.writes.get("actor_metrics") or {}).items()}
+        return dict(minibatch=minibatch, actor_metrics=actor,
+                    behaviour_logp={"field": behaviour, "producer": ev.producers.get(behaviour) if behaviour else None,
+                                    "bypass_mode": bool(self.cfg.algorithm.bypass_mode)})
+
+
+def _producers(events) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for ev in events:
+        out.update(ev.producers)
+    return out
+
+
+def _sampler_side(x, traj) -> bool:
+    """True for the sampler's own host arrays; the learner's fields are device arrays."""
+    return isinstance(x, np.ndarray)
+
+
+def _to_host(x):
+    from rljax.trainer.stages import to_host
+
+    return to_host(x)
 
 
 def _padding_abs_sum(x, pad: np.ndarray) -> Optional[float]:
@@ -497,12 +528,6 @@ def _padding_abs_sum(x, pad: np.ndarray) -> Optional[float]:
     return None if v is None else float(np.abs(v).sum())
 
 
-def _producer(k: str) -> str:
-    return {"loss_mask": "trajectory_fields:Trainer._host_batch", "old_logp": "old_log_prob:Trainer.logprob_fn",
-            "advantages": "advantages:Trainer._advantages", "ref_logp": "reference:Trainer.logprob_fn",
-            "rollout_is_weights": "advantages:rollout_correction_weights"}.get(k, "?")
-
-
 def _num(v):
     try:
         f = float(v)
@@ -511,12 +536,12 @@ def _num(v):
     return f if np.isfinite(f) else None
 
 
-def _signature(keys, fields, loss_mask, rows) -> dict:
-    """What must agree between stages for one group: keys, rows, batch size, response length, mask sum."""
-    batch = sorted({f["shape"][0] for f in fields if f["name"] != "prompt.ids" and f["shape"]})
+def _signature(keys, fields) -> dict:
+    """What must agree between stages for one group: keys, rows, batch size, response length, mask sums."""
+    batch = sorted({f["shape"][0] for f in fields if f["shape"]})
     resp = sorted({f["shape"][1] for f in fields if f["name"] in RESPONSE_FIELDS and len(f["shape"]) == 2})
     sums = [sum(f["mask_sum"]) for f in fields if f["name"] in RESPONSE_FIELDS and "mask_sum" in f]
-    return {"keys": list(keys), "rows": len(rows), "batch": batch or None, "resp_len": resp or None,
+    return {"keys": list(keys), "rows": len(keys), "batch": batch or None, "resp_len": resp or None,
             "mask_sum": sorted(set(sums)) or None}
 
 

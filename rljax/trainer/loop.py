@@ -1,42 +1,48 @@
-"""The step loop: rollout -> reward -> old/ref log-probs -> advantages -> actor update ->
-weight sync, with metrics, validation and checkpoints.
+"""The trainer: holds the run's state and runs the stage list step after step.
 
-The loop is host code that schedules; every computation is a jitted pure function
-(:mod:`rljax.trainer.step`, :mod:`rljax.loss`, the sampler's decode chunks). Randomness is
-derived from ``(trainer.seed, step)`` and the sampler's ``(seed, uid, session)`` streams, so
-``N`` steps, a resume and ``N`` more steps give the same numbers as ``2N`` steps.
+A step is the list of named stages of :func:`rljax.trainer.stages.sync_stages` (rollout ->
+trajectory fields -> reward -> old / ref log-prob -> values -> advantages -> critic /
+actor update -> weight sync -> metrics), run by :class:`rljax.trainer.runner.StepRunner`,
+which times each stage and hands what it read and wrote to the observers (the trace).
+The trainer builds the components (model, optimizer states, sampler, data, reward),
+validates, checkpoints and writes one ``metrics.jsonl`` record per step. Every
+computation is a jitted pure function (:mod:`rljax.trainer.step`,
+:mod:`rljax.trainer.prepare`, the sampler's decode chunks). Randomness is derived from
+``(trainer.seed, step)`` and the sampler's ``(seed, uid, session)`` streams, so ``N``
+steps, a resume and ``N`` more steps give the same numbers as ``2N`` steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import loss as rl
 from rljax.config import Config
 from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
-from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, outcome_token_rewards
-from rljax.trainer.step import StepConfig, TrainState, init_state, make_logprob_fn, make_optimizer, make_train_step
+from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic
+from rljax.trainer.prepare import PrepareConfig, make_prepare_fn
+from rljax.trainer.runner import StepRunner
+from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
+from rljax.trainer.step import StepConfig, init_state, make_logprob_fn, make_optimizer, make_train_step
 
 log = logging.getLogger("rljax")
-
-STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights",
-          "testing", "save_checkpoint")
 
 
 @dataclasses.dataclass
 class RunSummary:
-    steps: int
-    tokens: int
+    steps: int  # the step the run ended at
+    first_step: int  # the step this launch started from (> 0 after a resume)
+    tokens: int  # tokens of the steps this launch ran
     wall_s: float
     stage_s: dict[str, float]
     train_reward: Optional[float]
@@ -45,25 +51,6 @@ class RunSummary:
     run_dir: str
     resumed_from: Optional[int]
     trace_overhead: Optional[str] = None
-
-
-def to_host(tree):
-    """Device arrays -> NumPy, also for arrays spread over several processes (multi-host)."""
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.process_allgather(tree, tiled=True)
-
-
-def place(host: dict, mesh) -> dict:
-    """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` on rows,
-    ``sp`` on the sequence). Every process holds the same host values (the sampler is
-    deterministic per ``(seed, uid, session)``), so each fills in the shards it owns."""
-    from rljax.sharding import batch_shardings
-
-    shardings = batch_shardings(host, mesh)
-    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in host.items()}
 
 
 def _model(cfg: Config, mesh, tokenizer):
@@ -105,41 +92,59 @@ def _tokenizer(cfg: Config):
     return load_tokenizer(spec or cfg.model.path)
 
 
-class _Timer:
-    def __init__(self):
-        self.step: dict[str, float] = {}
-        self.total: dict[str, float] = {s: 0.0 for s in STAGES}
+class FixedKLController:
+    """``algorithm.kl_ctrl.type=fixed``: the KL-in-reward coefficient stays ``kl_coef``."""
 
-    def __call__(self, stage: str):
-        timer = self
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
 
-        class _Ctx:
-            def __enter__(self):
-                self.t = time.perf_counter()
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
 
-            def __exit__(self, *exc):
-                dt = time.perf_counter() - self.t
-                timer.step[stage] = timer.step.get(stage, 0.0) + dt
-                timer.total[stage] = timer.total.get(stage, 0.0) + dt
 
-        return _Ctx()
+class AdaptiveKLController:
+    """``algorithm.kl_ctrl.type=adaptive``: Ziegler et al. 2019's controller, as verl runs it.
+
+    After each step, ``coef *= 1 + clip(KL / target_kl - 1, -0.2, 0.2) * n_steps / horizon``
+    with ``n_steps`` the trajectories of the step: the coefficient grows while the measured
+    KL is above the target and shrinks below it.
+    """
+
+    def __init__(self, kl_coef: float, *, target_kl: float, horizon: int):
+        self.value, self.target, self.horizon = float(kl_coef), float(target_kl), int(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if not math.isfinite(current_kl):
+            return
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def kl_controller(kl_ctrl):
+    if kl_ctrl.type == "adaptive":
+        return AdaptiveKLController(kl_ctrl.kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon)
+    return FixedKLController(kl_ctrl.kl_coef)
 
 
 def _progress(step: int, total: int, reward: float, step_times: list[float]) -> None:
-    """One progress line; the ETA uses the median of recent step times (the first step of a
-    run compiles everything and would inflate a plain average)."""
-    recent = sorted(step_times[1:][-20:] or step_times)
-    eta = (total - step) * recent[len(recent) // 2]
+    """One progress line. The ETA uses the median of recent step times after this process's
+    first step (which compiles everything); before there is one, it says so."""
+    recent = sorted(step_times[1:][-20:])
+    if recent:
+        eta = (total - step) * recent[len(recent) // 2]
+        eta_s = f"ETA {int(eta // 60)}m{int(eta % 60):02d}s"
+    else:
+        eta_s = "ETA after the compiling step"
     bar_w = 24
     filled = int(bar_w * step / total)
     line = (f"[{'#' * filled}{'.' * (bar_w - filled)}] step {step}/{total} | reward {reward:.3f} | "
-            f"{step_times[-1]:.2f}s/step | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+            f"{step_times[-1]:.2f}s/step | {eta_s}")
     end = "\r" if sys.stderr.isatty() and step < total else "\n"
     print(line, file=sys.stderr, end=end, flush=True)
 
 
 class Trainer:
-    """Owns the run: model, sampler, optimizer state, data position, outputs.
+    """Owns the run's state: model, optimizer states, sampler, data position, outputs.
 
     Args:
       cfg: the resolved configuration.
@@ -154,24 +159,19 @@ class Trainer:
         from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
 
         self.cfg, self.mesh, self.run_dir, self.echo = cfg, mesh, run_dir, echo
-        self.sizes = dict(mesh.shape)
         d, a, r = cfg.data, cfg.actor, cfg.rollout
         self.tokenizer = _tokenizer(cfg)
         self.model_config, self.graphdef, params = _model(cfg, mesh, self.tokenizer)
-        self.prompt_len, self.response_len = d.max_prompt_length, d.max_response_length
         # The learner's [B, S+T] layout rounds S and T up to multiples of sp, so the sequence
         # splits evenly; the extra columns are padding (masked everywhere).
-        sp = self.sizes.get("sp", 1)
-        self.learn_prompt_len = -(-self.prompt_len // sp) * sp
-        self.learn_response_len = -(-self.response_len // sp) * sp
-        self.reward_fn = get_reward_fn(cfg.reward.function, dataset=d.dataset)
+        sp = dict(mesh.shape).get("sp", 1)
+        prompt_len, response_len = -(-d.max_prompt_length // sp) * sp, -(-d.max_response_length // sp) * sp
         data_dir = d.data_dir or os.path.join(run_dir, "data")
         if jax.process_count() > 1:  # TFDS does not guard two processes building one dataset
             data_dir = os.path.join(data_dir, f"process{jax.process_index()}")
-        self.tokenize = lambda text: self.tokenizer.encode(text, add_bos=True)
-        self._train_iterator = lambda state=None: train_iterator(cfg, self.tokenize, data_dir=data_dir, state=state)
-        self._val_iterator = lambda: val_iterator(cfg, self.tokenize, data_dir=data_dir)
-        self.data = self._train_iterator()
+        tokenize = lambda text: self.tokenizer.encode(text, add_bos=True)  # noqa: E731
+        self._train_iterator = lambda state=None: train_iterator(cfg, tokenize, data_dir=data_dir, state=state)
+        self._val_iterator = lambda: val_iterator(cfg, tokenize, data_dir=data_dir)
 
         trajectories = d.train_batch_size * r.n
         micro = a.ppo_micro_batch_size or a.ppo_mini_batch_size * r.n
@@ -180,44 +180,55 @@ class Trainer:
             clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss,
             kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy_coeff=a.entropy_coeff,
             ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=a.ppo_mini_batch_size * r.n, ppo_micro_batch_size=micro,
-            temperature=r.temperature, logprob_impl=a.logprob_impl, use_rollout_correction=r.correction != "none")
+            temperature=r.temperature, logprob_impl=a.logprob_impl, use_rollout_correction=r.correction != "none",
+            shuffle=a.shuffle)
         updates = cfg.trainer.total_steps * a.ppo_epochs * (trajectories // self.step_config.ppo_mini_batch_size)
-        self.optimizer = _optimizer(a.optim, a.grad_clip, updates)
-        self.train_step = make_train_step(self.graphdef, self.optimizer, self.step_config, mesh=mesh)
-        self.logprob_fn = make_logprob_fn(self.graphdef, response_len=self.learn_response_len, temperature=r.temperature,
-                                          impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
-        self._advantages_fn = jax.jit(self._advantages, static_argnums=4)
-        self.critic_state = None
-        if cfg.algorithm.adv_estimator == "gae":  # PPO: a value model beside the policy
-            c = cfg.critic
-            critic_cfg = CriticStepConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
+        optimizer = _optimizer(a.optim, a.grad_clip, updates)
+        al = cfg.algorithm
+        prepare_cfg = PrepareConfig(
+            estimator=al.adv_estimator, num_groups=d.train_batch_size,
+            algorithm=(("gamma", al.gamma), ("lam", al.lam), ("norm_adv_by_std_in_grpo", al.norm_adv_by_std_in_grpo)),
+            use_kl_in_reward=al.use_kl_in_reward, kl_penalty=al.kl_penalty, correction=r.correction,
+            correction_threshold=r.correction_threshold,
+            behaviour_logp="rollout_logp" if al.bypass_mode else "old_logp")
+        critic = critic_step = values_fn = None
+        if al.adv_estimator == "gae":  # PPO: a value model beside the policy
+            cc = cfg.critic
+            critic_cfg = CriticStepConfig(cliprange_value=cc.cliprange_value, loss_agg_mode=cc.loss_agg_mode,
                                           ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
                                           ppo_micro_batch_size=micro)
-            critic_opt = _optimizer(c.optim, c.grad_clip, updates)
-            self.critic_state = init_state(init_critic(params), critic_opt)
-            self.critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
-            self.values_fn = jax.jit(lambda p, b: critic_values(self.graphdef, p, b, response_len=self.learn_response_len,
-                                                                mesh=mesh))
-        self.needs_ref = a.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        self.ref_params = jax.tree.map(jnp.copy, params) if self.needs_ref else None
-        self.state = init_state(params, self.optimizer)
-        self.version = 0
-        self.step = 0
-        self.resumed_from = None
+            critic_opt = _optimizer(cc.optim, cc.grad_clip, updates)
+            critic = init_state(init_critic(params), critic_opt)
+            critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
+            graphdef = self.graphdef
+            values_fn = jax.jit(lambda p, b: critic_values(graphdef, p, b, response_len=response_len, mesh=mesh))
+        needs_ref = a.use_kl_loss or al.use_kl_in_reward
 
         eos = (self.tokenizer.eos_id,)
-        top_k = max(r.top_k, 0)
-        self.decode = DecodeParams(max_new_tokens=self.response_len, temperature=r.temperature, top_k=top_k,
-                                   top_p=r.top_p, seed=cfg.trainer.seed, eos_ids=eos)
+        decode = DecodeParams(max_new_tokens=d.max_response_length, temperature=r.temperature, top_k=max(r.top_k, 0),
+                              top_p=r.top_p, seed=cfg.trainer.seed, eos_ids=eos)
         v = r.val_kwargs
-        self.val_decode = DecodeParams(max_new_tokens=self.response_len, temperature=v.temperature,
+        self.val_decode = DecodeParams(max_new_tokens=d.max_response_length, temperature=v.temperature,
                                        top_k=max(v.top_k, 0), top_p=v.top_p, seed=cfg.trainer.seed + 1, eos_ids=eos)
         engine = RljaxEngine(self.model_config, num_slots=r.max_slots or trajectories,
-                             max_prefill_length=self.prompt_len, max_decode_length=self.response_len,
+                             max_prefill_length=d.max_prompt_length, max_decode_length=d.max_response_length,
                              mesh=sampler_mesh(r.tp, jax.local_devices()),
                              prefill_batch_size=min(d.train_batch_size, 64))
         # Each process runs a sampler on its own devices (same prompts, same random streams).
-        self.sampler = Sampler(engine, self._sampler_weights(params), version=0, truncation="error")
+        sampler = Sampler(engine, _sampler_weights(params), version=0, truncation="error")
+        self.c = Components(
+            cfg=cfg, mesh=mesh, data=self._train_iterator(), sampler=sampler, decode=decode, tokenizer=self.tokenizer,
+            reward_fn=get_reward_fn(cfg.reward.function, dataset=d.dataset),
+            logprob_fn=make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
+                                       impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro),
+            prepare_fn=make_prepare_fn(prepare_cfg), prepare_inputs=prepare_cfg.inputs(critic=critic is not None),
+            train_step=make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh),
+            actor=init_state(params, optimizer), prompt_len=prompt_len, response_len=response_len,
+            sampler_weights=_sampler_weights, ref_params=jax.tree.map(jnp.copy, params) if needs_ref else None,
+            critic=critic, critic_step=critic_step, values_fn=values_fn,
+            kl_ctrl=kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None)
+        self.step = 0
+        self.resumed_from = None
 
         os.makedirs(run_dir, exist_ok=True)
         self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
@@ -226,14 +237,27 @@ class Trainer:
             self._restore()
         self.main = jax.process_index() == 0
         self.metrics = MetricsWriter(run_dir, enabled=self.main)
-        self.timer = _Timer()
-        self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, owner=self)
+        self.stage_s: dict[str, float] = {}
+        self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, ledger_sources=self.ledger_sources)
+        self.runner = StepRunner(sync_stages(self.c), observers=[self.tracer])
 
-    @staticmethod
-    def _sampler_weights(params):
-        """What the sampler reshards from: the learner's arrays, or their gathered values on
-        multi-host (the sampler mesh is process-local)."""
-        return params if jax.process_count() == 1 else to_host(params)
+    @property
+    def state(self):
+        """The actor's :class:`TrainState`."""
+        return self.c.actor
+
+    @property
+    def version(self) -> int:
+        return self.c.version
+
+    def ledger_sources(self) -> dict:
+        """What the ledgers compile and measure, named explicitly (read once, after step 1)."""
+        c = self.c
+        return {"model_config": self.model_config, "step_config": self.step_config, "graphdef": self.graphdef,
+                "params": c.actor.params, "opt_state": c.actor.opt_state,
+                "lower_update": lambda fields: c.train_step.lower(c.actor, actor_batch(c, fields), jax.random.key(0)),
+                "lower_logprob": lambda fields: c.logprob_fn.lower(c.actor.params, model_inputs(fields)),
+                "sampler_engine": c.sampler.engine, "sampler_params": c.sampler.params, "decode": c.decode}
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -242,210 +266,82 @@ class Trainer:
         if latest is None:
             self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
             return
+        c = self.c
         state, meta = self.checkpointer.restore(latest, self._checkpoint_state())
-        self.state, self.critic_state = state["actor"], state.get("critic")
-        self.step, self.version = int(meta["step"]), int(meta["version"])
-        self.data = self._train_iterator(state=meta["data"])
-        self.sampler.update_weights(self._sampler_weights(self.state.params), self.version)
+        c.actor, c.critic = state["actor"], state.get("critic")
+        self.step, c.version = int(meta["step"]), int(meta["version"])
+        if c.kl_ctrl is not None and "kl_coef" in meta:
+            c.kl_ctrl.value = float(meta["kl_coef"])
+        c.data = self._train_iterator(state=meta["data"])
+        c.sampler.update_weights(_sampler_weights(c.actor.params), c.version)
         self.resumed_from = latest
-        self.echo(f"resume: restored step {self.step} (weight version {self.version}) from checkpoint {latest}")
+        self.echo(f"resume: restored step {self.step} (weight version {c.version}) from checkpoint {latest}")
 
     def save(self) -> None:
         from rljax.config import to_dict
 
-        meta = {"step": self.step, "version": self.version, "data": self.data.state(), "config": to_dict(self.cfg)}
+        c = self.c
+        meta = {"step": self.step, "version": c.version, "data": c.data.state(), "config": to_dict(self.cfg)}
+        if c.kl_ctrl is not None:
+            meta["kl_coef"] = c.kl_ctrl.value
+        t = time.perf_counter()
         self.checkpointer.save(self.step, self._checkpoint_state(), meta)
+        self._time("save_checkpoint", t)
 
     def _checkpoint_state(self) -> dict:
-        state = {"actor": self.state}
-        if self.critic_state is not None:
-            state["critic"] = self.critic_state
+        state = {"actor": self.c.actor}
+        if self.c.critic is not None:
+            state["critic"] = self.c.critic
         return state
 
-    # ------------------------------------------------------------------ one step
+    def _time(self, key: str, t0: float) -> float:
+        dt = time.perf_counter() - t0
+        self.stage_s[key] = self.stage_s.get(key, 0.0) + dt
+        return dt
 
-    def _host_batch(self, traj) -> dict:
-        """Learner batch (NumPy) from a rollout: fixed ``[B, S+T]`` layout, left-padded prompts."""
-        b, s = traj.prompt_ids.shape
-        left = ((0, 0), (self.learn_prompt_len - s, 0))
-        right = ((0, 0), (0, self.learn_response_len - traj.response_ids.shape[1]))
-        prompt_ids = np.pad(traj.prompt_ids, left, constant_values=traj.pad_id)
-        response_ids = np.pad(traj.response_ids, right, constant_values=traj.pad_id)
-        attention = np.concatenate([np.pad(traj.prompt_mask, left), np.pad(traj.response_mask, right)], axis=1)
-        return {
-            "input_ids": np.concatenate([prompt_ids, response_ids], axis=1).astype(np.int32),
-            "attention_mask": attention,
-            "positions": np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32),
-            "loss_mask": np.pad(traj.loss_mask, right).astype(np.float32),
-            "rollout_logp": np.pad(traj.rollout_logp, right).astype(np.float32),
-        }
-
-    def _advantages(self, scores: jax.Array, group_ids: jax.Array, row: jax.Array, mask: jax.Array,
-                    num_groups: int) -> jax.Array:
-        name = self.cfg.algorithm.adv_estimator
-        if name == "grpo":
-            adv = rl.grpo_advantages(scores, group_ids, num_groups=num_groups, row_mask=row,
-                                     scale_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo)
-        elif name == "rloo":
-            adv = rl.rloo_advantages(scores, group_ids, num_groups=num_groups, row_mask=row)
-        elif name == "reinforce_plus_plus_baseline":
-            return rl.reinforce_pp_baseline_advantages(scores, group_ids, mask, num_groups=num_groups)
-        else:
-            raise ValueError(f"algorithm.adv_estimator={name!r} is not supported by the trainer; "
-                             "accepted: grpo, rloo, reinforce_plus_plus_baseline, gae")
-        return adv[:, None] * mask
-
-    def _rollout(self, prompts, decode, uids, n):
-        return self.sampler.generate([p.ids for p in prompts], uids=uids, n=n, decode=decode)
-
-    def _score(self, traj, prompts, n) -> tuple[np.ndarray, Any]:
-        from rljax.reward import score_batch
-
-        responses = [self.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]])
-                     for i in range(traj.batch_size)]
-        answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
-        return score_batch(self.reward_fn, responses, answers, list(traj.uid),
-                           max_error_fraction=self.cfg.reward.max_error_fraction, is_padding=traj.is_padding)
+    # ------------------------------------------------------------------ steps
 
     def train_one_step(self) -> dict:
-        cfg, timer = self.cfg, self.timer
-        timer.step = {}
-        t_step = time.perf_counter()
+        """Runs the stage list once; returns the step's metrics (also written to ``metrics.jsonl``)."""
         self.step += 1
-        prompts = next(self.data)
-        uids = [f"{self.step}-{i}" for i in range(len(prompts))]
-        self.tracer.submit(self.step, prompts, uids, version=self.version, decode=self.decode, t_step=t_step)
-        with timer("gen"):
-            traj = self._rollout(prompts, self.decode, uids, cfg.rollout.n)
-        self.tracer.rollout(traj)
-        if int(traj.min_version.min()) != self.version:
-            raise RuntimeError(f"rollout used weight version {int(traj.min_version.min())}, learner is at {self.version}")
-        with timer("reward"):
-            scores_np, report = self._score(traj, prompts, cfg.rollout.n)
-            host = self._host_batch(traj)
-            batch = place(host, self.mesh)
-            groups = place({"scores": scores_np.astype(np.float32), "group_id": traj.group_id.astype(np.int32),
-                            "row": ~traj.is_padding}, self.mesh)
-            scores = groups["scores"]
-        self.tracer.reward(scores_np, batch, groups)
-        if cfg.algorithm.bypass_mode:  # the sampler's log-probs are the behaviour policy's
-            old_logp = batch["old_logp"] = batch["rollout_logp"]
-            self.tracer.logprob("old_log_prob", old_logp=old_logp)
-        else:
-            with timer("old_log_prob"):
-                old_logp, old_entropy = self.logprob_fn(self.state.params, batch)
-                batch["old_logp"] = old_logp
-                jax.block_until_ready(old_logp)
-            self.tracer.logprob("old_log_prob", old_logp=old_logp, entropy=old_entropy)
-        metrics: dict[str, Any] = {}
-        kl_reward = None  # [B, T] KL penalty per token, when it is part of the reward
-        if self.needs_ref:
-            with timer("ref"):
-                batch["ref_logp"] = self.logprob_fn(self.ref_params, batch)[0]
-                self.tracer.logprob("reference", ref_logp=batch["ref_logp"])
-                if cfg.algorithm.use_kl_in_reward:
-                    kl = rl.kl_penalty(old_logp, batch["ref_logp"], kind=cfg.algorithm.kl_penalty)
-                    kl_reward = cfg.algorithm.kl_ctrl.kl_coef * kl * batch["loss_mask"]
-                    metrics["critic/kl"] = float(to_host(rl.masked_mean(kl, batch["loss_mask"])))
-        if self.critic_state is not None:
-            with timer("values"):
-                values = self.values_fn(self.critic_state.params, batch)
-        with timer("adv"):
-            if self.critic_state is not None:
-                token_rewards = outcome_token_rewards(scores, batch["loss_mask"])
-                if kl_reward is not None:
-                    token_rewards = token_rewards - kl_reward
-                batch["advantages"], returns = rl.gae_advantages(
-                    token_rewards, values, batch["loss_mask"], gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
-            else:
-                if kl_reward is not None:
-                    scores = scores - jnp.sum(kl_reward, axis=-1)
-                batch["advantages"] = self._advantages_fn(
-                    scores, groups["group_id"], groups["row"], batch["loss_mask"], traj.num_groups)
-            if cfg.rollout.correction != "none":
-                batch["rollout_is_weights"] = rl.rollout_correction_weights(
-                    old_logp, batch["rollout_logp"], batch["loss_mask"], level=cfg.rollout.correction,
-                    threshold=cfg.rollout.correction_threshold)
-        self.tracer.advantages(batch)
-        key = jax.random.fold_in(jax.random.key(cfg.trainer.seed), self.step)
-        if self.critic_state is not None:
-            with timer("update_critic"):
-                critic_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
-                critic_batch.update(old_values=values, returns=returns)
-                self.tracer.observe(values=values, returns=returns)
-                self.critic_state, critic = self.critic_step(self.critic_state, critic_batch, key)
-                critic, value_stats = to_host((critic, (rl.masked_mean(values, batch["loss_mask"]),
-                                                        rl.masked_mean(returns, batch["loss_mask"]))))
-                metrics.update({"critic/vf_loss": critic["vf_loss"], "critic/vf_clipfrac": critic["vf_clipfrac"],
-                                "critic/grad_norm": critic["grad_norm"], "critic/values/mean": value_stats[0],
-                                "critic/returns/mean": value_stats[1]})
-        with timer("update_actor"):
-            self.state, actor = self.train_step(self.state, batch, key)
-            actor = to_host(actor)
-        self.tracer.actor_update(actor, optimizer_steps=int(self.state.step))
-        with timer("update_weights"):
-            self.version += 1
-            self.sampler.update_weights(self._sampler_weights(self.state.params), self.version)
-        self.tracer.weight_sync(self.version, self.sampler)
-
-        real = ~traj.is_padding
-        lengths = traj.response_length[real]
-        mask_np = host["loss_mask"]
-        adv_mean = to_host(rl.masked_mean(batch["advantages"], batch["loss_mask"]))
-        metrics.update({
-            "actor/pg_loss": actor["pg_loss"], "actor/pg_clipfrac": actor["pg_clipfrac"],
-            "actor/pg_clipfrac_lower": actor["pg_clipfrac_lower"], "actor/ppo_kl": actor["ppo_kl"],
-            "actor/entropy": actor["entropy"],  # of the policy being updated, as verl reports it
-            "actor/grad_norm": actor["grad_norm"], "actor/loss": actor["loss"],
-            "actor/skipped_updates": int(actor["skipped_updates"]),
-            "actor/lr_step": int(self.state.step),
-            "critic/score/mean": float(scores_np[real].mean()), "critic/score/max": float(scores_np[real].max()),
-            "critic/score/min": float(scores_np[real].min()),
-            "critic/advantages/mean": float(adv_mean),
-            "response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
-            "response_length/min": int(lengths.min()),
-            "response_length/clip_ratio": float(traj.truncated[real].mean()),
-            "prompt_length/mean": float(traj.prompt_length[real].mean()),
-            "training/weight_version": self.version,
-            **report.metrics(),
-        })
-        if "kl_loss" in actor:
-            metrics["actor/kl_loss"] = actor["kl_loss"]
-        if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
-            metrics["val/score/mean"] = self.validate()
-        if self.cfg.trainer.save_freq > 0 and self.step % self.cfg.trainer.save_freq == 0:
-            with timer("save_checkpoint"):
-                self.save()
-        step_s = time.perf_counter() - t_step
-        tokens = int(mask_np.sum() + traj.prompt_length[real].sum())
-        metrics.update({f"timing_s/{k}": v for k, v in timer.step.items()})
-        metrics.update({"timing_s/step": step_s, "perf/total_num_tokens": tokens,
-                        "perf/throughput": tokens / step_s / max(len(jax.devices()), 1),
-                        "perf/rollout_tokens_per_s": traj.stats.tokens_per_s})
-        metrics.update(self.tracer.end_step(metrics, host=host))
-        self.metrics.write(self.step, metrics)
+        metrics, timings = self.runner.run(self.step, {"step": self.step})
+        for k, v in timings.items():
+            self.stage_s[k] = self.stage_s.get(k, 0.0) + v
+        tokens = metrics["perf/total_num_tokens"]
+        metrics["perf/throughput"] = tokens / metrics["timing_s/step"] / max(len(jax.devices()), 1)
         return metrics
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and self.step % freq == 0
 
     def validate(self) -> float:
         """Mean reward on the held-out split with ``rollout.val_kwargs`` decoding (greedy by default)."""
-        with self.timer("testing"):
-            scores = []
-            for i, prompts in enumerate(self._val_iterator()):
-                uids = [f"val-{i}-{j}" for j in range(len(prompts))]
-                traj = self._rollout(prompts, self.val_decode, uids, self.cfg.rollout.val_kwargs.n)
-                s, _ = self._score(traj, prompts, self.cfg.rollout.val_kwargs.n)
-                scores.extend(s[~traj.is_padding].tolist())
-            return float(np.mean(scores)) if scores else float("nan")
-
-    # ------------------------------------------------------------------ the run
+        t = time.perf_counter()
+        c = self.c
+        scores = []
+        for i, prompts in enumerate(self._val_iterator()):
+            uids = [f"val-{i}-{j}" for j in range(len(prompts))]
+            traj = c.sampler.generate([p.ids for p in prompts], uids=uids, n=self.cfg.rollout.val_kwargs.n,
+                                      decode=self.val_decode)
+            s, _ = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
+            scores.extend(s[~traj.is_padding].tolist())
+        self._time("testing", t)
+        return float(np.mean(scores)) if scores else float("nan")
 
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        except BaseException as e:  # the trace summary says how the run ended
+            self.tracer.close(error=f"{type(e).__name__}: {e}", step=self.step)
+            raise
+
+    def _run(self) -> RunSummary:
         cfg = self.cfg
         total = cfg.trainer.total_steps
         first = self.step
         t0 = time.perf_counter()
         val_before = None
-        stats = getattr(self.data.source, "stats", None)
+        stats = getattr(self.c.data.source, "stats", None)
         if stats is not None:  # what data.filter_overlong_prompts / data.truncation did to the train split
             self.echo(f"train prompts: {stats.total} total, {stats.kept} kept, {stats.filtered} filtered as overlong, "
                       f"{stats.truncated} truncated (max_prompt_length {stats.max_length}, longest {stats.longest})")
@@ -457,34 +353,48 @@ class Trainer:
                                    **({} if val_before is None else {"val/score/mean": val_before})})
         tokens = 0
         last: dict = {}
+        val = None
         step_times: list[float] = []
         while self.step < total:
             last = self.train_one_step()
+            # Validation and the checkpoint belong to the step's one metrics.jsonl record; the
+            # last step always validates (the run's final held-out score).
+            if self._due(cfg.trainer.test_freq) or self.step == total:
+                val = last["val/score/mean"] = self.validate()
+                if self.main:
+                    self.echo(f"step {self.step}: val/score/mean = {val:.3f}")
+            if self._due(cfg.trainer.save_freq) or self.step == total:
+                self.save()
             tokens += int(last["perf/total_num_tokens"])
             step_times.append(last["timing_s/step"])
-            if self.main:
+            self.metrics.write(self.step, last)
+            if self.main and (self._due(cfg.trainer.log_freq) or self.step == total):
                 _progress(self.step, total, last["critic/score/mean"], step_times)
-        val = last.get("val/score/mean")
-        if val is None and self.step > first:
-            val = self.validate()
-            self.metrics.write(self.step, {"val/score/mean": val})
-        if self.step > first and (cfg.trainer.save_freq <= 0 or self.step % cfg.trainer.save_freq):
-            with self.timer("save_checkpoint"):
-                self.save()
         self.checkpointer.close()
         self.metrics.close()
         trace_overhead = Tracer.describe_overhead(self.tracer.close())
         if self.main:
             plot_report(self.run_dir)
-        return RunSummary(steps=self.step, tokens=tokens, wall_s=time.perf_counter() - t0,
-                          stage_s=dict(self.timer.total), train_reward=last.get("critic/score/mean"),
+        return RunSummary(steps=self.step, first_step=first, tokens=tokens, wall_s=time.perf_counter() - t0,
+                          stage_s=dict(self.stage_s), train_reward=last.get("critic/score/mean"),
                           val_reward_before=val_before, val_reward=val, run_dir=self.run_dir,
                           resumed_from=self.resumed_from, trace_overhead=trace_overhead)
 
 
+def _sampler_weights(params):
+    """What the sampler reshards from: the learner's arrays, or their gathered values on
+    multi-host (the sampler mesh is process-local)."""
+    return params if jax.process_count() == 1 else to_host(params)
+
+
 def format_summary(s: RunSummary) -> str:
     """The end-of-run table: steps, tokens, wall time, time by stage, rewards, outputs."""
-    rows = [("steps", f"{s.steps}"), ("tokens", f"{s.tokens:,}"), ("wall time", f"{s.wall_s:.1f} s")]
+    ran = s.steps - s.first_step
+    if s.first_step:  # a resumed run: say what this launch did and what the run holds
+        rows = [("steps", f"{s.steps} in the run; {ran} run now (steps {s.first_step + 1}-{s.steps})"),
+                ("tokens (this launch)", f"{s.tokens:,}"), ("wall time (this launch)", f"{s.wall_s:.1f} s")]
+    else:
+        rows = [("steps", f"{s.steps}"), ("tokens", f"{s.tokens:,}"), ("wall time", f"{s.wall_s:.1f} s")]
     busy = sum(s.stage_s.values()) or 1.0
     for stage, secs in sorted(s.stage_s.items(), key=lambda kv: -kv[1]):
         if secs > 0:

@@ -1,7 +1,7 @@
 """The pure train step: log-probs of a trajectory batch, the actor loss, and the PPO update.
 
 One jitted function of ``(state, batch, key)`` does the whole actor update (PureJaxRL
-style): ``ppo_epochs`` passes over shuffled mini-batches, each accumulated over
+style): ``ppo_epochs`` passes over (shuffled, ``actor.shuffle``) mini-batches, each accumulated over
 micro-batches with the loss normalised by the *mini-batch's* global token / sequence
 counts (so the micro-batch size does not change the update), then one optax step. A
 non-finite loss or gradient skips the update and is counted; the parameters are untouched.
@@ -54,6 +54,7 @@ class StepConfig:
     temperature: float = 1.0
     logprob_impl: str = "auto"
     use_rollout_correction: bool = False
+    shuffle: bool = True  # permute the trajectories before each epoch's mini-batch split
 
 
 @flax.struct.dataclass
@@ -206,9 +207,12 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
             raise ValueError(f"batch of {batch_size} trajectories does not divide into mini-batches of {mini}")
         all_metrics = []
         for epoch_key in jax.random.split(key, cfg.ppo_epochs):
-            perm = jax.random.permutation(epoch_key, batch_size)
-            shuffled = jax.tree.map(lambda x: x[perm], batch)
-            state, metrics = jax.lax.scan(minibatch_update, state, _split(shuffled, batch_size // mini))
+            if cfg.shuffle:
+                perm = jax.random.permutation(epoch_key, batch_size)
+                epoch_batch = jax.tree.map(lambda x: x[perm], batch)
+            else:
+                epoch_batch = batch
+            state, metrics = jax.lax.scan(minibatch_update, state, _split(epoch_batch, batch_size // mini))
             all_metrics.append(metrics)
         metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.concatenate(xs)), *all_metrics)
         metrics["skipped_updates"] = state.skipped

@@ -1,0 +1,92 @@
+"""The prepare stage: from scores and log-probs to what the update consumes, in one jitted function.
+
+``prepare(fields, kl_coef) -> dict`` computes, on the mesh and without leaving the device:
+
+1. token-level rewards: each trajectory's outcome score on its last action token
+   (:func:`rljax.trainer.critic.outcome_token_rewards`); with KL in the reward, minus
+   ``kl_coef * KL(old || ref)`` on every action token (verl's ``apply_kl_penalty``);
+2. advantages and returns through the estimator registry (one signature, see
+   :mod:`rljax.loss._estimators`): ``grpo``, ``rloo``, ``reinforce_plus_plus_baseline``,
+   ``gae`` or a user's registered function;
+3. rollout-correction weights (truncated IS, ``π_old / π_rollout``) when enabled.
+
+``kl_coef`` is a traced scalar, so the adaptive KL controller changing it every step does
+not recompile. Everything else is static (:class:`PrepareConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+
+from rljax import loss as rl
+from rljax.trainer.critic import outcome_token_rewards
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """Static settings of the prepare stage.
+
+    Args:
+      estimator: a name registered with :func:`rljax.loss.register_adv_estimator`.
+      num_groups: prompt groups in the batch.
+      algorithm: ``algorithm.*`` hyper-parameters handed to the estimator as ``config``
+        (items, so the dataclass stays hashable).
+      use_kl_in_reward: subtract the KL penalty from the token rewards.
+      kl_penalty: the KL estimator (``rljax.loss.kl_penalty`` ``kind``).
+      correction: ``none``, ``token`` or ``sequence`` rollout correction.
+      correction_threshold: truncation of the correction weights.
+      behaviour_logp: the batch field holding the behaviour policy's log-probs
+        (``old_logp``; ``rollout_logp`` in bypass mode).
+    """
+
+    estimator: str
+    num_groups: int
+    algorithm: tuple = ()
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "low_var_kl"
+    correction: str = "none"
+    correction_threshold: float = 2.0
+    behaviour_logp: str = "old_logp"
+
+    def inputs(self, *, critic: bool) -> tuple[str, ...]:
+        """The batch fields :func:`prepare` reads."""
+        keys = ["scores", "loss_mask", "group_id", "row_mask"]
+        if self.use_kl_in_reward:
+            keys += [self.behaviour_logp, "ref_logp"]
+        if critic:
+            keys.append("values")
+        if self.correction != "none":
+            keys += ["old_logp", "rollout_logp"]
+        return tuple(dict.fromkeys(keys))
+
+
+def prepare(fields: Mapping[str, jax.Array], kl_coef: jax.Array, *, cfg: PrepareConfig,
+            estimator: Optional[Callable] = None) -> dict[str, Any]:
+    """``token_level_rewards``, ``advantages``, ``returns`` (+ ``rollout_is_weights``, ``kl_in_reward``)."""
+    mask = jnp.asarray(fields["loss_mask"], jnp.float32)
+    row = jnp.asarray(fields["row_mask"], bool)
+    token_rewards = outcome_token_rewards(fields["scores"], mask)
+    out: dict[str, Any] = {}
+    if cfg.use_kl_in_reward:
+        kl = rl.kl_penalty(fields[cfg.behaviour_logp], fields["ref_logp"], kind=cfg.kl_penalty) * mask
+        token_rewards = token_rewards - kl_coef * kl
+        out["kl_in_reward"] = rl.masked_mean(kl, mask)
+    fn = estimator or rl.get_adv_estimator(cfg.estimator)
+    advantages, returns = fn(token_rewards, mask, group_id=fields["group_id"], num_groups=cfg.num_groups,
+                             row_mask=row, values=fields.get("values"), config=dict(cfg.algorithm))
+    out.update(token_level_rewards=token_rewards, advantages=jnp.asarray(advantages, jnp.float32),
+               returns=jnp.asarray(returns, jnp.float32))
+    if cfg.correction != "none":
+        out["rollout_is_weights"] = rl.rollout_correction_weights(
+            fields["old_logp"], fields["rollout_logp"], mask, level=cfg.correction,
+            threshold=cfg.correction_threshold)
+    return out
+
+
+def make_prepare_fn(cfg: PrepareConfig, estimator: Optional[Callable] = None) -> Callable:
+    """``prepare_fn(fields, kl_coef) -> dict``, jitted once for ``cfg``."""
+    return jax.jit(lambda fields, kl_coef: prepare(fields, kl_coef, cfg=cfg, estimator=estimator))

@@ -1,0 +1,202 @@
+"""Runs a step as a fixed sequence of named stages over one batch dict, and tells observers.
+
+A :class:`Stage` is a name, a timing key (verl's ``timing_s/<key>``) and a function
+``fn(batch) -> dict`` that reads fields of the batch and returns the fields it produced.
+:class:`StepRunner` runs the stages in order and, for every stage, hands a
+:class:`StageEvent` to each observer: the fields the stage *actually read* (recorded as it
+read them, not declared), the fields it wrote, and who produced each field it read. A
+field written by a stage as the very object another field already holds (for example
+``algorithm.bypass_mode``'s behaviour log-prob, which *is* the sampler's
+``rollout_logp``) keeps its original producer, so the trace cannot credit a stage with
+work it did not do.
+
+After the last stage the runner drops the batch and checks its live-batch registry: every
+device array and host array the batch held is looked up again (weak references), and
+what is still alive is reported to the observers as leaked (:class:`Cleanup`). The
+trainer, the sampler and the observers must not keep step data beyond the step; a stage
+that does is caught here, whatever it is.
+
+Stages compute; the runner sequences and times (``jax.block_until_ready`` on each
+stage's device outputs, so a stage's time is its own work, not the next stage's wait);
+observers only read. The asynchronous and multi-turn schedules reuse the same stages with
+another runner loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import weakref
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Optional, Protocol, Sequence
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A named step of the pipeline.
+
+    Args:
+      name: the stage's name in the trace (``rollout_sessions``, ``old_log_prob``, ...).
+      fn: ``fn(batch) -> dict`` of the fields it produced; ``batch`` is read-only.
+      timing: the ``timing_s/<timing>`` metric key (verl's names where they exist).
+    """
+
+    name: str
+    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    timing: Optional[str] = None
+
+    @property
+    def timing_key(self) -> str:
+        return self.timing or self.name
+
+
+@dataclasses.dataclass
+class StageEvent:
+    """What one stage did: the fields it read (with their producers) and wrote, and when."""
+
+    step: int
+    stage: str
+    reads: dict[str, Any]
+    writes: dict[str, Any]
+    producers: dict[str, str]  # producer stage of every field read or written
+    aliases: dict[str, str]  # written field -> the existing field it is the same object as
+    t_start: float  # time.perf_counter()
+    t_end: float
+
+
+@dataclasses.dataclass
+class Cleanup:
+    """The end of a step: the batch's fields, and those still alive after it was dropped."""
+
+    step: int
+    batch_keys: list[str]
+    tracked: int  # objects the live-batch registry followed
+    leaked: list[str]  # fields whose value is still referenced somewhere
+    t_start: float
+    t_end: float
+
+
+class Observer(Protocol):
+    def step_start(self, step: int, t: float) -> None: ...
+
+    def stage(self, event: StageEvent) -> None: ...
+
+    def step_end(self, step: int, metrics: MutableMapping[str, Any]) -> None: ...
+
+    def cleanup(self, report: Cleanup) -> None: ...
+
+
+class _Reads(Mapping):
+    """A read-only view of the batch that records which fields a stage reads."""
+
+    def __init__(self, data: Mapping[str, Any]):
+        self._data = data
+        self.read: list[str] = []
+
+    def __getitem__(self, key):
+        value = self._data[key]
+        if key not in self.read:
+            self.read.append(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key) -> bool:
+        return key in self._data
+
+
+def _device_leaves(tree) -> list:
+    return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+
+
+def _weak(value) -> list:
+    """Weak references to the arrays a field holds: device arrays and NumPy arrays of one
+    dimension or more, through dicts, lists, tuples and pytree dataclasses (the rollout's
+    ``Trajectories``). Host scalars (metric values) may outlive the step."""
+    refs = []
+    for leaf in jax.tree.leaves(value):
+        if isinstance(leaf, jax.Array) or (isinstance(leaf, np.ndarray) and leaf.ndim >= 1):
+            refs.append(weakref.ref(leaf))
+    return refs
+
+
+class StepRunner:
+    """Runs ``stages`` over one batch per step and reports to ``observers``.
+
+    ``run`` returns ``(metrics, timings)``: the ``metrics`` field the last stages produced
+    (host values only; the batch itself never leaves the runner) and the seconds per
+    timing key.
+    """
+
+    def __init__(self, stages: Sequence[Stage], observers: Sequence[Observer] = ()):
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique: {names}")
+        self.stages = tuple(stages)
+        self.observers = list(observers)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def run(self, step: int, seed: Optional[Mapping[str, Any]] = None) -> tuple[dict, dict[str, float]]:
+        t0 = time.perf_counter()
+        for obs in self.observers:
+            obs.step_start(step, t0)
+        batch: dict[str, Any] = dict(seed or {})
+        producers = {k: "step_start" for k in batch}
+        timings: dict[str, float] = {}
+        for stage in self.stages:
+            view = _Reads(batch)
+            t_start = time.perf_counter()
+            out = dict(stage.fn(view) or {})
+            jax.block_until_ready(_device_leaves(out))
+            t_end = time.perf_counter()
+            timings[stage.timing_key] = timings.get(stage.timing_key, 0.0) + (t_end - t_start)
+            aliases = {}
+            for k, v in out.items():
+                same = next((o for o, ov in batch.items() if ov is v and o != k), None) if _aliasable(v) else None
+                if same is not None:
+                    aliases[k] = same
+                    producers[k] = producers[same]
+                else:
+                    producers[k] = stage.name
+            batch.update(out)
+            event = StageEvent(step=step, stage=stage.name, reads={k: batch[k] for k in view.read}, writes=out,
+                               producers={k: producers[k] for k in (*view.read, *out)}, aliases=aliases,
+                               t_start=t_start, t_end=t_end)
+            for obs in self.observers:
+                obs.stage(event)
+            del event, view, out
+        metrics = dict(batch.get("metrics") or {})
+        metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
+        metrics["timing_s/step"] = time.perf_counter() - t0
+        for obs in self.observers:
+            obs.step_end(step, metrics)
+        # The live-batch registry: drop the batch, then look for what is still alive.
+        t_clean = time.perf_counter()
+        refs = {k: _weak(v) for k, v in batch.items()}
+        keys = sorted(batch)
+        batch.clear()
+        del batch
+        leaked = [k for k, rs in refs.items() if any(r() is not None for r in rs)]
+        if leaked:  # a reference cycle is not a leak: collect, then look again
+            gc.collect()
+            leaked = [k for k in leaked if any(r() is not None for r in refs[k])]
+        report = Cleanup(step=step, batch_keys=keys, tracked=sum(len(r) for r in refs.values()), leaked=leaked,
+                         t_start=t_clean, t_end=time.perf_counter())
+        for obs in self.observers:
+            obs.cleanup(report)
+        return metrics, timings
+
+
+def _aliasable(v) -> bool:
+    """Only objects with identity worth following (arrays, containers), not small ints or strings."""
+    return isinstance(v, jax.Array) or hasattr(v, "__array__") and not isinstance(v, (int, float, str, bool))

@@ -1,0 +1,283 @@
+"""The stages of one synchronous (colocated) RL step, as small functions over the batch dict.
+
+:func:`sync_stages` lists them in order; :class:`rljax.trainer.runner.StepRunner` runs the
+list, times each stage and tells the observers (trace, ledgers) what each one read and
+wrote. The trainer (:mod:`rljax.trainer.loop`) only holds state: the model, optimizer
+states, sampler, data iterator and weight version (:class:`Components`).
+
+====================  ==================  =================================================
+stage                 ``timing_s/``       reads -> writes
+====================  ==================  =================================================
+dataset_item          ``data``            -> prompts, uids, weight_version
+rollout_sessions      ``gen``             prompts, uids -> trajectories (host)
+trajectory_fields     ``reshard``         trajectories -> input_ids, attention_mask,
+                                          positions, loss_mask, rollout_logp, group_id,
+                                          row_mask (global arrays on the learner mesh)
+reward                ``reward``          trajectories, prompts -> scores, reward_report
+old_log_prob          ``old_log_prob``    input_ids, ... -> old_logp, entropy (not in bypass
+                                          mode: the update then reads ``rollout_logp``)
+reference             ``ref``             input_ids, ... -> ref_logp (KL loss / KL reward)
+values                ``values``          input_ids, ... -> values (``gae``)
+advantages            ``adv``             scores, masks, log-probs, values ->
+                                          token_level_rewards, advantages, returns,
+                                          rollout_is_weights (:mod:`rljax.trainer.prepare`)
+update_critic         ``update_critic``   ... -> critic_metrics (``gae``)
+actor_minibatch       ``update_actor``    ... -> actor_metrics
+weight_sync           ``update_weights``  -> weight_version_after, sampler_version
+metrics               ``metrics``         -> metrics (host scalars)
+====================  ==================  =================================================
+
+The asynchronous schedule reuses the same functions: rollout + reward on the producer
+side, the rest on the consumer side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import loss as rl
+from rljax.trainer.runner import Stage
+
+#: The learner batch fields that the forward passes read.
+MODEL_INPUTS = ("input_ids", "attention_mask", "positions")
+
+
+def to_host(tree):
+    """Device arrays -> NumPy, also for arrays spread over several processes (multi-host)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def place(host: Mapping[str, np.ndarray], mesh) -> dict:
+    """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` on rows,
+    ``sp`` on the sequence). Every process holds the same host values (the sampler is
+    deterministic per ``(seed, uid, session)``), so each fills in the shards it owns."""
+    from rljax.sharding import batch_shardings
+
+    shardings = batch_shardings(host, mesh)
+    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in host.items()}
+
+
+def learner_layout(traj, *, prompt_len: int, response_len: int) -> dict[str, np.ndarray]:
+    """The learner's ``[B, S+T]`` layout of a rollout (NumPy): left-padded prompts, right-padded
+    responses, both widened to the learner lengths (multiples of ``sp``)."""
+    b, s = traj.prompt_ids.shape
+    left = ((0, 0), (prompt_len - s, 0))
+    right = ((0, 0), (0, response_len - traj.response_ids.shape[1]))
+    prompt_ids = np.pad(traj.prompt_ids, left, constant_values=traj.pad_id)
+    response_ids = np.pad(traj.response_ids, right, constant_values=traj.pad_id)
+    attention = np.concatenate([np.pad(traj.prompt_mask, left), np.pad(traj.response_mask, right)], axis=1)
+    return {
+        "input_ids": np.concatenate([prompt_ids, response_ids], axis=1).astype(np.int32),
+        "attention_mask": attention,
+        "positions": np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32),
+        "loss_mask": np.pad(traj.loss_mask, right).astype(np.float32),
+        "rollout_logp": np.pad(traj.rollout_logp, right).astype(np.float32),
+        "group_id": traj.group_id.astype(np.int32),
+        "row_mask": ~np.asarray(traj.is_padding),
+    }
+
+
+@dataclasses.dataclass
+class Components:
+    """What the stages work with. The trainer owns it and keeps it across steps.
+
+    Mutable members (``actor``, ``critic``, ``version``, ``kl_coef``) change in the update
+    and sync stages; everything else is fixed for the run.
+    """
+
+    cfg: Any
+    mesh: Any
+    data: Any  # iterator of prompt lists
+    sampler: Any
+    decode: Any  # DecodeParams of training rollouts
+    tokenizer: Any
+    reward_fn: Callable
+    logprob_fn: Callable  # (params, inputs) -> (logp, entropy)
+    prepare_fn: Callable  # (fields, kl_coef) -> dict
+    prepare_inputs: tuple
+    train_step: Callable  # (state, batch, key) -> (state, metrics)
+    actor: Any  # TrainState
+    prompt_len: int
+    response_len: int
+    sampler_weights: Callable  # params -> what the sampler reshards from
+    ref_params: Any = None
+    critic: Any = None  # TrainState of the value model (gae)
+    critic_step: Optional[Callable] = None
+    values_fn: Optional[Callable] = None
+    kl_ctrl: Any = None  # adaptive / fixed KL-in-reward controller
+    version: int = 0
+
+    @property
+    def behaviour_logp(self) -> str:
+        return "rollout_logp" if self.cfg.algorithm.bypass_mode else "old_logp"
+
+
+def sync_stages(c: Components) -> list[Stage]:
+    """The stage list of a synchronous step for this configuration."""
+    cfg = c.cfg
+    stages = [Stage("dataset_item", lambda b: dataset_item(c, b), "data"),
+              Stage("rollout_sessions", lambda b: rollout_sessions(c, b), "gen"),
+              Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard"),
+              Stage("reward", lambda b: reward(c, b), "reward")]
+    if not cfg.algorithm.bypass_mode:
+        stages.append(Stage("old_log_prob", lambda b: old_log_prob(c, b), "old_log_prob"))
+    if c.ref_params is not None:
+        stages.append(Stage("reference", lambda b: reference(c, b), "ref"))
+    if c.critic is not None:
+        stages.append(Stage("values", lambda b: values(c, b), "values"))
+    stages.append(Stage("advantages", lambda b: advantages(c, b), "adv"))
+    if c.critic is not None:
+        stages.append(Stage("update_critic", lambda b: update_critic(c, b), "update_critic"))
+    stages += [Stage("actor_minibatch", lambda b: actor_minibatch(c, b), "update_actor"),
+               Stage("weight_sync", lambda b: weight_sync(c, b), "update_weights"),
+               Stage("metrics", lambda b: step_metrics(c, b), "metrics")]
+    return stages
+
+
+# ---------------------------------------------------------------------------- producer side
+
+
+def dataset_item(c: Components, b) -> dict:
+    step = b["step"]
+    prompts = next(c.data)
+    return {"prompts": prompts, "uids": [f"{step}-{i}" for i in range(len(prompts))], "weight_version": c.version}
+
+
+def rollout_sessions(c: Components, b) -> dict:
+    prompts = b["prompts"]
+    traj = c.sampler.generate([p.ids for p in prompts], uids=b["uids"], n=c.cfg.rollout.n, decode=c.decode)
+    used = int(traj.min_version.min())
+    if used != b["weight_version"]:
+        raise RuntimeError(f"rollout used weight version {used}, the learner is at {b['weight_version']}: the weight "
+                           "sync did not reach the sampler")
+    return {"trajectories": traj}
+
+
+def trajectory_fields(c: Components, b) -> dict:
+    host = learner_layout(b["trajectories"], prompt_len=c.prompt_len, response_len=c.response_len)
+    return place(host, c.mesh)
+
+
+def score(c: Components, traj, prompts, *, max_error_fraction: float):
+    """Scores (NumPy ``[B]``) and the reward report of a rollout."""
+    from rljax.reward import score_batch
+
+    responses = [c.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]]) for i in range(traj.batch_size)]
+    answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
+    return score_batch(c.reward_fn, responses, answers, list(traj.uid), max_error_fraction=max_error_fraction,
+                       is_padding=traj.is_padding)
+
+
+def reward(c: Components, b) -> dict:
+    scores, report = score(c, b["trajectories"], b["prompts"], max_error_fraction=c.cfg.reward.max_error_fraction)
+    return {"scores": place({"scores": scores.astype(np.float32)}, c.mesh)["scores"], "reward_report": report}
+
+
+# ---------------------------------------------------------------------------- learner side
+
+
+def model_inputs(b) -> dict:
+    return {k: b[k] for k in MODEL_INPUTS}
+
+
+def old_log_prob(c: Components, b) -> dict:
+    old_logp, entropy = c.logprob_fn(c.actor.params, model_inputs(b))
+    return {"old_logp": old_logp, "entropy": entropy}
+
+
+def reference(c: Components, b) -> dict:
+    return {"ref_logp": c.logprob_fn(c.ref_params, model_inputs(b))[0]}
+
+
+def values(c: Components, b) -> dict:
+    return {"values": c.values_fn(c.critic.params, model_inputs(b))}
+
+
+def advantages(c: Components, b) -> dict:
+    fields = {k: b[k] for k in c.prepare_inputs}
+    kl_coef = jnp.float32(c.kl_ctrl.value if c.kl_ctrl is not None else 0.0)
+    return c.prepare_fn(fields, kl_coef)
+
+
+def _step_key(c: Components, step: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(c.cfg.trainer.seed), step)
+
+
+def update_critic(c: Components, b) -> dict:
+    batch = dict(model_inputs(b), loss_mask=b["loss_mask"], old_values=b["values"], returns=b["returns"])
+    c.critic, metrics = c.critic_step(c.critic, batch, _step_key(c, b["step"]))
+    return {"critic_metrics": to_host(metrics)}
+
+
+def actor_batch(c: Components, b) -> dict:
+    """The fields the actor update consumes, under the names :mod:`rljax.trainer.step` uses."""
+    cfg = c.cfg
+    batch = dict(model_inputs(b), loss_mask=b["loss_mask"], old_logp=b[c.behaviour_logp], advantages=b["advantages"])
+    if cfg.actor.use_kl_loss:
+        batch["ref_logp"] = b["ref_logp"]
+    if cfg.rollout.correction != "none":
+        batch["rollout_is_weights"] = b["rollout_is_weights"]
+    return batch
+
+
+def actor_minibatch(c: Components, b) -> dict:
+    c.actor, metrics = c.train_step(c.actor, actor_batch(c, b), _step_key(c, b["step"]))
+    return {"actor_metrics": to_host(metrics), "optimizer_steps": int(c.actor.step)}
+
+
+def weight_sync(c: Components, b) -> dict:
+    c.version += 1
+    c.sampler.update_weights(c.sampler_weights(c.actor.params), c.version)
+    return {"weight_version_after": c.version, "sampler_version": int(c.sampler.version),
+            "weight_sync_s": float(getattr(c.sampler, "last_weight_sync_s", 0.0))}
+
+
+def step_metrics(c: Components, b) -> dict:
+    """verl's metric names, from the fields the step produced (host scalars only)."""
+    traj, actor = b["trajectories"], b["actor_metrics"]
+    real = ~np.asarray(traj.is_padding)
+    scores = np.asarray(to_host(b["scores"]))
+    lengths = traj.response_length[real]
+    adv_mean, loss_tokens = to_host((rl.masked_mean(b["advantages"], b["loss_mask"]), jnp.sum(b["loss_mask"])))
+    m: dict[str, Any] = {
+        "actor/pg_loss": actor["pg_loss"], "actor/pg_clipfrac": actor["pg_clipfrac"],
+        "actor/pg_clipfrac_lower": actor["pg_clipfrac_lower"], "actor/ppo_kl": actor["ppo_kl"],
+        "actor/entropy": actor["entropy"],  # of the policy being updated, as verl reports it
+        "actor/grad_norm": actor["grad_norm"], "actor/loss": actor["loss"],
+        "actor/skipped_updates": int(actor["skipped_updates"]), "actor/lr_step": int(b["optimizer_steps"]),
+        "critic/score/mean": float(scores[real].mean()), "critic/score/max": float(scores[real].max()),
+        "critic/score/min": float(scores[real].min()), "critic/advantages/mean": float(adv_mean),
+        "response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
+        "response_length/min": int(lengths.min()),
+        "response_length/clip_ratio": float(traj.truncated[real].mean()),
+        "prompt_length/mean": float(traj.prompt_length[real].mean()),
+        "training/weight_version": int(b["weight_version_after"]),
+        "perf/total_num_tokens": int(loss_tokens) + int(traj.prompt_length[real].sum()),
+        "perf/rollout_tokens_per_s": traj.stats.tokens_per_s,
+        **b["reward_report"].metrics(),
+    }
+    if "kl_loss" in actor:
+        m["actor/kl_loss"] = actor["kl_loss"]
+    if "kl_in_reward" in b:
+        kl = float(to_host(b["kl_in_reward"]))
+        m["critic/kl"] = kl
+        if c.kl_ctrl is not None:
+            m["critic/kl_coef"] = c.kl_ctrl.value
+            c.kl_ctrl.update(kl, n_steps=int(real.sum()))
+    if "critic_metrics" in b:
+        cm = b["critic_metrics"]
+        v_mean, r_mean = to_host((rl.masked_mean(b["values"], b["loss_mask"]),
+                                  rl.masked_mean(b["returns"], b["loss_mask"])))
+        m.update({"critic/vf_loss": cm["vf_loss"], "critic/vf_clipfrac": cm["vf_clipfrac"],
+                  "critic/grad_norm": cm["grad_norm"], "critic/values/mean": float(v_mean),
+                  "critic/returns/mean": float(r_mean)})
+    return {"metrics": m}
