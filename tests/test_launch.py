@@ -209,7 +209,9 @@ def _smoke(tmp_path, mesh):
     out = launch(f"--mesh={mesh}", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = _metrics(run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2, 2]  # data counts at 0; the final validation adds to step 2
+    assert [r["step"] for r in rows] == [0, 1, 2]  # data counts at 0; one record per step
+    assert "val/score/mean" in rows[2] and "val/score/mean" not in rows[1]  # the final validation in step 2's record
+    assert "step 2: val/score/mean = " in out.stdout
     assert rows[0]["data/prompts_total"] == 64 and rows[0]["data/prompts_filtered"] == 0
     rows = rows[1:]
     for r in rows[:2]:

@@ -30,7 +30,8 @@ def check_inputs(config) -> None:
     """Checks ``config`` against the files and sizes it names; raises :class:`ConfigError`.
 
     Checks, in order: ``reward.function`` (a plugin file that exists and a function with
-    rljax's or verl's signature), ``model.path`` / ``model.tokenizer`` (the files exist and
+    rljax's or verl's signature), ``algorithm.adv_estimator`` (a plugin file's function
+    with the estimator registry's signature), ``model.path`` / ``model.tokenizer`` (the files exist and
     load), ``trainer.mesh``'s ``tp`` (it divides the learner's vocabulary, which the fused
     log-prob splits over ``tp``), and the dataset (``data.path``'s train and test files,
     their fields, every prompt under ``data.max_prompt_length`` /
@@ -38,6 +39,7 @@ def check_inputs(config) -> None:
     ``data.train_batch_size`` train prompts kept and one test prompt).
     """
     _check_reward(config)
+    _check_estimator(config)
     tokenizer, vocab, vocab_from = _check_model(config.model)
     _check_tp(config, vocab, vocab_from)
     _check_data(config, tokenizer)
@@ -52,6 +54,15 @@ def _check_reward(config) -> None:
     spec = config.reward.function
     if spec != "auto" and spec not in BUILTIN_REWARDS:
         load_reward_plugin(spec, data_source=DATA_SOURCES.get(config.data.dataset))
+
+
+def _check_estimator(config) -> None:
+    """A user's estimator file loads and its function has the registry's signature."""
+    spec = config.algorithm.adv_estimator
+    if ":" in spec:
+        from rljax.trainer.prepare import load_estimator
+
+        load_estimator(spec)
 
 
 # ---------------------------------------------------------------------------- model and tokenizer

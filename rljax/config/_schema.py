@@ -94,7 +94,8 @@ class KLControlConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
-    adv_estimator: Literal[ADV_ESTIMATORS] = _f("grpo", "advantage estimator")
+    adv_estimator: str = _f("grpo", "advantage estimator: grpo, rloo, reinforce_plus_plus_baseline, gae, or "
+                                    "path/to/file.py:function (your own, with the registry's signature)")
     norm_adv_by_std_in_grpo: bool = _f(True, "grpo: divide by the group standard deviation (false: Dr. GRPO)")
     use_kl_in_reward: bool = _f(False, "subtract a KL penalty to the reference policy from the token rewards")
     kl_penalty: Literal[KL_LOSS_TYPES] = _f(

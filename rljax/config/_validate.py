@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from rljax._meshspec import MESH_AXES, parse_mesh_sizes
 from rljax.config._errors import ConfigError
 from rljax.config._resolve import check_template
-from rljax.config._schema import GROUP_ESTIMATORS, MODEL_PRESETS, REWARD_BUILTINS
+from rljax.config._schema import ADV_ESTIMATORS, GROUP_ESTIMATORS, MODEL_PRESETS, REWARD_BUILTINS
 
 def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, int] | None:
     """``"dp2,tp2"`` -> ``{"dp": 2, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
@@ -19,6 +19,16 @@ def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, in
     except ValueError as e:
         raise ConfigError(f"{key}: {e}") from None
     return {a: sizes.get(a, 1) for a in MESH_AXES}
+
+
+def check_estimator_spec(spec: str) -> None:
+    """Syntax of ``algorithm.adv_estimator``: a built-in estimator, or ``path/to/file.py:function_name``."""
+    if spec in ADV_ESTIMATORS:
+        return
+    path, _, name = spec.rpartition(":")
+    if not path or not name.isidentifier():
+        raise ConfigError(f"algorithm.adv_estimator={spec!r} is not one of {', '.join(ADV_ESTIMATORS)} nor "
+                          "path/to/file.py:function_name")
 
 
 def check_reward_spec(spec: str, key: str = "reward.function") -> None:
@@ -60,6 +70,7 @@ def validate(config) -> None:
         raise ConfigError("data.path is required for data.dataset=gsm8k: the directory with train/test .jsonl or .parquet files")
     check_template("data.prompt_template", d.prompt_template)
     check_reward_spec(config.reward.function)
+    check_estimator_spec(config.algorithm.adv_estimator)
     if config.reward.function == "embedded" and d.dataset != "embedded":
         raise ConfigError(f"reward.function=embedded scores the embedded task only; data.dataset={d.dataset}")
     parse_mesh_spec(config.trainer.mesh)

@@ -30,6 +30,44 @@ DATA_SOURCES = {"gsm8k": "openai/gsm8k", "embedded": "rljax/embedded"}
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
 
 
+def load_function(spec: str, *, key: str, prefix: str = "rljax_plugin") -> Callable:
+    """The callable ``function_name`` of the Python file in ``path/to/file.py:function_name``.
+
+    The file is executed as a fresh module (its directory is not added to ``sys.path``);
+    relative paths are taken from the CWD. Every failure is a :class:`ConfigError` naming
+    ``key`` and the spec.
+    """
+    if ":" not in spec:
+        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name")
+    path_text, name = spec.rsplit(":", 1)
+    if not path_text or not name.isidentifier():
+        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name with a Python identifier after ':'")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{key}={spec!r}: file {str(path)!r} not found (cwd {os.getcwd()})")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    mod_name = f"{prefix}_{path.stem}_{digest}"
+    try:
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError("not a Python source file")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module  # dataclasses and pickling look modules up by name
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any failure of user code is a config problem
+        sys.modules.pop(mod_name, None)
+        raise ConfigError(f"{key}={spec!r}: importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
+    if not hasattr(module, name):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ConfigError(
+            f"{key}={spec!r}: {str(path)!r} has no attribute {name!r}; callables there: {', '.join(public) or 'none'}"
+        )
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise ConfigError(f"{key}={spec!r}: {name!r} is not callable (it is {type(fn).__name__})")
+    return fn
+
+
 def load_reward_plugin(spec: str, *, key: str = "reward.function", data_source: str | None = None) -> RewardFn:
     """Loads ``function_name`` from the Python file ``path/to/file.py`` (relative paths from the CWD).
 
@@ -49,34 +87,7 @@ def load_reward_plugin(spec: str, *, key: str = "reward.function", data_source: 
         file, missing attribute, an attribute that is not callable, or a function that
         takes neither signature.
     """
-    if ":" not in spec:
-        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name")
-    path_text, name = spec.rsplit(":", 1)
-    if not path_text or not name.isidentifier():
-        raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name with a Python identifier after ':'")
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"{key}={spec!r}: file {str(path)!r} not found (cwd {os.getcwd()})")
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    mod_name = f"rljax_reward_plugin_{path.stem}_{digest}"
-    try:
-        module_spec = importlib.util.spec_from_file_location(mod_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError("not a Python source file")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[mod_name] = module  # dataclasses and pickling look modules up by name
-        module_spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - any failure of user code is a config problem
-        sys.modules.pop(mod_name, None)
-        raise ConfigError(f"{key}={spec!r}: importing {str(path)!r} failed: {type(e).__name__}: {e}") from e
-    if not hasattr(module, name):
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ConfigError(
-            f"{key}={spec!r}: {str(path)!r} has no attribute {name!r}; callables there: {', '.join(public) or 'none'}"
-        )
-    fn = getattr(module, name)
-    if not callable(fn):
-        raise ConfigError(f"{key}={spec!r}: {name!r} is not callable (it is {type(fn).__name__})")
+    fn = load_function(spec, key=key, prefix="rljax_reward_plugin")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # builtins without a signature: call as is

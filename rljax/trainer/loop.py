@@ -27,10 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.config import Config
+from rljax.loss import adaptive_kl_coef
 from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
 from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic
-from rljax.trainer.prepare import PrepareConfig, make_prepare_fn
+from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
 from rljax.trainer.runner import StepRunner
 from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
 from rljax.trainer.step import StepConfig, init_state, make_logprob_fn, make_optimizer, make_train_step
@@ -103,21 +104,17 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """``algorithm.kl_ctrl.type=adaptive``: Ziegler et al. 2019's controller, as verl runs it.
-
-    After each step, ``coef *= 1 + clip(KL / target_kl - 1, -0.2, 0.2) * n_steps / horizon``
-    with ``n_steps`` the trajectories of the step: the coefficient grows while the measured
-    KL is above the target and shrinks below it.
-    """
+    """``algorithm.kl_ctrl.type=adaptive``: verl's adaptive controller; after each step the
+    coefficient follows :func:`rljax.loss.adaptive_kl_coef` of the step's KL (it grows while
+    the measured KL is above ``target_kl`` and shrinks below it)."""
 
     def __init__(self, kl_coef: float, *, target_kl: float, horizon: int):
         self.value, self.target, self.horizon = float(kl_coef), float(target_kl), int(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        if not math.isfinite(current_kl):
-            return
-        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_steps / self.horizon
+        if math.isfinite(current_kl):
+            self.value = float(adaptive_kl_coef(self.value, current_kl, n_steps, target_kl=self.target,
+                                                horizon=self.horizon))
 
 
 def kl_controller(kl_ctrl):
@@ -221,7 +218,7 @@ class Trainer:
             reward_fn=get_reward_fn(cfg.reward.function, dataset=d.dataset),
             logprob_fn=make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
                                        impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro),
-            prepare_fn=make_prepare_fn(prepare_cfg), prepare_inputs=prepare_cfg.inputs(critic=critic is not None),
+            prepare_fn=make_prepare_fn(prepare_cfg, load_estimator(al.adv_estimator)), prepare_inputs=prepare_cfg.inputs(critic=critic is not None),
             train_step=make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh),
             actor=init_state(params, optimizer), prompt_len=prompt_len, response_len=response_len,
             sampler_weights=_sampler_weights, ref_params=jax.tree.map(jnp.copy, params) if needs_ref else None,

@@ -74,7 +74,7 @@ def prepare(fields: Mapping[str, jax.Array], kl_coef: jax.Array, *, cfg: Prepare
     if cfg.use_kl_in_reward:
         kl = rl.kl_penalty(fields[cfg.behaviour_logp], fields["ref_logp"], kind=cfg.kl_penalty) * mask
         token_rewards = token_rewards - kl_coef * kl
-        out["kl_in_reward"] = rl.masked_mean(kl, mask)
+        out["kl_in_reward"] = rl.mean_sequence_kl(kl, mask, row_mask=row)  # what the adaptive controller steers
     fn = estimator or rl.get_adv_estimator(cfg.estimator)
     advantages, returns = fn(token_rewards, mask, group_id=fields["group_id"], num_groups=cfg.num_groups,
                              row_mask=row, values=fields.get("values"), config=dict(cfg.algorithm))
@@ -85,6 +85,40 @@ def prepare(fields: Mapping[str, jax.Array], kl_coef: jax.Array, *, cfg: Prepare
             fields["old_logp"], fields["rollout_logp"], mask, level=cfg.correction,
             threshold=cfg.correction_threshold)
     return out
+
+
+#: Keyword arguments every estimator accepts (the registry's one signature).
+ESTIMATOR_KWARGS = ("group_id", "num_groups", "row_mask", "values", "config")
+
+
+def check_estimator_signature(fn: Callable, spec: str) -> None:
+    """``ConfigError`` unless ``fn`` takes the registry's signature (see :mod:`rljax.loss._estimators`)."""
+    import inspect
+
+    from rljax.config import ConfigError
+
+    try:
+        inspect.signature(fn).bind(None, None, **{k: None for k in ESTIMATOR_KWARGS})
+    except TypeError:
+        raise ConfigError(
+            f"algorithm.adv_estimator={spec!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} must accept "
+            "(token_level_rewards, response_mask, *, group_id, num_groups, row_mask, values, config)") from None
+    except ValueError:  # no signature to inspect: called as is
+        pass
+
+
+def load_estimator(spec: str) -> Callable:
+    """The estimator named ``spec``: a registered name, or ``path/to/file.py:function`` (a user's
+    file, like reward plugins), which is checked and registered under ``spec``."""
+    if ":" not in spec:
+        return rl.get_adv_estimator(spec)
+    from rljax.reward._plugin import load_function
+
+    fn = load_function(spec, key="algorithm.adv_estimator", prefix="rljax_estimator_plugin")
+    check_estimator_signature(fn, spec)
+    if spec not in rl.registered_adv_estimators():
+        rl.register_adv_estimator(spec)(fn)
+    return rl.get_adv_estimator(spec)
 
 
 def make_prepare_fn(cfg: PrepareConfig, estimator: Optional[Callable] = None) -> Callable:
