@@ -71,10 +71,10 @@ def test_cut_metrics_keeps_steps_up_to_the_restored_one(tmp_path):
 def test_trace_check_fails_on_skipped_updates(tmp_path):
     good = [{"step": s, "actor/loss": 0.1, "actor/grad_norm": 1.0, "actor/skipped_updates": 0} for s in (1, 2, 3)]
     _write_metrics(tmp_path, [{"step": 0, "data/prompts_total": 8}, *good])
-    ok, name, detail = check_updates(Run(str(tmp_path)))
-    assert ok and name == "updates finite" and "3 step(s)" in detail
+    status, name, detail = check_updates(Run(str(tmp_path)))
+    assert status == "PASS" and name == "updates finite" and "3 step(s)" in detail
     bad = good[:1] + [{"step": 2, "actor/loss": None, "actor/grad_norm": None, "actor/skipped_updates": 1},
                       {"step": 3, "actor/loss": 0.1, "actor/grad_norm": 1.0, "actor/skipped_updates": 2}]
     _write_metrics(tmp_path, bad)
-    ok, _, detail = check_updates(Run(str(tmp_path)))
-    assert not ok and "2 of 3 step(s)" in detail and "step 2 (actor/loss, actor/grad_norm null)" in detail
+    status, _, detail = check_updates(Run(str(tmp_path)))
+    assert status == "FAIL" and "2 of 3 step(s)" in detail and "step 2 (actor/loss, actor/grad_norm null)" in detail
