@@ -100,7 +100,7 @@ def load_reward_plugin(spec: str, *, key: str = "reward.function", data_source: 
         sig.bind("response", "answer")
     except TypeError:
         raise ConfigError(
-            f"{key}={spec!r}: {name}{sig} must accept (response, answer, **extra) (rljax's signature) or "
+            f"{key}={spec!r}: {spec.rsplit(':', 1)[1]}{sig} must accept (response, answer, **extra) (rljax's signature) or "
             "(data_source, solution_str, ground_truth, extra_info=None) (verl's)"
         ) from None
     return _with_extra_filter(fn, sig)
