@@ -22,11 +22,6 @@ from rljax.config import field_specs, record_reads, resolve
 #: Keys the stage work of issue 10 wires into the step loop (rljax/trainer/loop.py); remove
 #: a key from here when the loop reads it (the test fails while a listed key is read).
 PENDING = {
-    "actor.shuffle",  # the step always shuffles; wire through rljax.trainer.step (actor.shuffle=false: in order)
-    "trainer.log_freq",  # progress line every log_freq steps
-    "algorithm.kl_ctrl.type",  # adaptive: rljax.loss.adaptive_kl_coef after each step's KL-in-reward
-    "algorithm.kl_ctrl.target_kl",
-    "algorithm.kl_ctrl.horizon",
     # Other helpers' keys whose modules exist but are not yet called from the step loop:
     "reward.num_workers",  # rljax.reward.make_reward(cfg.reward, dataset=...) instead of get_reward_fn
     "reward.timeout_s",

@@ -30,6 +30,7 @@ class CriticStepConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 8  # trajectories
     ppo_micro_batch_size: int = 8  # trajectories
+    shuffle: bool = True  # permute the trajectories before each epoch's mini-batch split (actor.shuffle)
 
 
 def init_critic(policy_params: dict) -> dict:

@@ -193,7 +193,7 @@ class Trainer:
             cc = cfg.critic
             critic_cfg = CriticStepConfig(cliprange_value=cc.cliprange_value, loss_agg_mode=cc.loss_agg_mode,
                                           ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
-                                          ppo_micro_batch_size=micro)
+                                          ppo_micro_batch_size=micro, shuffle=a.shuffle)
             critic_opt = _optimizer(cc.optim, cc.grad_clip, updates)
             critic = init_state(init_critic(params), critic_opt)
             critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
