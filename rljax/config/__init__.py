@@ -56,7 +56,10 @@ from rljax.config._schema import (
 )
 from rljax.config._validate import check_reward_spec, parse_mesh_spec, validate, validate_for_mesh
 
+from rljax.config._derived import DerivedSizes, derive
+
 __all__ = [
+    "derive",
     "CLI",
     "DEFAULT",
     "ActorConfig",
@@ -65,6 +68,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CriticConfig",
+    "DerivedSizes",
     "DataConfig",
     "EmbeddedTaskConfig",
     "FieldSpec",

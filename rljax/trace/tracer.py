@@ -472,13 +472,14 @@ class Tracer:
         return {}
 
     def _minibatch_facts(self, ev, traj, learner_mask) -> dict:
-        a, n = self.cfg.actor, self.cfg.rollout.n
+        from rljax.config import derive
+
+        sizes = derive(self.cfg)
         pad = np.asarray(traj.is_padding)
         reads = ev.reads
         lm = reads.get("loss_mask")
         B = int(lm.shape[0]) if lm is not None else int(traj.batch_size)
-        mini = a.ppo_mini_batch_size * n
-        micro = a.ppo_micro_batch_size or mini
+        mini, micro = sizes.mini_batch_trajectories, sizes.micro_batch_trajectories
         behaviour = "old_logp" if "old_logp" in reads else ("rollout_logp" if "rollout_logp" in reads else None)
         loss_tokens = loss_rows = pad_tokens = None
         if lm is not None:
@@ -488,7 +489,7 @@ class Tracer:
             loss_tokens, loss_rows = int(per_row.sum()), int((per_row > 0).sum())
             pad_tokens = int(per_row[pad].sum()) if pad.any() else 0
         minibatch = {"global_batch_size": B, "ppo_mini_batch_size": int(mini), "ppo_micro_batch_size": int(micro),
-                     "ppo_epochs": int(a.ppo_epochs), "mini_batches_per_epoch": int(B // mini),
+                     "ppo_epochs": int(self.cfg.actor.ppo_epochs), "mini_batches_per_epoch": int(B // mini),
                      "micro_batches_per_mini_batch": int(mini // micro),
                      "optimizer_steps_after": ev.writes.get("optimizer_steps"), "loss_tokens": loss_tokens,
                      "loss_rows": loss_rows, "loss_tokens_on_padding_rows": pad_tokens,

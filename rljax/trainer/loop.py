@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.config import Config
+from rljax.config import Config, derive
 from rljax.loss import adaptive_kl_coef
 from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
@@ -159,10 +159,10 @@ class Trainer:
         d, a, r = cfg.data, cfg.actor, cfg.rollout
         self.tokenizer = _tokenizer(cfg)
         self.model_config, self.graphdef, params = _model(cfg, mesh, self.tokenizer)
-        # The learner's [B, S+T] layout rounds S and T up to multiples of sp, so the sequence
-        # splits evenly; the extra columns are padding (masked everywhere).
-        sp = dict(mesh.shape).get("sp", 1)
-        prompt_len, response_len = -(-d.max_prompt_length // sp) * sp, -(-d.max_response_length // sp) * sp
+        # Sizes in trajectories and the learner's [B, S+T] layout (S and T rounded up to
+        # multiples of sp, the extra columns masked everywhere), derived once from the config.
+        self.sizes = sizes = derive(cfg, sp=dict(mesh.shape).get("sp", 1))
+        prompt_len, response_len = sizes.learner_prompt_length, sizes.learner_response_length
         data_dir = d.data_dir or os.path.join(run_dir, "data")
         if jax.process_count() > 1:  # TFDS does not guard two processes building one dataset
             data_dir = os.path.join(data_dir, f"process{jax.process_index()}")
@@ -170,16 +170,15 @@ class Trainer:
         self._train_iterator = lambda state=None: train_iterator(cfg, tokenize, data_dir=data_dir, state=state)
         self._val_iterator = lambda: val_iterator(cfg, tokenize, data_dir=data_dir)
 
-        trajectories = d.train_batch_size * r.n
-        micro = a.ppo_micro_batch_size or a.ppo_mini_batch_size * r.n
+        trajectories, micro = sizes.trajectories_per_step, sizes.micro_batch_trajectories
         self.step_config = StepConfig(
             policy_loss=a.policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
             clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss,
             kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy_coeff=a.entropy_coeff,
-            ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=a.ppo_mini_batch_size * r.n, ppo_micro_batch_size=micro,
+            ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=sizes.mini_batch_trajectories, ppo_micro_batch_size=micro,
             temperature=r.temperature, logprob_impl=a.logprob_impl, use_rollout_correction=r.correction != "none",
             shuffle=a.shuffle)
-        updates = cfg.trainer.total_steps * a.ppo_epochs * (trajectories // self.step_config.ppo_mini_batch_size)
+        updates = sizes.optimizer_updates
         optimizer = _optimizer(a.optim, a.grad_clip, updates)
         al = cfg.algorithm
         prepare_cfg = PrepareConfig(
