@@ -192,7 +192,7 @@ def shape_ledger(inp: LedgerInput) -> list[dict]:
         else:
             local, owners = list(cache.k.shape), "1 device"
         rows.append(_row("rollout_sessions", "kv_cache (k and v each)", cache.k.shape, local,
-                         "per-slot cache index (prompt + generated)", owners, "prompt_submit (prefill)",
+                         "per-slot cache index (prompt + generated)", owners, "rollout_sessions (prefill)",
                          "rollout_sessions (decode)", "rollout_sessions",
                          "slots on dp / kv heads on tp: a tp larger than kv_heads replicates the cache"))
     return rows
