@@ -143,6 +143,7 @@ class Tracer:
         self._events: list = []
         self._pending: list[dict] = []
         self._step: Optional[int] = None
+        self._row_tokens: Optional[np.ndarray] = None
         self._t0 = 0.0
 
     def _wall(self, t_perf: Optional[float]) -> Optional[float]:
@@ -175,6 +176,14 @@ class Tracer:
                 for k in ev.reads:
                     consumers.setdefault(k, []).append(ev.stage)
             loss_mask = fields.get("loss_mask")
+            # Per-row loss tokens of the consumed mask: a global reduction, so every process
+            # takes part (process 0 alone would wait for the others on multi-host).
+            row_tokens = None
+            if loss_mask is not None:
+                import jax.numpy as jnp
+
+                row_tokens = np.asarray(_to_host(jnp.sum(loss_mask, axis=1)))
+            self._row_tokens = row_tokens
             records = []
             sigs: dict[str, dict] = {}
             groups = choose_groups(self.cfg.trainer.seed, step, int(traj.num_groups), self.k)
@@ -482,10 +491,8 @@ class Tracer:
         mini, micro = sizes.mini_batch_trajectories, sizes.micro_batch_trajectories
         behaviour = "old_logp" if "old_logp" in reads else ("rollout_logp" if "rollout_logp" in reads else None)
         loss_tokens = loss_rows = pad_tokens = None
-        if lm is not None:
-            import jax.numpy as jnp
-
-            per_row = np.asarray(_to_host(jnp.sum(lm, axis=1)))
+        per_row = self._row_tokens if lm is not None else None
+        if per_row is not None:
             loss_tokens, loss_rows = int(per_row.sum()), int((per_row > 0).sum())
             pad_tokens = int(per_row[pad].sum()) if pad.any() else 0
         minibatch = {"global_batch_size": B, "ppo_mini_batch_size": int(mini), "ppo_micro_batch_size": int(micro),
