@@ -33,7 +33,7 @@ LOGPROB_IMPLS = ("auto", "chunked", "naive", "pallas")
 TRUNCATIONS = ("error", "left", "right")
 CORRECTIONS = ("none", "token", "sequence")
 DATASETS = ("embedded", "gsm8k")
-EMBEDDED_TASKS = ("add", "reverse")
+EMBEDDED_TASKS = ("add", "reverse", "lookup")
 DTYPES = ("float32", "bfloat16")
 #: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
 #: that validating a config does not import JAX).
@@ -55,7 +55,8 @@ def _section(cls, doc: str):
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddedTaskConfig:
-    task: Literal[EMBEDDED_TASKS] = _f("add", "add: 'a+b=' -> decimal sum; reverse: 'rev abc=' -> 'cba'")
+    task: Literal[EMBEDDED_TASKS] = _f("add", "add: 'a+b=' -> decimal sum; reverse: 'rev abc=' -> 'cba'; lookup: "
+                                              "'key xy=' -> a digit only the lookup tool knows (env.function=lookup)")
     max_operand: int = _f(9, "add: operands are drawn uniformly from [0, max_operand]", ge=1, le=10**6)
     length: int = _f(3, "reverse: length of the lowercase string", ge=1, le=64)
     num_train: int = _f(2048, "examples in the train split", ge=1)
@@ -187,6 +188,19 @@ class RewardConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    function: Optional[str] = _f(None, "multi-turn environment: lookup | tools | path/to/file.py:ClassName "
+                                       "(null: single-turn rollouts)")
+    max_turns: int = _f(2, "model turns per episode (each tool call is one)", ge=1, le=64)
+    stop: str = _f("?", "the token that ends a turn as a tool call (one token of the tokenizer)")
+    max_obs_tokens: int = _f(16, "an observation is cut to this many tokens", ge=1)
+    max_turn_tokens: Optional[int] = _f(None, "most tokens of one model turn (null: data.max_response_length)",
+                                        ge=1)
+    timeout_s: float = _f(5.0, "python tool: wall-clock limit per call", gt=0.0)
+    memory_mb: int = _f(256, "python tool: address-space limit per call", ge=64)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("tiny", "model preset of rljax.models")
     path: Optional[str] = _f(None, "local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
@@ -242,6 +256,7 @@ class Config:
     critic: CriticConfig = _section(CriticConfig, "value model (adv_estimator=gae)")
     rollout: RolloutConfig = _section(RolloutConfig, "sampler")
     reward: RewardConfig = _section(RewardConfig, "reward function")
+    env: EnvConfig = _section(EnvConfig, "multi-turn environment and tools (agentic RL)")
     model: ModelConfig = _section(ModelConfig, "policy model")
     trainer: TrainerConfig = _section(TrainerConfig, "step loop, checkpoints, mesh")
     trace: TraceConfig = _section(TraceConfig, "stage tracing")

@@ -44,6 +44,23 @@ def check_reward_spec(spec: str, key: str = "reward.function") -> None:
         raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name with a Python identifier after ':'")
 
 
+ENV_BUILTINS = ("lookup", "tools")
+
+
+def check_env(config) -> None:
+    """``env.*``: the environment spec's syntax, and the lookup task needs its environment."""
+    e, d = config.env, config.data
+    if e.function is not None:
+        if e.function not in ENV_BUILTINS and (":" not in e.function or not e.function.rsplit(":", 1)[1].isidentifier()):
+            raise ConfigError(f"env.function={e.function!r} is not a built-in environment ({', '.join(ENV_BUILTINS)}) "
+                              "nor path/to/file.py:ClassName")
+        if not e.stop:
+            raise ConfigError("env.stop is empty; give the token that ends a turn as a tool call (e.g. '?')")
+    if d.dataset == "embedded" and d.embedded.task == "lookup" and e.function is None:
+        raise ConfigError("data.embedded.task=lookup is a tool task: set env.function=lookup (its answer is only "
+                          "known to the lookup tool)")
+
+
 def validate(config) -> None:
     """Checks that no two fields contradict each other; raises :class:`ConfigError`."""
     d, a, r = config.data, config.actor, config.rollout
@@ -73,6 +90,7 @@ def validate(config) -> None:
     check_estimator_spec(config.algorithm.adv_estimator)
     if config.reward.function == "embedded" and d.dataset != "embedded":
         raise ConfigError(f"reward.function=embedded scores the embedded task only; data.dataset={d.dataset}")
+    check_env(config)
     parse_mesh_spec(config.trainer.mesh)
     for key in ("project_name", "experiment_name"):
         name = getattr(config.trainer, key)

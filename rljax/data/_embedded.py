@@ -6,6 +6,9 @@ Two variants (``data.embedded.task``), both in the character vocabulary of
 * ``add`` (default): prompt ``"a+b="`` with ``a, b`` uniform in ``[0, max_operand]``,
   answer the decimal sum (``"7+8="`` -> ``"15"``). With ``max_operand=9`` there are 100
   distinct prompts and answers of one or two digits.
+* ``lookup`` (the multi-turn tool task, ``env.function=lookup``): prompt ``"key xy="``
+  with two random letters, answer a random digit drawn independently of the prompt; only
+  the environment's ``lookup`` tool reveals it, so without the tool the answer is chance.
 * ``reverse``: prompt ``"rev abc="`` with a random lowercase string of ``length``
   letters, answer the reversed string (``"cba"``).
 
@@ -38,7 +41,10 @@ def embedded_example(task, split: str, index: int) -> dict:
     if task.task == "reverse":
         letters = "".join(string.ascii_lowercase[uniform_int(26, *key, j)] for j in range(task.length))
         return {"prompt": f"rev {letters}=", "answer": letters[::-1], "index": index}
-    raise ValueError(f"unknown embedded task {task.task!r}; accepted: add, reverse")
+    if task.task == "lookup":
+        letters = "".join(string.ascii_lowercase[uniform_int(26, *key, j)] for j in range(2))
+        return {"prompt": f"key {letters}=", "answer": str(uniform_int(10, *key, 2)), "index": index}
+    raise ValueError(f"unknown embedded task {task.task!r}; accepted: add, reverse, lookup")
 
 
 def embedded_examples(task, split: str) -> Iterator[dict]:
@@ -51,6 +57,8 @@ def embedded_config_name(task) -> str:
     """A TFDS config name that changes whenever the generated content would."""
     if task.task == "add":
         shape = f"add-m{task.max_operand}"
+    elif task.task == "lookup":
+        shape = "lookup"
     else:
         shape = f"reverse-l{task.length}"
     return f"{shape}-n{task.num_train}-t{task.num_test}-s{task.seed}"

@@ -155,6 +155,18 @@ def check_response_len(run: Run) -> Result:
         return FAIL, name, f"{bad[0]['key']}: response_mask.sum() {bad[0]['response_mask_sum']} inconsistent with " \
                             f"response_len {bad[0]['response_len']}"
     apart = [t for t in trajs if t["observation_tokens"] > 0]
+    # Multi-turn runs (rljax.env): the rollout recorded, per trajectory, the observation tokens'
+    # mask and log-prob and the policy tokens left out of the mask; all must be 0.
+    episodes = [t for r in run.by_stage("rollout_sessions") for t in r.get("trajectories", []) if "obs_mask_sum" in t]
+    wrong = [t for t in episodes if t["obs_mask_sum"] or t["obs_logp_abs_sum"] or t["policy_unmasked"]]
+    if wrong:
+        w = wrong[0]
+        return FAIL, name, (f"{w['key']}: observation tokens with mask 1: {w['obs_mask_sum']}, |rollout_logp| on "
+                            f"observations {w['obs_logp_abs_sum']:g}, policy tokens with mask 0: {w['policy_unmasked']}")
+    if apart and episodes:
+        turns = max(t.get("num_turns", 1) for t in episodes)
+        return PASS, name, (f"{len(apart)} trajectory(ies) with observation tokens (mask 0, rollout log-prob 0; "
+                            f"every policy token mask 1; up to {turns} turns), e.g. {apart[0]['key']}")
     if apart:
         return PASS, name, f"{len(apart)} trajectory(ies) with observation tokens, e.g. {apart[0]['key']}"
     return NA, name, (f"no tool observations in this run (response_len == response_mask.sum() "

@@ -440,7 +440,25 @@ class Tracer:
                               "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
                               "status": "truncated" if traj.truncated[i] else "eos",
                               "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
+            if getattr(traj, "num_turns", None) is not None:  # multi-turn episodes (rljax.env)
+                ep = traj.episode_stats
+                for t, i in zip(trajs, rows):
+                    roles = np.asarray(traj.roles[i])
+                    obs, act = roles == 2, (roles == 1) | (roles == 3)  # rljax.loss.Role TOOL_RESULT, actions
+                    t.update(obs_mask_sum=int(np.asarray(traj.response_mask[i])[obs].sum()),
+                             obs_logp_abs_sum=float(np.abs(np.asarray(traj.rollout_logp[i])[obs]).sum()),
+                             policy_unmasked=int((act & ~np.asarray(traj.response_mask[i], bool)).sum()))
+                    t.update(num_turns=int(traj.num_turns[i]), observation_tokens=int(traj.obs_tokens[i]),
+                             tool_calls=int(traj.tool_calls[i]),
+                             role_spans=[list(sp) for sp in traj.turn_spans[i]])
+                episode = {"tool_calls": ep.get("tool_calls"), "tool_errors": ep.get("tool_errors"),
+                           "tool_timeouts": ep.get("tool_timeouts"), "tool_s": round(float(ep.get("tool_s", 0.0)), 6),
+                           "env_s": round(float(ep.get("env_s", 0.0)), 6), "turns": ep.get("turns"),
+                           "context": "re-prefill per turn (observations appended to the context, not the KV cache)"}
+            else:
+                episode = None
             return dict(sessions=sorted({t["session"] for t in trajs}), n=int(cfg.rollout.n), trajectories=trajs,
+                        episode=episode,
                         t_submit=t_submit, weight_version=ev.reads.get("weight_version"),
                         decode={"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
                                 "max_new_tokens": d.max_new_tokens, "seed": d.seed},
@@ -450,7 +468,8 @@ class Tracer:
             mask_sum = np.asarray(traj.response_mask)[rows].sum(axis=1)
             per = [{"key": key_of[int(i)], "prompt_len": int(traj.prompt_length[i]), "response_len": int(resp_len[i]),
                     "seq_len": int(traj.prompt_length[i] + resp_len[i]), "response_mask_sum": int(m),
-                    "observation_tokens": int(resp_len[i] - m), "num_turns": 1} for i, m in zip(rows, mask_sum)]
+                    "observation_tokens": int(resp_len[i] - m), "num_turns": _num_turns(traj, i)}
+                   for i, m in zip(rows, mask_sum)]
             return dict(trajectories=per, layout="prompts left-padded to the learner's prompt length, responses "
                                                  "right-padded; input_ids = [prompt | response]")
         if ev.stage == "reward":
@@ -513,6 +532,11 @@ def _producers(events) -> dict[str, str]:
     for ev in events:
         out.update(ev.producers)
     return out
+
+
+def _num_turns(traj, i) -> int:
+    turns = getattr(traj, "num_turns", None)
+    return 1 if turns is None else int(turns[i])
 
 
 def _sampler_side(x, traj) -> bool:

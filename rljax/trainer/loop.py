@@ -206,8 +206,17 @@ class Trainer:
         v = r.val_kwargs
         self.val_decode = DecodeParams(max_new_tokens=d.max_response_length, temperature=v.temperature,
                                        top_k=max(v.top_k, 0), top_p=v.top_p, seed=cfg.trainer.seed + 1, eos_ids=eos)
+        env_runtime = None
+        if cfg.env.function is not None:  # multi-turn episodes (rljax.env): a turn's prompt is the whole context
+            from rljax.env._stage import EnvRuntime
+
+            env_runtime = EnvRuntime.from_config(cfg, self.tokenizer)
+            turn = cfg.env.max_turn_tokens or d.max_response_length
+            decode = dataclasses.replace(decode, max_new_tokens=min(turn, d.max_response_length))
+            self.val_decode = dataclasses.replace(self.val_decode, max_new_tokens=decode.max_new_tokens)
+        context = d.max_prompt_length + (d.max_response_length if env_runtime is not None else 0)
         engine = RljaxEngine(self.model_config, num_slots=r.max_slots or trajectories,
-                             max_prefill_length=d.max_prompt_length, max_decode_length=d.max_response_length,
+                             max_prefill_length=context, max_decode_length=d.max_response_length,
                              mesh=sampler_mesh(r.tp, jax.local_devices()),
                              prefill_batch_size=min(d.train_batch_size, 64))
         # Each process runs a sampler on its own devices (same prompts, same random streams).
@@ -222,9 +231,10 @@ class Trainer:
             actor=init_state(params, optimizer), prompt_len=prompt_len, response_len=response_len,
             sampler_weights=_sampler_weights, ref_params=jax.tree.map(jnp.copy, params) if needs_ref else None,
             critic=critic, critic_step=critic_step, values_fn=values_fn,
-            kl_ctrl=kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None)
+            kl_ctrl=kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None, env=env_runtime)
         self.step = 0
         self.resumed_from = None
+        self.val_env: dict = {}  # held-out tool-call rate and turns of the last validation (env.function)
 
         os.makedirs(run_dir, exist_ok=True)
         self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
@@ -315,13 +325,26 @@ class Trainer:
         t = time.perf_counter()
         c = self.c
         scores = []
+        env_rows: list = []
         for i, prompts in enumerate(self._val_iterator()):
             uids = [f"val-{i}-{j}" for j in range(len(prompts))]
-            traj = c.sampler.generate([p.ids for p in prompts], uids=uids, n=self.cfg.rollout.val_kwargs.n,
-                                      decode=self.val_decode)
-            s, _ = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
+            if c.env is not None:  # multi-turn: episodes, scored by their final reward
+                from rljax.env import episode_scores
+
+                traj = c.env.run(c.sampler, prompts, uids, n=self.cfg.rollout.val_kwargs.n, decode=self.val_decode,
+                                 tokenizer=c.tokenizer)
+                s, _ = episode_scores(traj, c.reward_fn, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
+                real = ~np.asarray(traj.is_padding)
+                env_rows.append((traj.tool_calls[real] > 0, traj.num_turns[real]))
+            else:
+                traj = c.sampler.generate([p.ids for p in prompts], uids=uids, n=self.cfg.rollout.val_kwargs.n,
+                                          decode=self.val_decode)
+                s, _ = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
             scores.extend(s[~traj.is_padding].tolist())
         self._time("testing", t)
+        if env_rows:  # held-out tool use, logged beside val/score/mean
+            called, turns = (np.concatenate(x) for x in zip(*env_rows))
+            self.val_env = {"val/env/tool_call_rate": float(called.mean()), "val/env/num_turns/mean": float(turns.mean())}
         return float(np.mean(scores)) if scores else float("nan")
 
     def run(self) -> RunSummary:
@@ -337,16 +360,19 @@ class Trainer:
         first = self.step
         t0 = time.perf_counter()
         val_before = None
+        val_before_env: dict = {}
         stats = getattr(self.c.data.source, "stats", None)
         if stats is not None:  # what data.filter_overlong_prompts / data.truncation did to the train split
             self.echo(f"train prompts: {stats.total} total, {stats.kept} kept, {stats.filtered} filtered as overlong, "
                       f"{stats.truncated} truncated (max_prompt_length {stats.max_length}, longest {stats.longest})")
         if cfg.trainer.val_before_train and self.step == 0:
             val_before = self.validate()
+            val_before_env = dict(self.val_env)
             self.echo(f"validation before training: val/score/mean = {val_before:.3f}")
         if self.step == 0:
             self.metrics.write(0, {**({} if stats is None else stats.metrics()),
-                                   **({} if val_before is None else {"val/score/mean": val_before})})
+                                   **({} if val_before is None else {"val/score/mean": val_before}),
+                                   **val_before_env})
         tokens = 0
         last: dict = {}
         val = None
@@ -357,6 +383,7 @@ class Trainer:
             # last step always validates (the run's final held-out score).
             if self._due(cfg.trainer.test_freq) or self.step == total:
                 val = last["val/score/mean"] = self.validate()
+                last.update(self.val_env)
                 if self.main:
                     self.echo(f"step {self.step}: val/score/mean = {val:.3f}")
             if self._due(cfg.trainer.save_freq) or self.step == total:

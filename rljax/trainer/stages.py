@@ -74,7 +74,10 @@ def learner_layout(traj, *, prompt_len: int, response_len: int) -> dict[str, np.
     right = ((0, 0), (0, response_len - traj.response_ids.shape[1]))
     prompt_ids = np.pad(traj.prompt_ids, left, constant_values=traj.pad_id)
     response_ids = np.pad(traj.response_ids, right, constant_values=traj.pad_id)
-    attention = np.concatenate([np.pad(traj.prompt_mask, left), np.pad(traj.response_mask, right)], axis=1)
+    # Multi-turn rollouts (rljax.env) attend to observations their response_mask leaves out.
+    present = getattr(traj, "response_attention", None)
+    present = traj.response_mask if present is None else present
+    attention = np.concatenate([np.pad(traj.prompt_mask, left), np.pad(present, right)], axis=1)
     return {
         "input_ids": np.concatenate([prompt_ids, response_ids], axis=1).astype(np.int32),
         "attention_mask": attention,
@@ -115,6 +118,7 @@ class Components:
     values_fn: Optional[Callable] = None
     kl_ctrl: Any = None  # adaptive / fixed KL-in-reward controller
     version: int = 0
+    env: Any = None  # rljax.env.EnvRuntime of a multi-turn run (env.function)
 
     @property
     def behaviour_logp(self) -> str:
@@ -124,10 +128,15 @@ class Components:
 def sync_stages(c: Components) -> list[Stage]:
     """The stage list of a synchronous step for this configuration."""
     cfg = c.cfg
+    rollout_fn, reward_fn = rollout_sessions, reward
+    if c.env is not None:  # multi-turn episodes (rljax.env): same stage names, same learner side
+        from rljax.env._stage import episode_reward, rollout_episodes
+
+        rollout_fn, reward_fn = rollout_episodes, episode_reward
     stages = [Stage("dataset_item", lambda b: dataset_item(c, b), "data"),
-              Stage("rollout_sessions", lambda b: rollout_sessions(c, b), "gen"),
+              Stage("rollout_sessions", lambda b: rollout_fn(c, b), "gen"),
               Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard"),
-              Stage("reward", lambda b: reward(c, b), "reward")]
+              Stage("reward", lambda b: reward_fn(c, b), "reward")]
     if not cfg.algorithm.bypass_mode:
         stages.append(Stage("old_log_prob", lambda b: old_log_prob(c, b), "old_log_prob"))
     if c.ref_params is not None:
@@ -265,6 +274,10 @@ def step_metrics(c: Components, b) -> dict:
         "perf/rollout_tokens_per_s": traj.stats.tokens_per_s,
         **b["reward_report"].metrics(),
     }
+    if getattr(traj, "num_turns", None) is not None:
+        from rljax.env._stage import episode_metrics
+
+        m.update(episode_metrics(traj))
     if "kl_loss" in actor:
         m["actor/kl_loss"] = actor["kl_loss"]
     if "kl_in_reward" in b:

@@ -1,0 +1,84 @@
+"""The multi-turn rollout as stages of the step (:mod:`rljax.trainer.stages`).
+
+With ``env.function`` set, the step's ``rollout_sessions`` stage runs episodes
+(:func:`rollout_episodes`: one session per sample, several turns each) and the ``reward``
+stage scores each session's final reward (:func:`episode_reward`); every learner-side stage
+is unchanged: they read ``loss_mask`` (1 only on policy tokens) and the attention mask
+(every token present), so observations are context and never trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from rljax.env._rollout import episode_scores, run_episodes
+
+
+@dataclasses.dataclass
+class EnvRuntime:
+    """What the episode stages need besides the trainer's components."""
+
+    env_cls: type
+    stop_id: int
+    max_turns: int
+    max_obs_tokens: int
+    max_response_tokens: int  # T: model turns + observations
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer) -> "EnvRuntime":
+        from rljax.config import ConfigError
+        from rljax.env._protocol import ToolEnv, load_env
+        from rljax.env._sandbox import PythonSandbox
+
+        e = cfg.env
+        ids = tokenizer.encode(e.stop)
+        if len(ids) != 1:
+            raise ConfigError(f"env.stop={e.stop!r} is {len(ids)} tokens of the tokenizer; it must be exactly one token")
+        env_cls = load_env(e.function)
+        if issubclass(env_cls, ToolEnv):
+            env_cls = type(env_cls.__name__, (env_cls,), {
+                "sandbox": PythonSandbox(timeout_s=e.timeout_s, memory_mb=e.memory_mb)})
+        return cls(env_cls=env_cls, stop_id=int(ids[0]), max_turns=e.max_turns, max_obs_tokens=e.max_obs_tokens,
+                   max_response_tokens=cfg.data.max_response_length)
+
+    def run(self, sampler, prompts, uids, *, n: int, decode, tokenizer):
+        return run_episodes(sampler, prompts, uids=uids, n=n, decode=decode, env_cls=self.env_cls,
+                            tokenizer=tokenizer, stop_id=self.stop_id, max_turns=self.max_turns,
+                            max_response_tokens=self.max_response_tokens, max_obs_tokens=self.max_obs_tokens)
+
+
+def rollout_episodes(c, b) -> dict:
+    """The ``rollout_sessions`` stage of a multi-turn run."""
+    traj = c.env.run(c.sampler, b["prompts"], b["uids"], n=c.cfg.rollout.n, decode=c.decode, tokenizer=c.tokenizer)
+    used = int(traj.min_version.min())
+    if used != b["weight_version"]:
+        raise RuntimeError(f"rollout used weight version {used}, the learner is at {b['weight_version']}: the weight "
+                           "sync did not reach the sampler")
+    return {"trajectories": traj}
+
+
+def episode_reward(c, b) -> dict:
+    """The ``reward`` stage of a multi-turn run: each session's final reward."""
+    from rljax.trainer.stages import place
+
+    scores, report = episode_scores(b["trajectories"], c.reward_fn, b["prompts"],
+                                    max_error_fraction=c.cfg.reward.max_error_fraction)
+    return {"scores": place({"scores": scores}, c.mesh)["scores"], "reward_report": report}
+
+
+def episode_metrics(traj) -> dict[str, Any]:
+    """``env/*`` metrics of a rollout (real rows)."""
+    real = ~np.asarray(traj.is_padding)
+    ep = traj.episode_stats
+    return {"env/num_turns/mean": float(traj.num_turns[real].mean()),
+            "env/num_turns/max": int(traj.num_turns[real].max()),
+            "env/obs_tokens/mean": float(traj.obs_tokens[real].mean()),
+            "env/tool_calls": int(ep.get("tool_calls", 0)),
+            "env/tool_call_rate": float((traj.tool_calls[real] > 0).mean()),
+            "env/tool_errors": int(ep.get("tool_errors", 0)),
+            "env/tool_timeouts": int(ep.get("tool_timeouts", 0)),
+            "env/policy_tokens/mean": float(np.asarray(traj.response_mask)[real].sum(axis=1).mean()),
+            "timing_s/env": float(ep.get("env_s", 0.0))}
