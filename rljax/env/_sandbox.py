@@ -99,19 +99,25 @@ def _base_executable() -> str:
 
 
 def _uid_processes(uid: int) -> list[int]:
+    """Live (not zombie) processes of ``uid``."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(name))
-                        break
+                status = f.read()
         except OSError:
             continue
+        state = uid_line = None
+        for line in status.splitlines():
+            if line.startswith("State:"):
+                state = line.split()[1]
+            elif line.startswith("Uid:"):
+                uid_line = int(line.split()[1])
+                break
+        if uid_line == uid and state not in ("Z", "X"):
+            pids.append(int(name))
     return pids
 
 
@@ -147,7 +153,7 @@ class PythonSandbox:
         self.nproc = int(nproc)
         self.max_concurrent = max(1, int(max_concurrent))
         self.root = os.geteuid() == 0 and sys.platform.startswith("linux")
-        self._free_uids = list(range(UID_BASE, UID_BASE + self.max_concurrent))
+        self._free_uids = list(range(UID_BASE, UID_BASE + 2 * self.max_concurrent))
         self._lock = threading.Lock()
 
     @property
@@ -192,7 +198,8 @@ class PythonSandbox:
         uid = -1
         if self.root:
             with self._lock:
-                uid = self._free_uids.pop() if self._free_uids else UID_BASE + self.max_concurrent
+                # oldest first: a uid just used may still have zombies counting against its RLIMIT_NPROC
+                uid = self._free_uids.pop(0) if self._free_uids else UID_BASE + 2 * self.max_concurrent
             os.chown(work, uid, uid)
         os.chmod(work, 0o700)
         with open(os.path.join(work, "main.py"), "w") as f:
@@ -249,17 +256,17 @@ class PythonSandbox:
             except (ProcessLookupError, PermissionError):
                 pass
         if uid >= 0:
-            for _ in range(3):  # children that left the group: every process of the private uid
+            deadline, empty = time.monotonic() + 2.0, 0
+            while time.monotonic() < deadline and empty < 3:  # children that left the group: the private uid's
                 pids = _uid_processes(uid)
-                if not pids:
-                    break
+                empty = 0 if pids else empty + 1
                 for pid in pids:
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
-                time.sleep(0.01)
+                time.sleep(0.002)
             with self._lock:
-                if uid < UID_BASE + self.max_concurrent and uid not in self._free_uids:
+                if uid < UID_BASE + 2 * self.max_concurrent and uid not in self._free_uids:
                     self._free_uids.append(uid)
         shutil.rmtree(work, ignore_errors=True)
