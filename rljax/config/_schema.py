@@ -57,7 +57,8 @@ def _section(cls, doc: str):
 class EmbeddedTaskConfig:
     task: Literal[EMBEDDED_TASKS] = _f("add", "add: 'a+b=' -> decimal sum; reverse: 'rev abc=' -> 'cba'; lookup: "
                                               "'key xy=' -> a digit only the lookup tool knows (env.function=lookup)")
-    max_operand: int = _f(9, "add: operands are drawn uniformly from [0, max_operand]", ge=1, le=10**6)
+    max_operand: int = _f(9, "add: operands are drawn uniformly from [0, max_operand]; lookup: so is the answer "
+                             "digit (<= 9)", ge=1, le=10**6)
     length: int = _f(3, "reverse: length of the lowercase string", ge=1, le=64)
     num_train: int = _f(2048, "examples in the train split", ge=1)
     num_test: int = _f(128, "examples in the test split", ge=1)

@@ -7,7 +7,8 @@ Two variants (``data.embedded.task``), both in the character vocabulary of
   answer the decimal sum (``"7+8="`` -> ``"15"``). With ``max_operand=9`` there are 100
   distinct prompts and answers of one or two digits.
 * ``lookup`` (the multi-turn tool task, ``env.function=lookup``): prompt ``"key xy="``
-  with two random letters, answer a random digit drawn independently of the prompt; only
+  with two random letters, answer a random digit in ``[0, min(max_operand, 9)]`` drawn
+  independently of the prompt; only
   the environment's ``lookup`` tool reveals it, so without the tool the answer is chance.
 * ``reverse``: prompt ``"rev abc="`` with a random lowercase string of ``length``
   letters, answer the reversed string (``"cba"``).
@@ -42,8 +43,10 @@ def embedded_example(task, split: str, index: int) -> dict:
         letters = "".join(string.ascii_lowercase[uniform_int(26, *key, j)] for j in range(task.length))
         return {"prompt": f"rev {letters}=", "answer": letters[::-1], "index": index}
     if task.task == "lookup":
+        if task.max_operand > 9:
+            raise ValueError(f"lookup answers are one digit: data.embedded.max_operand={task.max_operand}; accepted: 1..9")
         letters = "".join(string.ascii_lowercase[uniform_int(26, *key, j)] for j in range(2))
-        return {"prompt": f"key {letters}=", "answer": str(uniform_int(10, *key, 2)), "index": index}
+        return {"prompt": f"key {letters}=", "answer": str(uniform_int(task.max_operand + 1, *key, 2)), "index": index}
     raise ValueError(f"unknown embedded task {task.task!r}; accepted: add, reverse, lookup")
 
 
@@ -58,7 +61,7 @@ def embedded_config_name(task) -> str:
     if task.task == "add":
         shape = f"add-m{task.max_operand}"
     elif task.task == "lookup":
-        shape = "lookup"
+        shape = f"lookup-m{task.max_operand}"
     else:
         shape = f"reverse-l{task.length}"
     return f"{shape}-n{task.num_train}-t{task.num_test}-s{task.seed}"
