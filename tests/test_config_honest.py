@@ -66,8 +66,11 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
     gae = ["--run-dir", str(tmp_path / "gae"), *small, "data.dataset=gsm8k", f"data.path={_gsm8k_dir(tmp_path / 'd')}",
            "data.prompt_template={prompt}", "data.max_prompt_length=8", "algorithm.adv_estimator=gae",
            "trainer.total_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    # A multi-turn run (rljax.env) reads env.*.
+    env = ["--config", "tool_lookup", "--run-dir", str(tmp_path / "env"), *small, "data.embedded.num_train=16",
+           "data.embedded.num_test=8", "trainer.total_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
     with record_reads() as reads:
-        for args in (grpo, gae):
+        for args in (grpo, gae, env):
             assert main(args) == 0, args
     assert (tmp_path / "runs" / "p" / "grpo" / "config.resolved.yaml").is_file()
     unread = set(field_specs()) - reads
