@@ -87,6 +87,8 @@ def test_lookup_env_default_tool_reveals_the_answer():
     assert LookupEnv(Example(prompt="key zz=", answer="2")).step(turn("")).observation == "2"
     end = env.step(turn("7", stopped="eos"))
     assert end.observation is None and end.reward is None  # reward.function scores the answer
+    guess = LookupEnv(EX).step(turn("7", stopped="eos"))  # no lookup: a guess scores 0
+    assert guess.observation is None and guess.reward == 0.0
 
 
 def test_load_env_builtin_and_user_file(tmp_path):

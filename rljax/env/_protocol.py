@@ -197,14 +197,25 @@ class CalculatorPythonEnv(ToolEnv):
 class LookupEnv(ToolEnv):
     """The embedded tool task (``data.embedded.task=lookup``): the answer is a digit the prompt
     does not contain; the ``lookup`` tool (also the default tool, so a bare stop token calls
-    it) returns it. A policy that never calls the tool answers at chance."""
+    it) returns it. An answer given without a lookup scores 0 (the environment accepts only
+    looked-up answers; a guess would be right at chance); after a lookup, ``reward.function``
+    scores the answer."""
 
     tools = {"lookup": lambda args: ""}  # replaced per instance
     default_tool = "lookup"
 
     def __init__(self, example: Example):
         super().__init__(example)
-        self.tools = {"lookup": lambda args: example.answer, "calc": calculator}
+        self.looked_up = False
+
+        def lookup(args: str) -> str:
+            self.looked_up = True
+            return example.answer
+
+        self.tools = {"lookup": lookup, "calc": calculator}
+
+    def final_reward(self, answer: Turn) -> Optional[float]:
+        return None if self.looked_up else 0.0
 
 
 BUILTIN_ENVS = {"tools": CalculatorPythonEnv, "lookup": LookupEnv}
