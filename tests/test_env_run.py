@@ -49,3 +49,12 @@ def test_multi_turn_run_passes_the_trace_check_with_observations(tmp_path):
     assert t["num_turns"] == 2 and t["observation_tokens"] == 2 and t["obs_mask_sum"] == 0
     assert [s[2] for s in t["role_spans"]][1] == 2  # the observation span (Role.TOOL_RESULT)
     assert roll["episode"]["context"].startswith("re-prefill")
+    # The check can fail: an observation token recorded with mask 1 is reported.
+    for r in recs:
+        if r["stage"] == "rollout_sessions":
+            for t in r["trajectories"]:
+                t["obs_mask_sum"] = 1
+    (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    broken = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert broken.returncode == 1 and "observation tokens with mask 1: 1" in broken.stdout, broken.stdout
