@@ -108,8 +108,11 @@ def check_inputs(cfg) -> None:
         raise UsageError(str(e)) from None
 
 
-def setup_devices(args, spec) -> None:
-    """Multi-host initialisation, then the CPU host device count; both before JAX's backends start."""
+def setup_devices(args, spec, rollout_devices: int = 0) -> None:
+    """Multi-host initialisation, then the CPU host device count; both before JAX's backends start.
+
+    ``rollout_devices``: the sampler's own devices per process (``rollout.placement=disaggregated``),
+    beyond the learner mesh's."""
     from rljax.sharding.mesh import spec_device_count
 
     multi = args.coordinator or args.num_processes or args.process_id is not None or args.distributed
@@ -122,9 +125,12 @@ def setup_devices(args, spec) -> None:
             local = need // args.num_processes
         flags = os.environ.get("XLA_FLAGS", "")
         if _HOST_COUNT_FLAG not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={local}".strip()
+            total = local + rollout_devices
+            os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={total}".strip()
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
-            print(f"rljax: CPU host: created {local} virtual CPU devices ({_HOST_COUNT_FLAG}={local})")
+            split = (f": {local} for the learner mesh + {rollout_devices} for the sampler (rollout.placement="
+                     "disaggregated)") if rollout_devices else ""
+            print(f"rljax: CPU host: created {total} virtual CPU devices ({_HOST_COUNT_FLAG}={total}){split}")
     import jax
 
     if multi:
@@ -136,8 +142,48 @@ def setup_devices(args, spec) -> None:
         if not _accelerator_present():
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(**kwargs)
-    if need is not None and jax.device_count() != need:
-        raise UsageError(f"mesh {spec} needs {need} devices, found {jax.device_count()} ({jax.devices()[0].platform})")
+    extra = rollout_devices * jax.process_count()
+    if need is not None and jax.device_count() != need + extra:
+        more = f" + {extra} for the sampler (rollout.num_devices={rollout_devices} per process)" if extra else ""
+        raise UsageError(f"mesh {spec} needs {need} devices{more}, found {jax.device_count()} "
+                         f"({jax.devices()[0].platform})")
+    if need is None and rollout_devices and jax.local_device_count() <= rollout_devices:
+        raise UsageError(f"rollout.num_devices={rollout_devices} leaves no device for the learner: this process has "
+                         f"{jax.local_device_count()} ({jax.devices()[0].platform})")
+
+
+def placement_devices(cfg) -> list:
+    """The learner mesh's devices: all of them (colocated), or on every process all local devices
+    but the last ``rollout.num_devices`` (disaggregated; those are the sampler's)."""
+    import jax
+
+    if cfg.rollout.placement == "colocated":
+        return list(jax.devices())
+    n = cfg.rollout.num_devices
+    out = []
+    for p in range(jax.process_count()):
+        local = [d for d in jax.devices() if d.process_index == p]
+        out += local[: len(local) - n]
+    return out
+
+
+def placement_topology(cfg, mesh) -> dict:
+    """``topology.json``'s ``placement``: both device groups, their meshes, and whether they are disjoint."""
+    import jax
+
+    from rljax.trainer.loop import rollout_devices
+
+    r = cfg.rollout
+    learner = [d.id for d in mesh.devices.flat]
+    sampler = [d.id for d in rollout_devices(cfg, mesh)]
+    n = len(sampler)
+    return {"mode": r.placement, "trainer_mode": cfg.trainer.mode,
+            "learner": {"devices": learner, "mesh": dict(mesh.shape)},
+            "rollout": {"devices": sampler, "devices_per_process": n, "mesh": {"dp": n // r.tp, "tp": r.tp},
+                        "tp": r.tp, "replicas_per_process": n // r.tp,
+                        "replicas_derivation": f"sampler devices per process / rollout.tp = {n} / {r.tp}",
+                        "processes": jax.process_count()},
+            "disjoint": not set(learner) & set(sampler)}
 
 
 def _resume_arg(argv: list) -> list:
@@ -174,7 +220,8 @@ def main(argv=None) -> int:
         if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
             raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume "
                              "(trainer.resume_mode=auto) to continue it or --run-dir for a new run")
-        setup_devices(args, cfg.trainer.mesh)
+        setup_devices(args, cfg.trainer.mesh,
+                      cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0)
         if args.distributed:
             import jax
 
@@ -199,16 +246,18 @@ def _run(args, cfg, prov, run_dir) -> int:
     from rljax.sharding import make_mesh, topology
     from rljax.trainer.loop import Trainer, format_summary
 
-    spec = cfg.trainer.mesh or f"dp{jax.device_count()}"
-    mesh = make_mesh(spec)
+    learner_devices = placement_devices(cfg)
+    spec = cfg.trainer.mesh or f"dp{len(learner_devices)}"
+    mesh = make_mesh(spec, learner_devices)
     topo = topology(mesh)
-    topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["world_size"] // cfg.rollout.tp,
+    topo["placement"] = placement_topology(cfg, mesh)
+    topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["placement"]["rollout"]["replicas_per_process"],
                 actor_dp_derivation=f"world_size / (tp * sp) = {topo['world_size']} / "
                                     f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}",
                 actor_strategy="jax-spmd: one jitted train step on the learner mesh (dp: batch rows, "
                                "tp: heads / MLP hidden / vocab, sp: sequence)",
                 rollout_backend="rljax JetStream engine (process-local sampler mesh: replicas x rollout.tp)",
-                rollout_replicas_derivation=f"world_size / rollout.tp = {topo['world_size']} / {cfg.rollout.tp}",
+                rollout_replicas_derivation=topo["placement"]["rollout"]["replicas_derivation"],
                 trace_groups=cfg.trace.groups)
     main_process = jax.process_index() == 0
     if main_process:
@@ -219,6 +268,10 @@ def _run(args, cfg, prov, run_dir) -> int:
         changed = non_default_fields(cfg, prov)
         print(f"rljax: mesh {spec} on {topo['world_size']} {topo['platform']} device(s), "
               f"{topo['process_count']} process(es); actor_dp = {topo['actor_dp_derivation']}")
+        pl = topo["placement"]
+        print(f"rljax: placement {pl['mode']}: learner devices {pl['learner']['devices']}, sampler devices "
+              f"{pl['rollout']['devices']} ({pl['rollout']['replicas_per_process']} replica(s) x tp{cfg.rollout.tp})"
+              + (", disjoint" if pl["disjoint"] else ", shared") + f"; trainer.mode={cfg.trainer.mode}")
         print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
     from rljax.config import ConfigError
     from rljax.trainer.checkpoint import CheckpointError

@@ -112,6 +112,12 @@ def test_admission_keeps_the_producer_within_tau():
     q0.wait_admission(lambda: 0, timeout=1)
     with pytest.raises(TimeoutError):
         q0.wait_admission(lambda: 0, timeout=0.1)
+    q0.put(item(1, 0))
+    q0.get(0)  # the learner trains batch 1: batch 2 waits for its weights (version 1), not for the queue
+    with pytest.raises(TimeoutError):
+        q0.wait_admission(lambda: 0, timeout=0.1)
+    q0.set_learner_version(1)
+    q0.wait_admission(lambda: 1, timeout=1)
 
 
 def test_close_wakes_both_sides_and_learner_gets_the_producer_error():

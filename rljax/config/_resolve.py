@@ -210,7 +210,7 @@ def _suggest(key: str) -> str:
 #: Keys that were accepted once and did nothing; naming one says why it went.
 REMOVED_KEYS = {
     "rollout.calculate_log_probs": "the sampler always records each token's log-prob (rollout_logp)",
-    "rollout.max_staleness": "training is synchronous; asynchronous training will bring async_training.max_staleness",
+    "rollout.max_staleness": "it is async_training.max_staleness (with trainer.mode=async)",
 }
 
 

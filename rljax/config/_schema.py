@@ -174,6 +174,10 @@ class RolloutConfig:
     max_slots: Optional[int] = _f(None, "concurrent decode slots of the sampler (null: the whole batch)", ge=1)
     correction: Literal[CORRECTIONS] = _f("none", "rollout-vs-learner importance correction (TIS)")
     correction_threshold: float = _f(2.0, "truncation C of the correction weights", gt=0.0)
+    placement: Literal["colocated", "disaggregated"] = _f(
+        "colocated", "colocated: the sampler shares the learner's devices; disaggregated: the sampler runs on "
+        "rollout.num_devices devices of its own per process, the learner mesh (--mesh) on the rest")
+    num_devices: Optional[int] = _f(None, "disaggregated: sampler devices per process (a multiple of rollout.tp)", ge=1)
     val_kwargs: ValKwargsConfig = _section(ValKwargsConfig, "decoding for validation")
 
 
@@ -233,6 +237,9 @@ class TrainerConfig:
     output_dir: Optional[str] = _f(None, "run directory: config, trace, metrics, checkpoints "
                                          "(null: runs/<project_name>/<experiment_name>; --run-dir sets it)")
     log_freq: int = _f(1, "print a progress line every this many steps", ge=1)
+    mode: Literal["sync", "async"] = _f(
+        "sync", "sync: generate, score, update, sync in turn; async: a rollout thread keeps generating into a "
+        "bounded versioned queue (async_training.*) while the learner trains")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +252,21 @@ class TraceConfig:
     alert_spike_factor: float = _f(10.0, "alert when KL / grad norm / entropy is this many times its running median",
                                    gt=1.0)
     alert_spike_window: int = _f(20, "steps in the running median of the spike alerts", ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncTrainingConfig:
+    max_staleness: int = _f(1, "tau: the most weight versions a trained trajectory may lag the learner "
+                               "(learner version - the oldest version it saw); staler batches are dropped and "
+                               "counted; 0 reproduces trainer.mode=sync step for step", ge=0)
+    queue_size: int = _f(2, "bound of the trajectory queue, in batches (backpressure)", ge=1)
+    overflow: Literal["block", "drop_stalest"] = _f(
+        "block", "when the queue is full: the rollout side waits (block), or the stalest queued batch is dropped "
+        "and counted (drop_stalest)")
+    trigger_parameter_sync_step: int = _f(1, "learner updates per weight push to the rollout side "
+                                             "(needs max_staleness >= this - 1)", ge=1)
+    partial_rollout: bool = _f(False, "let a weight push land mid-generation (trajectories then span versions: "
+                                      "min_version < max_version); false: pushes are installed between batches")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,3 +283,4 @@ class Config:
     model: ModelConfig = _section(ModelConfig, "policy model")
     trainer: TrainerConfig = _section(TrainerConfig, "step loop, checkpoints, mesh")
     trace: TraceConfig = _section(TraceConfig, "stage tracing")
+    async_training: AsyncTrainingConfig = _section(AsyncTrainingConfig, "asynchronous training (trainer.mode=async)")

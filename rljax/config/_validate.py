@@ -97,6 +97,7 @@ def validate(config) -> None:
         if name.strip() in ("", ".", "..") or "/" in name or "\\" in name:
             raise ConfigError(f"trainer.{key}={name!r} names a run directory component; "
                               "use a non-empty name without '/' or '\\' (not '.' or '..')")
+    check_async(config)
     m = config.model
     if m.path is None and m.name not in MODEL_PRESETS:
         raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")
@@ -104,6 +105,24 @@ def validate(config) -> None:
         raise ConfigError(
             f"model.name={m.name} needs a tokenizer: set model.path to the local checkpoint or model.tokenizer to a tokenizer.json"
         )
+
+
+def check_async(config) -> None:
+    """``rollout.placement`` / ``rollout.num_devices`` and ``async_training.*`` against each other."""
+    r, at = config.rollout, config.async_training
+    if r.placement == "disaggregated":
+        if r.num_devices is None:
+            raise ConfigError("rollout.placement=disaggregated needs rollout.num_devices (sampler devices per process)")
+        if r.num_devices % r.tp:
+            raise ConfigError(f"rollout.num_devices={r.num_devices} must be a multiple of rollout.tp={r.tp}")
+    elif r.num_devices is not None:
+        raise ConfigError(f"rollout.num_devices={r.num_devices} is only used with rollout.placement=disaggregated "
+                          "(the colocated sampler uses every local device)")
+    if config.trainer.mode == "async" and at.max_staleness < at.trigger_parameter_sync_step - 1:
+        raise ConfigError(
+            f"async_training.max_staleness={at.max_staleness} is below trigger_parameter_sync_step-1="
+            f"{at.trigger_parameter_sync_step - 1}: weights pushed every {at.trigger_parameter_sync_step} updates lag "
+            "the learner by that many versions, so every batch would be dropped as stale")
 
 
 def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int | None = None) -> dict[str, int]:
@@ -145,7 +164,7 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
     ):
         if value % dp:
             raise ConfigError(f"{name}={value} trajectories must be divisible by the mesh's dp={dp}")
-    if devices % r.tp:
+    if r.placement == "colocated" and devices % r.tp:
         raise ConfigError(f"rollout.tp={r.tp} must divide the device count {devices}")
     return {
         "devices": devices,
@@ -154,5 +173,5 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
         "trajectories_per_minibatch": per_mini,
         "micro_batch": micro,
         "grad_accum": per_mini // micro,
-        "rollout_replicas": devices // r.tp,
+        "rollout_replicas": (r.num_devices if r.placement == "disaggregated" else devices) // r.tp,
     }

@@ -109,7 +109,7 @@ class TrajectoryQueue:
       overflow: ``"block"`` or ``"drop_stalest"``.
     """
 
-    def __init__(self, max_batches: int, max_staleness: int, overflow: str = "block"):
+    def __init__(self, max_batches: int, max_staleness: int, overflow: str = "block", *, start_version: int = 0):
         self.max_batches = _check_int("max_batches", max_batches, 1)
         self.max_staleness = _check_int("max_staleness", max_staleness, 0)
         if overflow not in OVERFLOW_MODES:
@@ -119,7 +119,8 @@ class TrajectoryQueue:
         self._cond = threading.Condition()
         self._closed = False
         self._error: Optional[BaseException] = None
-        self._learner_version = 0
+        self._learner_version = int(start_version)
+        self._start_version = int(start_version)
         self._in_flight = 0  # batches admitted by the producer and not yet put
         self.stats = QueueStats()
 
@@ -160,9 +161,10 @@ class TrajectoryQueue:
     def wait_admission(self, weight_version: Callable[[], int], timeout: Optional[float] = None) -> None:
         """Blocks until a batch started now with ``weight_version()`` can be trained within τ.
 
-        The batch will be consumed at learner version ``learner_version + ahead`` (``ahead``:
-        batches queued or in flight before it, one update each), so it is admitted when
-        ``learner_version + ahead - weight_version() <= max_staleness``. Marks the batch in
+        The batch will be consumed at learner version ``start_version + taken + ahead``
+        (``taken``: batches handed to the learner so far, one update each, the one in training
+        included; ``ahead``: batches queued or in flight before it), so it is admitted when
+        that minus ``weight_version()`` is at most ``max_staleness``. Marks the batch in
         flight (released by :meth:`put` or :meth:`abandon`).
         """
         t0 = time.perf_counter()
@@ -171,7 +173,8 @@ class TrajectoryQueue:
             while True:
                 self._raise_if_closed()
                 ahead = len(self._items) + self._in_flight
-                if self._learner_version + ahead - int(weight_version()) <= self.max_staleness:
+                consumed_at = max(self._learner_version, self._start_version + self.stats.got) + ahead
+                if consumed_at - int(weight_version()) <= self.max_staleness:
                     break
                 left = None if deadline is None else deadline - time.perf_counter()
                 if left is not None and left <= 0:

@@ -58,6 +58,9 @@ class Run:
     def needs_reference(self) -> bool:
         return bool(self.config_values.get("actor.use_kl_loss") or self.config_values.get("algorithm.use_kl_in_reward"))
 
+    def asynchronous(self) -> bool:
+        return self.config_values.get("trainer.mode") == "async"
+
     def bypass(self) -> bool:
         return bool(self.config_values.get("algorithm.bypass_mode"))
 
@@ -346,6 +349,9 @@ def check_actor_dp(run: Run) -> Result:
 
 def check_versions(run: Run) -> Result:
     name = "weight version after each sync == next rollout's version"
+    if run.asynchronous() and run.config_values.get("async_training.max_staleness"):
+        return NA, name, ("asynchronous run with max_staleness > 0: a rollout may use older weights "
+                          "(see 'trained staleness within tau')")
     syncs = {r["step"]: r for r in run.by_stage("weight_sync")}
     rollouts = defaultdict(list)
     for r in run.by_stage("rollout_sessions"):
@@ -450,10 +456,89 @@ def check_updates(run: Run) -> Result:
     return PASS, name, f"{steps} step(s), every update applied"
 
 
+def _dequeues(run: Run) -> list[dict]:
+    return run.by_stage("dequeue")
+
+
+def check_async_staleness(run: Run) -> Result:
+    """trainer.mode=async: every trained row's staleness (learner version - oldest version it saw) is within tau,
+    in the trace (traced groups), in metrics.jsonl (every step's maximum) and in the summary's histogram."""
+    name = "trained staleness within tau"
+    if not run.asynchronous():
+        return NA, name, "synchronous run (trainer.mode=sync)"
+    tau = run.config_values.get("async_training.max_staleness")
+    bad = []
+    for r in _dequeues(run):
+        for s in (r.get("group") or {}).get("staleness") or []:
+            if s > tau:
+                bad.append(f"step {r['step']} uid {r['uid']}: staleness {s}")
+    steps = 0
+    for step, m in sorted(run.metrics.items()):
+        if "async/staleness_max" in m:
+            steps += 1
+            if m["async/staleness_max"] is None or m["async/staleness_max"] > tau:
+                bad.append(f"step {step}: async/staleness_max {m['async/staleness_max']}")
+    hist = ((run.summary or {}).get("async") or {}).get("staleness_hist") or {}
+    bad += [f"summary histogram: {n} row(s) at staleness {k}" for k, n in hist.items() if int(k) > tau]
+    if bad:
+        return FAIL, name, f"tau={tau}: " + "; ".join(bad[:3])
+    if not steps:
+        return FAIL, name, "no async/staleness_max in metrics.jsonl"
+    return PASS, name, f"tau={tau}: {steps} step(s), histogram {dict(sorted(hist.items()))}"
+
+
+def check_async_future(run: Run) -> Result:
+    """trainer.mode=async: no trained trajectory saw a weight version newer than the learner's."""
+    name = "no future weight version trained"
+    if not run.asynchronous():
+        return NA, name, "synchronous run (trainer.mode=sync)"
+    recs = _dequeues(run)
+    for r in recs:
+        g = r.get("group") or {}
+        if g.get("max_version") is not None and g["max_version"] > r.get("learner_version", -1):
+            return FAIL, name, (f"step {r['step']} uid {r['uid']}: max_version {g['max_version']} > learner version "
+                                f"{r.get('learner_version')}")
+    for step, m in sorted(run.metrics.items()):
+        if "async/max_version" in m and m["async/max_version"] is not None and \
+                m["async/max_version"] > m.get("training/weight_version", 0) - 1:
+            return FAIL, name, (f"step {step}: async/max_version {m['async/max_version']} > the learner version "
+                                f"{m.get('training/weight_version', 0) - 1} it trained at")
+    if not recs:
+        return FAIL, name, "no dequeue records in the trace"
+    return PASS, name, f"{len(recs)} traced dequeue(s): every version <= the learner's"
+
+
+def check_async_drops(run: Run) -> Result:
+    """trainer.mode=async: every dropped row is counted: the queue's final counts equal the last metrics' plus
+    what was dropped after the last trained batch, and batches put = trained + dropped + left in flight."""
+    name = "every dropped row counted"
+    if not run.asynchronous():
+        return NA, name, "synchronous run (trainer.mode=sync)"
+    a = (run.summary or {}).get("async")
+    if not a:
+        return FAIL, name, "trace_summary.json has no async section"
+    last = [m for _, m in sorted(run.metrics.items()) if "async/dropped_stale" in m]
+    if not last:
+        return FAIL, name, "no async/dropped_* in metrics.jsonl"
+    m = last[-1]
+    for kind in ("stale", "overflow"):
+        logged, final = m.get(f"async/dropped_{kind}"), a.get(f"final_dropped_{kind}")
+        if final is None or logged is None or final < logged:
+            return FAIL, name, f"dropped_{kind}: metrics say {logged}, the queue's final count {final}"
+    rows_per_batch = a["trained_rows"] / max(a["trained_batches"], 1)
+    dropped = (a["final_dropped_stale"] + a["final_dropped_overflow"]) / rows_per_batch if rows_per_batch else 0
+    put = a.get("batches_put", 0)
+    if a["trained_batches"] + dropped > put + 1e-6:
+        return FAIL, name, (f"{a['trained_batches']} trained + {dropped:g} dropped batch(es) > {put} put into the "
+                            "queue")
+    return PASS, name, (f"{a['final_dropped_stale']} stale and {a['final_dropped_overflow']} overflow row(s) dropped "
+                        f"and counted; {a['trained_batches']} of {put} queued batch(es) trained")
+
+
 CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
     check_behaviour_logp, check_masks, check_padding, check_minibatch, check_actor_dp, check_versions, check_cleanup,
-    check_alerts, check_updates, check_summary)
+    check_alerts, check_updates, check_summary, check_async_staleness, check_async_future, check_async_drops)
 
 
 def run_checks(run_dir: str) -> list[Result]:

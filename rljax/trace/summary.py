@@ -32,10 +32,29 @@ def summarize_run(run_dir: str) -> str:
     topo = _load(run_dir, "topology.json")
     out.append("== topology")
     if topo:
-        rows = [(k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in topo.items()]
+        rows = [(k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in topo.items() if k != "placement"]
         out.append(table(rows, ("field", "value")))
+        pl = topo.get("placement")
+        if pl:
+            out.append(f"\n== placement: {pl['mode']} (trainer.mode={pl.get('trainer_mode')}); device groups "
+                       + ("disjoint" if pl.get("disjoint") else "shared (colocated)"))
+            r = pl["rollout"]
+            out.append(table([("learner", json.dumps(pl["learner"]["devices"]), json.dumps(pl["learner"]["mesh"]), "-"),
+                              ("rollout", json.dumps(r["devices"]), json.dumps(r["mesh"]),
+                               f"{r['replicas_per_process']} replica(s) x tp{r['tp']} per process")],
+                             ("group", "devices", "mesh", "replicas")))
     else:
         out.append("(topology.json missing)")
+    trace_summary = _load(run_dir, "trace_summary.json") or {}
+    a = trace_summary.get("async")
+    if a:
+        out.append(f"\n== asynchronous training: max_staleness {a.get('max_staleness')}, {a.get('trained_batches')} "
+                   f"batch(es) trained of {a.get('batches_put')} queued; dropped {a.get('final_dropped_stale')} stale, "
+                   f"{a.get('final_dropped_overflow')} overflow row(s); queue depth max {a.get('max_queue_depth')}")
+        hist = a.get("staleness_hist") or {}
+        total = sum(hist.values()) or 1
+        out.append(table([(k, n, "#" * max(1, round(40 * n / total))) for k, n in sorted(hist.items(), key=lambda kv: int(kv[0]))],
+                         ("staleness", "rows", "")))
 
     out.append("\n== resolved config: non-default fields")
     path = os.path.join(run_dir, "config.resolved.yaml")

@@ -60,7 +60,8 @@ KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_respo
               "data.filter_overlong_prompts", "data.truncation", "algorithm.adv_estimator",
               "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo", "algorithm.bypass_mode",
               "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.use_kl_loss",
-              "rollout.n", "rollout.tp", "reward.function", "trainer.mesh", "trace.groups")
+              "rollout.n", "rollout.tp", "reward.function", "trainer.mesh", "trace.groups", "trainer.mode",
+              "rollout.placement", "async_training.max_staleness", "async_training.partial_rollout")
 TRACE_FILE = "trace.jsonl"
 SUMMARY_FILE = "trace_summary.json"
 
@@ -135,6 +136,7 @@ class Tracer:
         self._alerts: dict[str, dict] = {}
         self._stage_total: dict[str, float] = {}
         self._stages_seen: list[str] = []
+        self._async: Optional[dict] = None  # trainer.mode=async: staleness histogram, drops, trained rows
         self._ledgers_done = not cfg.trace.ledgers
         self._compiled_peak: Optional[int] = None
         self._config = self._config_facts()
@@ -169,6 +171,8 @@ class Tracer:
             fields.update(ev.writes)
         traj = fields.get("trajectories")
         out: dict[str, Any] = {}
+        if "dequeue" in fields:
+            self._async_step(fields["dequeue"])
         if traj is not None:
             out.update(self._dfx(traj, fields.get("attention_mask")))
             consumers: dict[str, list[str]] = {}
@@ -241,6 +245,24 @@ class Tracer:
         self._steps += 1
         metrics.update(out)
 
+    def _async_step(self, d: Mapping) -> None:
+        a = self._async = self._async or {"staleness_hist": {}, "trained_rows": 0, "trained_batches": 0,
+                                          "max_staleness": d.get("max_staleness"), "staleness_max": 0,
+                                          "dropped_stale": 0, "dropped_overflow": 0}
+        for k, v in (d.get("staleness_hist") or {}).items():
+            a["staleness_hist"][k] = a["staleness_hist"].get(k, 0) + int(v)
+            a["trained_rows"] += int(v)
+        a["trained_batches"] += 1
+        a["staleness_max"] = max(a["staleness_max"], int(d.get("staleness_max", 0)))
+        a["dropped_stale"], a["dropped_overflow"] = int(d.get("dropped_stale", 0)), int(d.get("dropped_overflow", 0))
+
+    def async_totals(self, stats: Mapping) -> None:
+        """The queue's final counts (drops after the last trained batch included)."""
+        if self._async is not None:
+            self._async.update(final_dropped_stale=int(stats.get("dropped_stale", 0)),
+                               final_dropped_overflow=int(stats.get("dropped_overflow", 0)),
+                               batches_put=int(stats.get("put", 0)), max_queue_depth=int(stats.get("max_depth", 0)))
+
     def cleanup(self, report) -> None:
         """The runner's cleanup report becomes each group's last record; the step's records are written."""
         if report.leaked:
@@ -290,6 +312,8 @@ class Tracer:
                    "status": "failed" if error else "completed",
                    "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json")
                              if os.path.exists(os.path.join(self.run_dir, f))]}
+        if self._async is not None:
+            summary["async"] = self._async
         if error:
             summary["error"] = error
             summary["failed_at_step"] = step
@@ -483,6 +507,16 @@ class Tracer:
                         else "= advantages (outcome estimators have no critic)")
         if ev.stage == "actor_minibatch":
             return self._minibatch_facts(ev, traj, learner_mask)
+        if ev.stage in ("enqueue", "dequeue"):  # trainer.mode=async: the group through the queue
+            facts = dict(w.get(ev.stage) or {})
+            facts.pop("staleness_hist", None)
+            if ev.stage == "dequeue":
+                learner = facts.get("learner_version")
+                vs = [(int(traj.min_version[i]), int(traj.max_version[i])) for i in rows]
+                facts["group"] = {"min_version": min(v[0] for v in vs) if vs else None,
+                                  "max_version": max(v[1] for v in vs) if vs else None,
+                                  "staleness": [learner - v[0] for v in vs] if learner is not None else None}
+            return facts
         if ev.stage == "weight_sync":
             return dict(learner_version=w.get("weight_version_after"), sampler_version=w.get("sampler_version"),
                         sync_s=round(float(w.get("weight_sync_s") or 0.0), 6),

@@ -14,6 +14,7 @@ steps, a resume and ``N`` more steps give the same numbers as ``2N`` steps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -217,7 +218,7 @@ class Trainer:
         context = d.max_prompt_length + (d.max_response_length if env_runtime is not None else 0)
         engine = RljaxEngine(self.model_config, num_slots=r.max_slots or trajectories,
                              max_prefill_length=context, max_decode_length=d.max_response_length,
-                             mesh=sampler_mesh(r.tp, jax.local_devices()),
+                             mesh=sampler_mesh(r.tp, rollout_devices(cfg, mesh)),
                              prefill_batch_size=min(d.train_batch_size, 64))
         # Each process runs a sampler on its own devices (same prompts, same random streams).
         sampler = Sampler(engine, _sampler_weights(params), version=0, truncation="error")
@@ -235,6 +236,7 @@ class Trainer:
         self.step = 0
         self.resumed_from = None
         self.val_env: dict = {}  # held-out tool-call rate and turns of the last validation (env.function)
+        self._restored_meta: dict = {}
 
         os.makedirs(run_dir, exist_ok=True)
         self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
@@ -245,7 +247,15 @@ class Trainer:
         self.metrics = MetricsWriter(run_dir, enabled=self.main)
         self.stage_s: dict[str, float] = {}
         self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, ledger_sources=self.ledger_sources)
-        self.runner = StepRunner(sync_stages(self.c), observers=[self.tracer])
+        self.schedule = None
+        if cfg.trainer.mode == "async":
+            from rljax.trainer.async_loop import AsyncSchedule
+
+            self.schedule = AsyncSchedule(self)
+            if self._restored_meta.get("async"):
+                self.schedule.restore(self._restored_meta["async"])
+        self.runner = StepRunner(sync_stages(self.c) if self.schedule is None else self.schedule.stages,
+                                 observers=[self.tracer])
 
     @property
     def state(self):
@@ -281,6 +291,7 @@ class Trainer:
         c.data = self._train_iterator(state=meta["data"])
         c.sampler.update_weights(_sampler_weights(c.actor.params), c.version)
         self.resumed_from = latest
+        self._restored_meta = dict(meta)
         self.echo(f"resume: restored step {self.step} (weight version {c.version}) from checkpoint {latest}")
 
     def save(self) -> None:
@@ -288,6 +299,9 @@ class Trainer:
 
         c = self.c
         meta = {"step": self.step, "version": c.version, "data": c.data.state(), "config": to_dict(self.cfg)}
+        if self.schedule is not None:  # async: the data position after the last trained batch (in-flight prompts replay)
+            meta["data"] = self.schedule.data_state
+            meta["async"] = self.schedule.checkpoint_meta()
         if c.kl_ctrl is not None:
             meta["kl_coef"] = c.kl_ctrl.value
         t = time.perf_counter()
@@ -310,7 +324,15 @@ class Trainer:
     def train_one_step(self) -> dict:
         """Runs the stage list once; returns the step's metrics (also written to ``metrics.jsonl``)."""
         self.step += 1
-        metrics, timings = self.runner.run(self.step, {"step": self.step})
+        if self.schedule is None:
+            metrics, timings = self.runner.run(self.step, {"step": self.step})
+        else:
+            seed, prior = self.schedule.next_batch(self.step)
+            facts = seed["queue_item"]
+            metrics, timings = self.runner.run(self.step, seed, prior=prior)
+            del prior
+            self.schedule.trained()
+            metrics.update(self.schedule.metrics(facts))
         for k, v in timings.items():
             self.stage_s[k] = self.stage_s.get(k, 0.0) + v
         tokens = metrics["perf/total_num_tokens"]
@@ -326,6 +348,18 @@ class Trainer:
         c = self.c
         scores = []
         env_rows: list = []
+        with contextlib.ExitStack() as stack:
+            if self.schedule is not None:  # pause the rollout thread; validate the newest pushed weights
+                stack.enter_context(self.schedule.sampler_lock)
+                self.schedule._install_pending()
+            self._validate_batches(c, scores, env_rows)
+        self._time("testing", t)
+        if env_rows:  # held-out tool use, logged beside val/score/mean
+            called, turns = (np.concatenate(x) for x in zip(*env_rows))
+            self.val_env = {"val/env/tool_call_rate": float(called.mean()), "val/env/num_turns/mean": float(turns.mean())}
+        return float(np.mean(scores)) if scores else float("nan")
+
+    def _validate_batches(self, c, scores, env_rows) -> None:
         for i, prompts in enumerate(self._val_iterator()):
             uids = [f"val-{i}-{j}" for j in range(len(prompts))]
             if c.env is not None:  # multi-turn: episodes, scored by their final reward
@@ -341,16 +375,14 @@ class Trainer:
                                           decode=self.val_decode)
                 s, _ = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
             scores.extend(s[~traj.is_padding].tolist())
-        self._time("testing", t)
-        if env_rows:  # held-out tool use, logged beside val/score/mean
-            called, turns = (np.concatenate(x) for x in zip(*env_rows))
-            self.val_env = {"val/env/tool_call_rate": float(called.mean()), "val/env/num_turns/mean": float(turns.mean())}
-        return float(np.mean(scores)) if scores else float("nan")
 
     def run(self) -> RunSummary:
         try:
             return self._run()
         except BaseException as e:  # the trace summary says how the run ended
+            if self.schedule is not None:
+                self.schedule.close()
+                self.tracer.async_totals(self.schedule.queue.stats.snapshot())
             self.tracer.close(error=f"{type(e).__name__}: {e}", step=self.step)
             raise
 
@@ -393,6 +425,9 @@ class Trainer:
             self.metrics.write(self.step, last)
             if self.main and (self._due(cfg.trainer.log_freq) or self.step == total):
                 _progress(self.step, total, last["critic/score/mean"], step_times)
+        if self.schedule is not None:
+            self.schedule.close()
+            self.tracer.async_totals(self.schedule.queue.stats.snapshot())
         self.checkpointer.close()
         self.metrics.close()
         trace_overhead = Tracer.describe_overhead(self.tracer.close())
@@ -402,6 +437,19 @@ class Trainer:
                           stage_s=dict(self.stage_s), train_reward=last.get("critic/score/mean"),
                           val_reward_before=val_before, val_reward=val, run_dir=self.run_dir,
                           resumed_from=self.resumed_from, trace_overhead=trace_overhead)
+
+
+def rollout_devices(cfg: Config, mesh) -> list:
+    """The sampler's devices: every local device (colocated), or the local devices outside the
+    learner mesh (``rollout.placement=disaggregated``: ``rollout.num_devices`` of them)."""
+    if cfg.rollout.placement == "colocated":
+        return list(jax.local_devices())
+    learner = {d.id for d in mesh.devices.flat}
+    free = [d for d in jax.local_devices() if d.id not in learner]
+    n = cfg.rollout.num_devices
+    if len(free) < n:
+        raise ValueError(f"rollout.num_devices={n} but only {len(free)} local device(s) are outside the learner mesh")
+    return free[:n]
 
 
 def _sampler_weights(params):

@@ -127,6 +127,20 @@ def _weak(value) -> list:
     return refs
 
 
+@dataclasses.dataclass
+class Produced:
+    """What :meth:`StepRunner.produce` ran ahead of a step: fields, their producers, the stage
+    events and timings. :meth:`StepRunner.run` takes it over (``prior``) and releases it."""
+
+    batch: dict
+    producers: dict
+    events: list
+    timings: dict
+
+    def release(self) -> None:
+        self.batch, self.events = {}, []
+
+
 class StepRunner:
     """Runs ``stages`` over one batch per step and reports to ``observers``.
 
@@ -146,13 +160,7 @@ class StepRunner:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages)
 
-    def run(self, step: int, seed: Optional[Mapping[str, Any]] = None) -> tuple[dict, dict[str, float]]:
-        t0 = time.perf_counter()
-        for obs in self.observers:
-            obs.step_start(step, t0)
-        batch: dict[str, Any] = dict(seed or {})
-        producers = {k: "step_start" for k in batch}
-        timings: dict[str, float] = {}
+    def _stages(self, step: int, batch: dict, producers: dict, timings: dict, emit: Callable) -> None:
         for stage in self.stages:
             view = _Reads(batch)
             t_start = time.perf_counter()
@@ -172,9 +180,47 @@ class StepRunner:
             event = StageEvent(step=step, stage=stage.name, reads={k: batch[k] for k in view.read}, writes=out,
                                producers={k: producers[k] for k in (*view.read, *out)}, aliases=aliases,
                                t_start=t_start, t_end=t_end)
+            emit(event)
+            del event, view, out
+
+    def produce(self, step: int, seed: Optional[Mapping[str, Any]] = None) -> "Produced":
+        """Runs the stages ahead of a step (the asynchronous producer side), telling no observer:
+        the fields, producers, events and timings are handed to a later :meth:`run` (``prior``),
+        which tells the observers as if the stages had run in that step."""
+        batch: dict[str, Any] = dict(seed or {})
+        producers = {k: "step_start" for k in batch}
+        events: list[StageEvent] = []
+        timings: dict[str, float] = {}
+        self._stages(step, batch, producers, timings, events.append)
+        return Produced(batch=batch, producers=producers, events=events, timings=timings)
+
+    def run(self, step: int, seed: Optional[Mapping[str, Any]] = None,
+            prior: Optional["Produced"] = None) -> tuple[dict, dict[str, float]]:
+        """Runs the stages over one batch; ``prior`` (from :meth:`produce` of another runner)
+        seeds the batch with the fields produced ahead of the step and replays its stage
+        events to the observers first (the runner then owns and releases those fields)."""
+        t0 = time.perf_counter()
+        for obs in self.observers:
+            obs.step_start(step, t0)
+        batch: dict[str, Any] = dict(seed or {})
+        producers = {k: "step_start" for k in batch}
+        timings: dict[str, float] = {}
+        if prior is not None:
+            batch.update(prior.batch)
+            producers.update(prior.producers)
+            timings.update(prior.timings)
+            for ev in prior.events:
+                ev = dataclasses.replace(ev, step=step)
+                for obs in self.observers:
+                    obs.stage(ev)
+                del ev
+            prior.release()
+
+        def emit(event):
             for obs in self.observers:
                 obs.stage(event)
-            del event, view, out
+
+        self._stages(step, batch, producers, timings, emit)
         metrics = dict(batch.get("metrics") or {})
         metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
         metrics["timing_s/step"] = time.perf_counter() - t0

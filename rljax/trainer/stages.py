@@ -27,8 +27,10 @@ weight_sync           ``update_weights``  -> weight_version_after, sampler_versi
 metrics               ``metrics``         -> metrics (host scalars)
 ====================  ==================  =================================================
 
-The asynchronous schedule reuses the same functions: rollout + reward on the producer
-side, the rest on the consumer side.
+The asynchronous schedule (:mod:`rljax.trainer.async_loop`) reuses the same functions:
+dataset_item + rollout_sessions + reward on the producer side, the rest on the consumer
+side, with a ``dequeue`` stage (the staleness gate's facts) first and the weight push in
+``weight_sync``.
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ class Components:
     kl_ctrl: Any = None  # adaptive / fixed KL-in-reward controller
     version: int = 0
     env: Any = None  # rljax.env.EnvRuntime of a multi-turn run (env.function)
+    #: Called by the sampler between decode chunks (the asynchronous schedule installs weight
+    #: pushes there when ``async_training.partial_rollout``); ``None`` in the synchronous step.
+    on_chunk: Optional[Callable] = None
 
     @property
     def behaviour_logp(self) -> str:
@@ -163,7 +168,8 @@ def dataset_item(c: Components, b) -> dict:
 
 def rollout_sessions(c: Components, b) -> dict:
     prompts = b["prompts"]
-    traj = c.sampler.generate([p.ids for p in prompts], uids=b["uids"], n=c.cfg.rollout.n, decode=c.decode)
+    traj = c.sampler.generate([p.ids for p in prompts], uids=b["uids"], n=c.cfg.rollout.n, decode=c.decode,
+                              on_chunk=c.on_chunk)
     used = int(traj.min_version.min())
     if used != b["weight_version"]:
         raise RuntimeError(f"rollout used weight version {used}, the learner is at {b['weight_version']}: the weight "

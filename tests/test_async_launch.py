@@ -1,0 +1,178 @@
+"""``trainer.mode=async`` and ``rollout.placement=disaggregated`` through ``python -m rljax.launch``.
+
+Usage errors are cheap (they exit before JAX starts); the runs are real subprocesses and
+slow: async with max_staleness=0 gives the synchronous metrics step for step, an error on
+either side (the reward's error bound, a consumer-side exception) and Ctrl-C stop both
+threads within seconds with the failing side's error, resume replays the in-flight
+prompts, and a disaggregated async run writes both device groups and passes the checks.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_launch import REPO, SMALL, _env, _train_rows, launch
+
+ASYNC = ["trainer.mode=async"]
+IGNORED = ("timing_s/", "perf/", "trace/", "memory/", "async/", "alerts/")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["rollout.placement=disaggregated"], "rollout.placement=disaggregated needs rollout.num_devices"),
+    (["rollout.placement=disaggregated", "rollout.num_devices=3", "rollout.tp=2"],
+     "rollout.num_devices=3 must be a multiple of rollout.tp=2"),
+    (["rollout.num_devices=2"], "rollout.num_devices=2 is only used with rollout.placement=disaggregated"),
+    (ASYNC + ["async_training.trigger_parameter_sync_step=3", "async_training.max_staleness=1"],
+     "async_training.max_staleness=1 is below trigger_parameter_sync_step-1=2"),
+    (["async_training.overflow=drop"], "async_training.overflow"),
+    (["trainer.mode=asynchronous"], "trainer.mode"),
+    (["rollout.max_staleness=1"], "it is async_training.max_staleness"),
+])
+def test_placement_and_async_usage_errors(tmp_path, args, fragment):
+    run_dir = tmp_path / "run"
+    r = launch("--mesh=dp2", *args, "--run-dir", str(run_dir), timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+    assert not run_dir.exists()
+
+
+def _compare(sync_rows, async_rows):
+    assert len(sync_rows) == len(async_rows) > 0
+    for a, b in zip(sync_rows, async_rows):
+        for k, v in a.items():
+            if k.startswith(IGNORED) or k == "step":
+                continue
+            assert k in b, k
+            if isinstance(v, float):
+                assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (a["step"], k, v, b[k])
+            else:
+                assert b[k] == v, (a["step"], k, v, b[k])
+
+
+@pytest.mark.slow
+def test_async_tau0_equals_sync_step_for_step(tmp_path):
+    """The queue, the gate and the weight push are right: tau=0 is the synchronous schedule."""
+    base = ["--mesh=dp2", *SMALL, "trainer.total_steps=3"]
+    r_sync = launch(*base, "--run-dir", str(tmp_path / "sync"))
+    assert r_sync.returncode == 0, r_sync.stderr[-3000:]
+    r_async = launch(*base, *ASYNC, "async_training.max_staleness=0", "--run-dir", str(tmp_path / "async"))
+    assert r_async.returncode == 0, r_async.stderr[-3000:]
+    s, a = _train_rows(tmp_path / "sync"), _train_rows(tmp_path / "async")
+    _compare(s, a)
+    assert all(r["async/staleness_max"] == 0 for r in a)
+    # the trace follows the groups through the queue and the async checks pass
+    chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "async")], cwd=REPO,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert chk.returncode == 0, chk.stdout
+    for name in ("trained staleness within tau", "no future weight version trained", "every dropped row counted"):
+        assert f"PASS  {name}" in chk.stdout, chk.stdout
+    stages = {json.loads(x)["stage"] for x in open(tmp_path / "async" / "trace.jsonl")}
+    assert {"enqueue", "dequeue", "rollout_sessions", "weight_sync"} <= stages
+
+
+def _wait_for(path, text, proc, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            return False
+        if os.path.exists(path) and text in open(path).read():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.slow
+def test_async_reward_error_stops_both_sides(tmp_path):
+    """A reward error above reward.max_error_fraction on the rollout thread stops the run with that error."""
+    plugin = tmp_path / "bad_reward.py"
+    plugin.write_text("def reward(response, answer):\n    raise ValueError('reward exploded')\n")
+    r = launch("--mesh=dp2", *SMALL, *ASYNC, "trainer.total_steps=3", f"reward.function={plugin}:reward",
+               "reward.num_workers=0", "--run-dir", str(tmp_path / "run"), timeout=600)
+    assert r.returncode == 1
+    assert "reward exploded" in r.stderr and "rollout thread failed" in r.stderr, r.stderr[-3000:]
+    summary = json.load(open(tmp_path / "run" / "trace_summary.json"))
+    assert summary["status"] == "failed" and "reward" in summary["error"]
+
+
+@pytest.mark.slow
+def test_async_consumer_error_stops_the_rollout_thread(tmp_path):
+    """An exception on the learner side stops the producer too; the process exits with that error."""
+    est = tmp_path / "est.py"
+    est.write_text("def boom(token_level_rewards, response_mask, *, group_id, num_groups, row_mask, values, config):\n"
+                   "    raise RuntimeError('estimator exploded')\n")
+    t0 = time.time()
+    r = launch("--mesh=dp2", *SMALL, *ASYNC, "async_training.max_staleness=2", "async_training.queue_size=2",
+               "trainer.total_steps=4", f"algorithm.adv_estimator={est}:boom", "--run-dir", str(tmp_path / "run"),
+               timeout=600)
+    assert r.returncode == 1 and "estimator exploded" in r.stderr, r.stderr[-3000:]
+    assert "did not stop" not in r.stderr
+    summary = json.load(open(tmp_path / "run" / "trace_summary.json"))
+    assert summary["status"] == "failed" and "estimator exploded" in summary["error"]
+    assert time.time() - t0 < 600
+
+
+@pytest.mark.slow
+def test_async_ctrl_c_stops_within_seconds(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--mesh=dp2", *SMALL, *ASYNC,
+                             "trainer.total_steps=50", "--run-dir", str(run_dir)], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(run_dir / "metrics.jsonl", '"step": 1', proc, 600), "the run never finished step 1"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.time()
+        out, err = proc.communicate(timeout=120)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+    assert "did not stop" not in err
+    summary = json.load(open(run_dir / "trace_summary.json"))
+    assert summary["status"] == "failed" and "KeyboardInterrupt" in summary["error"]
+    print(f"stopped {took:.1f} s after SIGINT")
+
+
+@pytest.mark.slow
+def test_async_resume_replays_in_flight_prompts(tmp_path):
+    """N steps + --resume + N more == 2N steps at tau=0 (the queue is not checkpointed; the prompts
+    queued or in generation at the checkpoint are generated again after the resume)."""
+    base = ["--mesh=dp2", *SMALL, *ASYNC, "async_training.max_staleness=0"]
+    full = launch(*base, "trainer.total_steps=4", "--run-dir", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr[-3000:]
+    first = launch(*base, "trainer.total_steps=2", "--run-dir", str(tmp_path / "split"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = launch(*base, "trainer.total_steps=4", "--resume", "--run-dir", str(tmp_path / "split"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    f, s = _train_rows(tmp_path / "full"), _train_rows(tmp_path / "split")
+    s = {r["step"]: r for r in s}  # the resumed run rewrote metrics.jsonl from step 3 on
+    _compare(f, [s[r["step"]] for r in f])
+    assert [r["async/batch_index"] for r in f] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_disaggregated_async_topology_and_checks(tmp_path):
+    run_dir = tmp_path / "run"
+    r = launch("--mesh=dp2", *SMALL, *ASYNC, "rollout.placement=disaggregated", "rollout.num_devices=2",
+               "async_training.max_staleness=1", "trainer.total_steps=3", "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "created 4 virtual CPU devices: 2 for the learner mesh + 2 for the sampler" in r.stdout
+    topo = json.load(open(run_dir / "topology.json"))
+    pl = topo["placement"]
+    assert pl["disjoint"] and pl["learner"]["devices"] == [0, 1] and pl["rollout"]["devices"] == [2, 3]
+    assert topo["world_size"] == 2 and topo["rollout_replicas"] == 2
+    rows = _train_rows(run_dir)
+    assert max(x["async/staleness_max"] for x in rows) <= 1
+    chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run_dir)], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert chk.returncode == 0, chk.stdout
+    summ = subprocess.run([sys.executable, "-m", "rljax.trace", "summary", str(run_dir)], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert "placement: disaggregated" in summ.stdout and "disjoint" in summ.stdout, summ.stdout
+    assert "asynchronous training: max_staleness 1" in summ.stdout
