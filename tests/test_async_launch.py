@@ -158,17 +158,22 @@ def test_async_resume_replays_in_flight_prompts(tmp_path):
 
 @pytest.mark.slow
 def test_disaggregated_async_topology_and_checks(tmp_path):
+    """Disjoint device groups in topology.json and the summary; pushes every 2 updates (partial rollout
+    allowed); staleness within tau; the trace checks pass."""
     run_dir = tmp_path / "run"
     r = launch("--mesh=dp2", *SMALL, *ASYNC, "rollout.placement=disaggregated", "rollout.num_devices=2",
-               "async_training.max_staleness=1", "trainer.total_steps=3", "--run-dir", str(run_dir))
+               "async_training.max_staleness=1", "async_training.trigger_parameter_sync_step=2",
+               "async_training.partial_rollout=true", "trainer.total_steps=4", "--run-dir", str(run_dir))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "created 4 virtual CPU devices: 2 for the learner mesh + 2 for the sampler" in r.stdout
+    assert "created 4 virtual CPU devices" in r.stdout and "2 for the learner mesh + 2 for the sampler" in r.stdout
     topo = json.load(open(run_dir / "topology.json"))
     pl = topo["placement"]
     assert pl["disjoint"] and pl["learner"]["devices"] == [0, 1] and pl["rollout"]["devices"] == [2, 3]
     assert topo["world_size"] == 2 and topo["rollout_replicas"] == 2
     rows = _train_rows(run_dir)
     assert max(x["async/staleness_max"] for x in rows) <= 1
+    assert [x["async/weight_pushes"] for x in rows] == [0, 1, 1, 2]  # every 2 updates
+    assert all(x["async/max_version"] <= x["training/weight_version"] - 1 for x in rows)
     chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run_dir)], cwd=REPO, env=_env(),
                          capture_output=True, text=True, timeout=300)
     assert chk.returncode == 0, chk.stdout
