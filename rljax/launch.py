@@ -284,7 +284,19 @@ def _run(args, cfg, prov, run_dir) -> int:
     except CheckpointError as e:
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 1
-    summary = trainer.run()
+    from rljax.trainer.guard import NonFiniteUpdateError, StopRequested
+
+    try:
+        summary = trainer.run()
+    except (NonFiniteUpdateError, CheckpointError) as e:  # the run stopped itself; its saves are committed
+        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        return 1
+    except StopRequested as e:  # SIGTERM: the current step was saved
+        print(f"rljax.launch: {e}", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print(f"rljax.launch: interrupted after step {trainer.step}", file=sys.stderr)
+        return 130
     if main_process:
         print(format_summary(summary))
     return 0

@@ -31,6 +31,8 @@ from rljax.config import Config, derive
 from rljax.loss import adaptive_kl_coef
 from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
+from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, StopRequested, StopSignals,
+                                 cut_metrics, wait_for_save)
 from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
 from rljax.trainer.runner import StepRunner
@@ -153,7 +155,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, mesh, run_dir: str, *, resume: bool = False, echo: Callable = print):
         from rljax.data import train_iterator, val_iterator
-        from rljax.reward import get_reward_fn
+        from rljax.reward import make_reward
         from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
 
         self.cfg, self.mesh, self.run_dir, self.echo = cfg, mesh, run_dir, echo
@@ -224,7 +226,7 @@ class Trainer:
         sampler = Sampler(engine, _sampler_weights(params), version=0, truncation="error")
         self.c = Components(
             cfg=cfg, mesh=mesh, data=self._train_iterator(), sampler=sampler, decode=decode, tokenizer=self.tokenizer,
-            reward_fn=get_reward_fn(cfg.reward.function, dataset=d.dataset),
+            reward_fn=make_reward(cfg.reward, dataset=d.dataset),  # a worker pool or the function itself
             logprob_fn=make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
                                        impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro),
             prepare_fn=make_prepare_fn(prepare_cfg, load_estimator(al.adv_estimator)), prepare_inputs=prepare_cfg.inputs(critic=critic is not None),
@@ -239,11 +241,14 @@ class Trainer:
         self._restored_meta: dict = {}
 
         os.makedirs(run_dir, exist_ok=True)
-        self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"),
-                                         max_to_keep=cfg.trainer.max_checkpoints or 1000)
+        self.main = jax.process_index() == 0
+        self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), max_to_keep=cfg.trainer.max_checkpoints,
+                                         echo=echo)
         if resume:
             self._restore()
-        self.main = jax.process_index() == 0
+        self.nonfinite = NonFiniteMonitor(cfg.trainer.max_skipped_updates, echo=echo)
+        self._skipped = {"actor": int(self.c.actor.skipped),
+                         "critic": int(self.c.critic.skipped) if self.c.critic is not None else 0}
         self.metrics = MetricsWriter(run_dir, enabled=self.main)
         self.stage_s: dict[str, float] = {}
         self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, ledger_sources=self.ledger_sources)
@@ -278,12 +283,18 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _restore(self) -> None:
-        latest = self.checkpointer.latest_step()
+        """Restores the newest checkpoint (or ``trainer.resume_from``) after verifying it; a damaged
+        one is a :class:`~rljax.trainer.checkpoint.CheckpointError` naming the newest intact one.
+        ``metrics.jsonl`` is cut back to the restored step, so every step appears once."""
+        chosen = self.cfg.trainer.resume_from
+        latest = self.checkpointer.select(chosen)
         if latest is None:
             self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
             return
         c = self.c
         state, meta = self.checkpointer.restore(latest, self._checkpoint_state())
+        if chosen is not None:
+            self.checkpointer.discard_newer(latest)
         c.actor, c.critic = state["actor"], state.get("critic")
         self.step, c.version = int(meta["step"]), int(meta["version"])
         if c.kl_ctrl is not None and "kl_coef" in meta:
@@ -293,6 +304,11 @@ class Trainer:
         self.resumed_from = latest
         self._restored_meta = dict(meta)
         self.echo(f"resume: restored step {self.step} (weight version {c.version}) from checkpoint {latest}")
+        if self.main:
+            dropped = cut_metrics(self.run_dir, self.step)
+            if dropped:
+                self.echo(f"resume: removed {dropped} metrics.jsonl record(s) after step {self.step} "
+                          "(they are run again)")
 
     def save(self) -> None:
         from rljax.config import to_dict
@@ -377,14 +393,48 @@ class Trainer:
             scores.extend(s[~traj.is_padding].tolist())
 
     def run(self) -> RunSummary:
+        """Trains to ``trainer.total_steps``. Any stop (an exception in a stage, the reward error
+        bound, too many non-finite updates, Ctrl-C) first waits, at most
+        ``trainer.stop_save_timeout_s``, for an in-flight checkpoint save to commit. SIGTERM ends
+        the current step, saves it and raises :class:`~rljax.trainer.guard.StopRequested`."""
         try:
-            return self._run()
+            with StopSignals() as self._stop:
+                return self._run()
         except BaseException as e:  # the trace summary says how the run ended
             if self.schedule is not None:
                 self.schedule.close()
                 self.tracer.async_totals(self.schedule.queue.stats.snapshot())
+            if not isinstance(e, StopRequested):
+                wait_for_save(self.checkpointer, self.cfg.trainer.stop_save_timeout_s, self.echo)
             self.tracer.close(error=f"{type(e).__name__}: {e}", step=self.step)
             raise
+        finally:
+            close = getattr(self.c.reward_fn, "close", None)
+            if close is not None:  # the reward worker pool
+                close()
+
+    def _check_update(self, metrics: dict) -> bool:
+        """Logs and alerts a step whose update was skipped as non-finite (stops the run after
+        ``trainer.max_skipped_updates`` such steps in a row); True when the update applied."""
+        skipped = {}
+        for role, state in (("actor", self.c.actor), ("critic", self.c.critic)):
+            if state is None:
+                continue
+            now = int(state.skipped)
+            detail = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{role}/")}
+            skipped[role], self._skipped[role] = (now - self._skipped[role], detail), now
+        metrics.update(self.nonfinite.observe(self.step, skipped))
+        return not any(n for n, _ in skipped.values())
+
+    def _stop_requested(self) -> None:
+        """SIGTERM arrived: save this step (if not just saved), wait for it, stop."""
+        if self.checkpointer.pending != self.step and self.step not in self.checkpointer.all_steps():
+            self.save()
+        done = wait_for_save(self.checkpointer, self.cfg.trainer.stop_save_timeout_s, self.echo)
+        saved = f"saved checkpoint {self.step}" if done else f"the save of step {self.step} did not finish"
+        self.metrics.close()
+        raise StopRequested(f"stopped by {self._stop.requested} after step {self.step}; {saved}; "
+                            "continue with --resume")
 
     def _run(self) -> RunSummary:
         cfg = self.cfg
@@ -395,8 +445,11 @@ class Trainer:
         val_before_env: dict = {}
         stats = getattr(self.c.data.source, "stats", None)
         if stats is not None:  # what data.filter_overlong_prompts / data.truncation did to the train split
+            no_answer = (f", {stats.no_answer} skipped for an empty answer (first: row {stats.first_no_answer})"
+                         if stats.no_answer else "")
             self.echo(f"train prompts: {stats.total} total, {stats.kept} kept, {stats.filtered} filtered as overlong, "
-                      f"{stats.truncated} truncated (max_prompt_length {stats.max_length}, longest {stats.longest})")
+                      f"{stats.truncated} truncated (max_prompt_length {stats.max_length}, longest {stats.longest})"
+                      f"{no_answer}")
         if cfg.trainer.val_before_train and self.step == 0:
             val_before = self.validate()
             val_before_env = dict(self.val_env)
@@ -411,6 +464,11 @@ class Trainer:
         step_times: list[float] = []
         while self.step < total:
             last = self.train_one_step()
+            try:
+                applied = self._check_update(last)
+            except NonFiniteUpdateError:
+                self.metrics.write(self.step, {**last, NONFINITE_ALERT: 1.0})
+                raise
             # Validation and the checkpoint belong to the step's one metrics.jsonl record; the
             # last step always validates (the run's final held-out score).
             if self._due(cfg.trainer.test_freq) or self.step == total:
@@ -418,13 +476,15 @@ class Trainer:
                 last.update(self.val_env)
                 if self.main:
                     self.echo(f"step {self.step}: val/score/mean = {val:.3f}")
-            if self._due(cfg.trainer.save_freq) or self.step == total:
-                self.save()
+            if (self._due(cfg.trainer.save_freq) or self.step == total) and applied:
+                self.save()  # a step whose update was skipped is not saved: the last good checkpoint stays
             tokens += int(last["perf/total_num_tokens"])
             step_times.append(last["timing_s/step"])
             self.metrics.write(self.step, last)
             if self.main and (self._due(cfg.trainer.log_freq) or self.step == total):
                 _progress(self.step, total, last["critic/score/mean"], step_times)
+            if self._stop.requested:
+                self._stop_requested()
         if self.schedule is not None:
             self.schedule.close()
             self.tracer.async_totals(self.schedule.queue.stats.snapshot())

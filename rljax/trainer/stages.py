@@ -286,6 +286,8 @@ def step_metrics(c: Components, b) -> dict:
         m.update(episode_metrics(traj))
     if "kl_loss" in actor:
         m["actor/kl_loss"] = actor["kl_loss"]
+    for role, ms in (("actor", actor), ("critic", b.get("critic_metrics") or {})):  # what a skipped update saw
+        m.update({f"{role}/{k}": float(v) for k, v in ms.items() if k.startswith("nonfinite_grad/") and v > 0})
     if "kl_in_reward" in b:
         kl = float(to_host(b["kl_in_reward"]))
         m["critic/kl"] = kl
