@@ -22,11 +22,6 @@ from rljax.config import field_specs, record_reads, resolve
 #: Keys the stage work of issue 10 wires into the step loop (rljax/trainer/loop.py); remove
 #: a key from here when the loop reads it (the test fails while a listed key is read).
 PENDING = {
-    # Other helpers' keys whose modules exist but are not yet called from the step loop:
-    "reward.num_workers",  # rljax.reward.make_reward(cfg.reward, dataset=...) instead of get_reward_fn
-    "reward.timeout_s",
-    "trainer.max_skipped_updates",  # rljax.trainer.guard.NonFiniteMonitor(cfg.trainer.max_skipped_updates)
-    "trainer.stop_save_timeout_s",
 }
 
 

@@ -163,9 +163,9 @@ def make_reward(reward_cfg, *, dataset: str | None = None):
     from rljax.reward._pool import RewardPool, default_num_workers
 
     fn = get_reward_fn(reward_cfg.function, dataset=dataset)
-    workers = reward_cfg.num_workers
+    workers, timeout_s = reward_cfg.num_workers, reward_cfg.timeout_s
     if workers is None:
         workers = default_num_workers(reward_cfg.function)
     if workers == 0:
         return fn
-    return RewardPool(reward_cfg.function, dataset=dataset, num_workers=workers, timeout_s=reward_cfg.timeout_s)
+    return RewardPool(reward_cfg.function, dataset=dataset, num_workers=workers, timeout_s=timeout_s)

@@ -247,6 +247,7 @@ class Trainer:
         if resume:
             self._restore()
         self.nonfinite = NonFiniteMonitor(cfg.trainer.max_skipped_updates, echo=echo)
+        self.stop_save_timeout_s = cfg.trainer.stop_save_timeout_s  # how long a stop waits for a save
         self._skipped = {"actor": int(self.c.actor.skipped),
                          "critic": int(self.c.critic.skipped) if self.c.critic is not None else 0}
         self.metrics = MetricsWriter(run_dir, enabled=self.main)
@@ -405,7 +406,7 @@ class Trainer:
                 self.schedule.close()
                 self.tracer.async_totals(self.schedule.queue.stats.snapshot())
             if not isinstance(e, StopRequested):
-                wait_for_save(self.checkpointer, self.cfg.trainer.stop_save_timeout_s, self.echo)
+                wait_for_save(self.checkpointer, self.stop_save_timeout_s, self.echo)
             self.tracer.close(error=f"{type(e).__name__}: {e}", step=self.step)
             raise
         finally:
@@ -430,7 +431,7 @@ class Trainer:
         """SIGTERM arrived: save this step (if not just saved), wait for it, stop."""
         if self.checkpointer.pending != self.step and self.step not in self.checkpointer.all_steps():
             self.save()
-        done = wait_for_save(self.checkpointer, self.cfg.trainer.stop_save_timeout_s, self.echo)
+        done = wait_for_save(self.checkpointer, self.stop_save_timeout_s, self.echo)
         saved = f"saved checkpoint {self.step}" if done else f"the save of step {self.step} did not finish"
         self.metrics.close()
         raise StopRequested(f"stopped by {self._stop.requested} after step {self.step}; {saved}; "
