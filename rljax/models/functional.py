@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.models.config import ModelConfig
+from rljax.models.lora import LoRAParams
 from rljax.models.transformer import Transformer
 from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, tree_logical_shardings, with_logical_constraint
 
@@ -142,6 +143,11 @@ def default_positions(mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def _split_lora(params):
+    """``(base params, LoRAParams or None)``: a :class:`LoRAParams` runs its adapters in each layer."""
+    return (params.base, params) if isinstance(params, LoRAParams) else (params, None)
+
+
 def _inputs(tokens, positions, mask):
     _check_tokens(tokens)
     _check_like(positions, tokens, "positions")
@@ -164,12 +170,14 @@ def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh |
         :func:`default_positions` of ``mask`` (``0..T-1`` without a mask).
       mask: ``[B,T]`` bool, True on real tokens; padding keys are never attended to.
         Attention is causal by token index; padding may be on either side.
+      params may also be :class:`rljax.models.lora.LoRAParams` (base + adapters).
       mesh: a mesh from ``rljax.sharding.make_mesh``; activations are constrained to the
         logical layout and, when the sequence is split over ``sp``, attention runs
         sequence-parallel inside ``jax.shard_map``. ``None``: single-device semantics.
     """
     tokens, positions, mask = _inputs(tokens, positions, mask)
-    return merge(graphdef, params)(tokens, positions, mask, mesh)
+    base, lora = _split_lora(params)
+    return merge(graphdef, base)(tokens, positions, mask, mesh, lora=lora)
 
 
 def prefill(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
@@ -180,7 +188,8 @@ def prefill(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh |
     ``cache_index = len``.
     """
     tokens, positions, mask = _inputs(tokens, positions, mask)
-    hidden, (k, v) = merge(graphdef, params)(tokens, positions, mask, mesh, return_kv=True)
+    base, lora = _split_lora(params)
+    hidden, (k, v) = merge(graphdef, base)(tokens, positions, mask, mesh, return_kv=True, lora=lora)
     return hidden, KVCache(k=k, v=v)
 
 
@@ -199,6 +208,8 @@ def decode(graphdef, params, cache: KVCache, tokens, *, cache_index, positions=N
 
     Returns ``(hidden [S,H] or [S,Tn,H], updated cache)``.
     """
+    if isinstance(params, LoRAParams):
+        raise ValueError("decode takes plain params; merge LoRA adapters first (rljax.models.lora.merge)")
     squeeze = hasattr(tokens, "ndim") and tokens.ndim == 1
     if squeeze:
         tokens = tokens[:, None]
@@ -254,7 +265,8 @@ def insert_kv(cache: KVCache, kv: KVCache, slots) -> KVCache:
 
 
 def unembedding(params: dict) -> jax.Array:
-    """The unembedding matrix ``[H, V]`` (the transposed token embedding when tied)."""
+    """The unembedding matrix ``[H, V]`` (the transposed token embedding when tied; never adapted)."""
+    params = _split_lora(params)[0]
     return params["lm_head"] if "lm_head" in params else params["embed"].T
 
 

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from rljax.models.attention import attention, dense_attention
 from rljax.models.config import ModelConfig
+from rljax.models.lora import NO_LORA, LayerLoRA, layer_inputs
 from rljax.sharding import logical_to_spec, with_logical_constraint
 
 def _param(rngs: nnx.Rngs, init, shape, dtype, axes) -> nnx.Param:
@@ -160,12 +161,12 @@ class Attention(nnx.Module):
             self.k_bias = _param(rngs, nnx.initializers.zeros, (k, d), pd, ("kv_heads", "head_dim"))
             self.v_bias = _param(rngs, nnx.initializers.zeros, (k, d), pd, ("kv_heads", "head_dim"))
 
-    def project(self, x, positions, mesh):
+    def project(self, x, positions, mesh, lora=NO_LORA):
         """``x [B,T,H]`` -> rotated ``q [B,T,N,D]``, ``k, v [B,T,K,D]``."""
         dt = self.config.jnp_dtype
-        q = jnp.einsum("bth,hnd->btnd", x, self.q_proj[...].astype(dt))
-        k = jnp.einsum("bth,hkd->btkd", x, self.k_proj[...].astype(dt))
-        v = jnp.einsum("bth,hkd->btkd", x, self.v_proj[...].astype(dt))
+        q = lora.add("q_proj", x, jnp.einsum("bth,hnd->btnd", x, self.q_proj[...].astype(dt)))
+        k = lora.add("k_proj", x, jnp.einsum("bth,hkd->btkd", x, self.k_proj[...].astype(dt)))
+        v = lora.add("v_proj", x, jnp.einsum("bth,hkd->btkd", x, self.v_proj[...].astype(dt)))
         if self.config.qkv_bias:
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
@@ -176,19 +177,19 @@ class Attention(nnx.Module):
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"), mesh)
         return q, k, v
 
-    def output(self, attn, mesh):
-        out = jnp.einsum("btnd,ndh->bth", attn, self.o_proj[...].astype(self.config.jnp_dtype))
+    def output(self, attn, mesh, lora=NO_LORA):
+        out = lora.add("o_proj", attn, jnp.einsum("btnd,ndh->bth", attn, self.o_proj[...].astype(self.config.jnp_dtype)))
         return with_logical_constraint(out, ("batch", "length", "embed"), mesh)
 
-    def __call__(self, x, positions, valid, mesh):
+    def __call__(self, x, positions, valid, mesh, lora=NO_LORA):
         """Self-attention over the whole sequence; also returns the rotated ``k, v``."""
-        q, k, v = self.project(x, positions, mesh)
+        q, k, v = self.project(x, positions, mesh, lora)
         if _uses_sequence_parallel(mesh, q.shape):
             attn = sequence_parallel_attention(q, k, v, valid, mesh, block_size=self.config.attn_block_size)
         else:
             idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
             attn = attention(q, k, v, idx, idx, valid, block_size=self.config.attn_block_size)
-        return self.output(attn, mesh), (k, v)
+        return self.output(attn, mesh, lora), (k, v)
 
     def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
         """Attention for ``x [S,Tn,H]`` new tokens per slot against layer ``layer`` of a
@@ -220,11 +221,11 @@ class MLP(nnx.Module):
         self.up_proj = _param(rngs, init, (h, f), pd, ("embed", "mlp"))
         self.down_proj = _param(rngs, init, (f, h), pd, ("mlp", "embed"))
 
-    def __call__(self, x, mesh):
-        gate = jnp.einsum("bth,hf->btf", x, self.gate_proj[...].astype(self.dtype))
-        up = jnp.einsum("bth,hf->btf", x, self.up_proj[...].astype(self.dtype))
+    def __call__(self, x, mesh, lora=NO_LORA):
+        gate = lora.add("gate_proj", x, jnp.einsum("bth,hf->btf", x, self.gate_proj[...].astype(self.dtype)))
+        up = lora.add("up_proj", x, jnp.einsum("bth,hf->btf", x, self.up_proj[...].astype(self.dtype)))
         act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"), mesh)
-        out = jnp.einsum("btf,fh->bth", act, self.down_proj[...].astype(self.dtype))
+        out = lora.add("down_proj", act, jnp.einsum("btf,fh->bth", act, self.down_proj[...].astype(self.dtype)))
         return with_logical_constraint(out, ("batch", "length", "embed"), mesh)
 
 
@@ -236,10 +237,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, **kw)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, valid, mesh):
-        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh)
+    def __call__(self, x, positions, valid, mesh, lora=NO_LORA):
+        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh, lora)
         x = x + a
-        x = x + self.mlp(self.mlp_norm(x), mesh)
+        x = x + self.mlp(self.mlp_norm(x), mesh, lora)
         return x, kv
 
     def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
@@ -284,17 +285,21 @@ class Transformer(nnx.Module):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.jnp_dtype)
         return with_logical_constraint(x, ("batch", "length", "embed"), mesh)
 
-    def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False):
+    def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False, lora=None):
+        """``lora``: a :class:`rljax.models.lora.LoRAParams` whose adapters join each layer."""
         x = self.embed_tokens(tokens, mesh)
         block_def, block_state = nnx.split(self.layers)
+        lora_xs = None if lora is None else layer_inputs(lora, self.config.num_layers)
 
-        def body(x, layer_state):
-            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh)
+        def body(x, xs):
+            layer_state, lx = xs
+            hook = NO_LORA if lx is None else LayerLoRA(lx[0], lx[1], lora.config, mesh)
+            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh, hook)
             return x, (kv if return_kv else None)
 
         if self.config.remat:
             body = jax.checkpoint(body, prevent_cse=False)
-        x, kv = jax.lax.scan(body, x, block_state)
+        x, kv = jax.lax.scan(body, x, (block_state, lora_xs))
         hidden = self.final_norm(x)
         return (hidden, kv) if return_kv else hidden
 

@@ -36,6 +36,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, MeshAxes], ...] = (
     ("vocab", "tp"),
     ("norm", None),
     ("layers", None),
+    ("lora_rank", None),  # LoRA adapters: A [.., in, r], B [r, out..] shard with the base weight's in / out axes
     # KV cache [layers, slots, max_len, kv_heads, head_dim]
     ("cache_batch", "dp"),
     ("cache_length", None),

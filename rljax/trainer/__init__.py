@@ -13,6 +13,7 @@ from rljax.trainer.step import (
     make_optimizer,
     make_train_step,
     response_logprobs,
+    trainable,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "make_optimizer",
     "make_train_step",
     "response_logprobs",
+    "trainable",
 ]

@@ -16,6 +16,10 @@ Batch layout (a dict of arrays, ``B`` trajectories):
 * ``old_logp``, ``advantages`` (and ``ref_logp``, ``rollout_is_weights`` when used) ``[B, T]``.
 
 Hidden state ``S - 1 + t`` predicts response token ``t``.
+
+LoRA: when ``state.params`` is a :class:`rljax.models.lora.LoRAParams`, only its adapters
+are differentiated, clipped, optimised (``opt_state`` holds the adapters' moments only) and
+checked for non-finite values; the frozen base passes through the step untouched.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax import loss as rl
 from rljax.models import functional as F
+from rljax.models.lora import LoRAParams
 from rljax.pallas import fused_logprob, fused_logprob_sharded
 from rljax.sharding import with_logical_constraint
 
@@ -85,8 +90,23 @@ def make_optimizer(*, lr: float, weight_decay: float = 0.0, warmup_steps: int = 
     return adamw if grad_clip is None else optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
 
 
+def trainable(params):
+    """The parameters the update changes: a LoRA model's adapters, else all of them."""
+    return params.adapters if isinstance(params, LoRAParams) else params
+
+
+def _with_trainable(params, new, dropout_key=None):
+    """``params`` with its trainable part replaced by ``new`` (and the LoRA dropout key set)."""
+    return params.replace(adapters=new, dropout_key=dropout_key) if isinstance(params, LoRAParams) else new
+
+
+def _dropout(params) -> bool:
+    return isinstance(params, LoRAParams) and params.config.dropout > 0
+
+
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-    return TrainState(params=params, opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
+    """Optimizer state for :func:`trainable` ``(params)`` only (the adapters of a LoRA model)."""
+    return TrainState(params=params, opt_state=optimizer.init(trainable(params)), step=jnp.zeros((), jnp.int32),
                       skipped=jnp.zeros((), jnp.int32))
 
 
@@ -167,36 +187,45 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
     if mini % micro_size:
         raise ValueError(f"ppo_mini_batch_size={mini} must be a multiple of ppo_micro_batch_size={micro_size}")
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    def trainable_loss(train, params, key, *args):
+        return loss_fn(_with_trainable(params, train, key), *args)
+
+    grad_fn = jax.value_and_grad(trainable_loss, has_aux=True)
 
     def constrain(tree):
         if mesh is None:
             return tree
         return jax.tree.map(lambda x: with_logical_constraint(x, ("batch", "length")[: x.ndim] + (None,) * (x.ndim - 2), mesh), tree)
 
-    def minibatch_update(state: TrainState, minibatch: dict):
+    def minibatch_update(state: TrainState, xs):
+        minibatch, dropout_key = xs
         counts = (jnp.sum(minibatch["loss_mask"]).astype(jnp.float32),
                   jnp.sum(jnp.any(minibatch["loss_mask"] > 0, axis=-1)).astype(jnp.float32))
+        train = trainable(state.params)
 
-        def accumulate(carry, micro):
+        def accumulate(carry, xs):
+            micro, key = xs
             grads_acc, loss_acc, metrics_acc = carry
-            (loss, metrics), grads = grad_fn(state.params, graphdef, constrain(micro), counts, cfg, mesh)
+            (loss, metrics), grads = grad_fn(train, state.params, key, graphdef, constrain(micro), counts, cfg, mesh)
             grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
             metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
             return (grads_acc, loss_acc + loss, metrics_acc), None
 
-        micro_batches = _split(minibatch, mini // micro_size)
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        n_micro = mini // micro_size
+        micro_batches = _split(minibatch, n_micro)
+        micro_keys = None if dropout_key is None else jax.random.split(dropout_key, n_micro)
+        zeros = jax.tree.map(jnp.zeros_like, train)
         metric_shapes = jax.eval_shape(lambda: loss_fn(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])
         metric_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
         (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
-                                                 micro_batches)
+                                                 (micro_batches, micro_keys))
         grad_norm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & _all_finite(grads)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        updates, new_opt = optimizer.update(grads, state.opt_state, train)
+        new_train = optax.apply_updates(train, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-        state = TrainState(params=keep(new_params, state.params), opt_state=keep(new_opt, state.opt_state),
+        state = TrainState(params=_with_trainable(state.params, keep(new_train, train)),
+                           opt_state=keep(new_opt, state.opt_state),
                            step=state.step + ok.astype(jnp.int32), skipped=state.skipped + (~ok).astype(jnp.int32))
         metrics = dict(metrics, loss=loss, grad_norm=grad_norm, **_nonfinite_groups(grads))
         return state, metrics
@@ -206,13 +235,16 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         if batch_size % mini:
             raise ValueError(f"batch of {batch_size} trajectories does not divide into mini-batches of {mini}")
         all_metrics = []
+        n_mini = batch_size // mini
         for epoch_key in jax.random.split(key, cfg.ppo_epochs):
             if cfg.shuffle:
                 perm = jax.random.permutation(epoch_key, batch_size)
                 epoch_batch = jax.tree.map(lambda x: x[perm], batch)
             else:
                 epoch_batch = batch
-            state, metrics = jax.lax.scan(minibatch_update, state, _split(epoch_batch, batch_size // mini))
+            # LoRA dropout draws from its own stream, so the shuffle is the same with or without it
+            dropout_keys = jax.random.split(jax.random.fold_in(epoch_key, 1), n_mini) if _dropout(state.params) else None
+            state, metrics = jax.lax.scan(minibatch_update, state, (_split(epoch_batch, n_mini), dropout_keys))
             all_metrics.append(metrics)
         metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.concatenate(xs)), *all_metrics)
         metrics["skipped_updates"] = state.skipped
