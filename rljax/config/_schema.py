@@ -35,6 +35,8 @@ CORRECTIONS = ("none", "token", "sequence")
 DATASETS = ("embedded", "gsm8k")
 EMBEDDED_TASKS = ("add", "reverse", "lookup")
 DTYPES = ("float32", "bfloat16")
+#: Projections that may carry LoRA adapters (rljax.models.lora.TARGETS; HF / PEFT names).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
 #: that validating a config does not import JAX).
 MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b")
@@ -124,6 +126,14 @@ class OptimConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    rank: int = _f(0, "LoRA rank of the actor's adapters (0: off, every parameter trains)", ge=0)
+    alpha: float = _f(16.0, "LoRA alpha: the adapters' update is scaled by alpha / rank", gt=0.0)
+    target_modules: tuple[Literal[LORA_TARGETS], ...] = _f(LORA_TARGETS, "projections that get adapters")
+    dropout: float = _f(0.0, "dropout on the adapters' input, in the update pass only", ge=0.0, lt=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class ActorConfig:
     ppo_mini_batch_size: int = _f(16, "prompts per optimizer update; divides data.train_batch_size", ge=1)
     ppo_micro_batch_size: Optional[int] = _f(
@@ -146,6 +156,7 @@ class ActorConfig:
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
     logprob_impl: Literal[LOGPROB_IMPLS] = _f("auto", "fused log-prob/entropy kernel")
     optim: OptimConfig = _section(OptimConfig, "actor optimizer")
+    lora: LoraConfig = _section(LoraConfig, "LoRA: train low-rank adapters on a frozen base (rank 0: off)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,6 +105,15 @@ def validate(config) -> None:
         raise ConfigError(
             f"model.name={m.name} needs a tokenizer: set model.path to the local checkpoint or model.tokenizer to a tokenizer.json"
         )
+    _validate_lora(config)
+
+
+def _validate_lora(config) -> None:
+    lora = config.actor.lora
+    if lora.rank > 0 and not lora.target_modules:
+        raise ConfigError("actor.lora.target_modules is empty; name at least one projection (e.g. [q_proj,v_proj])")
+    if lora.rank > 0 and len(set(lora.target_modules)) != len(lora.target_modules):
+        raise ConfigError(f"actor.lora.target_modules={list(lora.target_modules)} names a projection twice")
 
 
 def check_async(config) -> None:

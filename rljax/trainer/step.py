@@ -258,7 +258,8 @@ class _PinnedStateStep:
 
     Left free, XLA may return the updated state in another layout than the initial one,
     and the second step would compile again for the new input layout. The layout is taken
-    from the first state seen; ``lower`` exposes the compiled program (memory analysis).
+    from the first state seen; ``lower`` exposes the compiled program (memory analysis) and
+    also takes a state of ``jax.ShapeDtypeStruct`` leaves with shardings (nothing allocated).
     """
 
     def __init__(self, train_step: Callable, mesh: Optional[Mesh]):
@@ -279,7 +280,8 @@ class _PinnedStateStep:
             scalar = None if mesh is None else NamedSharding(mesh, PartitionSpec())
             self._layout = jax.tree.map(layout, state)
             self._jitted = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self._layout, scalar))
-        if self._mesh is not None:  # e.g. optimizer counters created on one device join the mesh layout
+        abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))
+        if self._mesh is not None and not abstract:  # e.g. optimizer counters created on one device join the mesh layout
             state = jax.device_put(state, self._layout)
         return state
 
