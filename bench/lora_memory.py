@@ -108,7 +108,7 @@ def main():
           f"{jax.devices()[0].platform} devices; MiB per device")
     mib = lambda b: f"{b / 2**20:10.1f}"  # noqa: E731
     head = f"{'preset':<14}{'mesh':<13}{'mode':<8}{'trainable':>12}{'params':>10}{'grads':>10}{'opt':>10}{'temp':>10}" \
-           f"{'args':>10}{'p+g+o+t':>10}{'vs full':>9}{'compile s':>10}"
+           f"{'args':>10}{'p+o+temp':>10}{'vs full':>9}{'compile s':>10}"
     print(head)
     for preset in [p for p in args.presets.split(",") if p]:
         for spec in [m.strip() for m in args.meshes.split(";") if m.strip()]:
