@@ -22,11 +22,6 @@ from rljax.config import field_specs, record_reads, resolve
 #: Keys the stage work of issue 10 wires into the step loop (rljax/trainer/loop.py); remove
 #: a key from here when the loop reads it (the test fails while a listed key is read).
 PENDING = {
-    # LoRA (issue 15): rljax.models.lora / trainer.step support it; the stage wiring follows the stages commit
-    "actor.lora.rank",
-    "actor.lora.alpha",
-    "actor.lora.target_modules",
-    "actor.lora.dropout",
 }
 
 
@@ -65,6 +60,7 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
             "rollout.correction=token", "rollout.max_slots=8"]
     gae = ["--run-dir", str(tmp_path / "gae"), *small, "data.dataset=gsm8k", f"data.path={_gsm8k_dir(tmp_path / 'd')}",
            "data.prompt_template={prompt}", "data.max_prompt_length=8", "algorithm.adv_estimator=gae",
+           "actor.lora.rank=4", "actor.lora.dropout=0.1",
            "trainer.total_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
     # A multi-turn run (rljax.env) reads env.*.
     env = ["--config", "tool_lookup", "--run-dir", str(tmp_path / "env"), *small, "data.embedded.num_train=16",

@@ -216,3 +216,25 @@ def test_adapter_only_checkpoint_resumes_and_refuses_another_base(base, tmp_path
     with pytest.raises(ValueError, match="bfloat16"):
         L.check_base(meta["lora"]["base"], L.base_signature(jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), name="b"))
     ckpt.close()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@pytest.mark.slow
+def test_lora_run_resumes_from_adapters_and_refuses_another_base(tmp_path):
+    from rljax.launch import main
+
+    run = ["--mesh=dp8", "--run-dir", str(tmp_path / "run"), "actor.lora.rank=4", "actor.use_kl_loss=true",
+           "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4", "trainer.save_freq=1",
+           "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    assert main(run + ["trainer.total_steps=2"]) == 0
+    assert main(run + ["--resume", "trainer.total_steps=3"]) == 0
+    # another base (the preset initialised from another seed), another rank, no LoRA: refused
+    for other in ("trainer.seed=1", "actor.lora.rank=8", "actor.lora.rank=0"):
+        assert main(run + ["--resume", "trainer.total_steps=4", other]) != 0, other
+    import json
+
+    lines = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [x["step"] for x in lines if "actor/kl_loss" in x] == [1, 2, 3]
+    assert max(x["timing_s/update_weights"] for x in lines if "timing_s/update_weights" in x) > 0

@@ -242,6 +242,15 @@ def memory_ledger(inp: LedgerInput) -> dict:
     params = src["params"]
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     pbytes = jax.tree.leaves(params)[0].dtype.itemsize
+    # LoRA (rljax.models.lora.LoRAParams): a frozen base plus adapters; only the adapters train
+    adapters = getattr(params, "adapters", None)
+    lora = None
+    if adapters is not None:
+        base = params.base
+        n_base = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base))
+        n_train = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
+        bbytes, tbytes = jax.tree.leaves(base)[0].dtype.itemsize, jax.tree.leaves(adapters)[0].dtype.itemsize
+        lora = dict(n_base=n_base, n_train=n_train, bbytes=bbytes, tbytes=tbytes, rank=params.config.rank)
     cbytes = np.dtype(mc.jnp_dtype).itemsize
     p_global, p_local = _tree_bytes(params), _tree_bytes(params, dev0)
     o_global, o_local = _tree_bytes(src["opt_state"]), _tree_bytes(src["opt_state"], dev0)
@@ -294,6 +303,17 @@ def memory_ledger(inp: LedgerInput) -> dict:
         {"item": "optimizer state", "formula": "2 x parameters (AdamW mu, nu) + counters",
          "estimate_bytes": 2 * n_params * pbytes // tp, "measured_bytes": o_local,
          "measured_from": f"the arrays' shards on device {dev0.id} (global {o_global} B)"},
+    ]
+    if lora is not None:  # what trains is the adapters; the full run's figures beside them
+        nb, nt, bb, tb = lora["n_base"], lora["n_train"], lora["bbytes"], lora["tbytes"]
+        rows[0]["formula"] = (f"LoRA rank {lora['rank']}: frozen base {nb} x {bb} B + adapters {nt} x {tb} B, / tp "
+                              f"(full fine-tuning: {nb} x {bb} B)")
+        rows[0]["estimate_bytes"] = (nb * bb + nt * tb) // tp
+        rows[1]["formula"] = f"LoRA: adapters only, {nt} x {tb} B (full fine-tuning: {nb * bb // tp} B)"
+        rows[1]["estimate_bytes"] = nt * tb // tp
+        rows[2]["formula"] = f"LoRA: 2 x adapters (AdamW mu, nu) + counters (full fine-tuning: {2 * nb * bb // tp} B)"
+        rows[2]["estimate_bytes"] = 2 * nt * tb // tp
+    rows += [
         {"item": "activations", "formula": f"layers x local_tokens x hidden x bytes x factor = {mc.num_layers} x "
                                            f"{local_tokens} x {mc.hidden_size} x {cbytes} x {factor:.1f}",
          "estimate_bytes": int(act_est), "measured_bytes": upd.get("temp"),

@@ -326,6 +326,12 @@ class Checkpointer:
         self._manager.reload()  # orbax skips a save of a step <= the newest it knows of
         return newer
 
+    def read_meta(self, step: int) -> dict:
+        """The JSON ``meta`` of checkpoint ``step`` alone (no arrays read): what a resume checks
+        before restoring arrays into this run's structure."""
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
         """Restore checkpoint ``step`` into the structure, dtypes and shardings of ``like``
         after verifying its digest, then check that every restored value is finite.

@@ -37,7 +37,9 @@ from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, i
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
 from rljax.trainer.runner import StepRunner
 from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
-from rljax.trainer.step import StepConfig, init_state, make_logprob_fn, make_optimizer, make_train_step
+from rljax.models.lora import LoRAParams, disable
+from rljax.models.lora import merge as lora_merge
+from rljax.trainer.step import StepConfig, init_state, make_logprob_fn, make_optimizer, make_train_step, trainable
 
 log = logging.getLogger("rljax")
 
@@ -78,6 +80,20 @@ def _model(cfg: Config, mesh, tokenizer):
     mcfg = base.replace(**overrides)
     graphdef, params = F.init_params(mcfg, seed=cfg.trainer.seed, mesh=mesh)
     return mcfg, graphdef, params
+
+
+def _lora(cfg: Config, mcfg, params, mesh):
+    """``(params, base signature)``: with ``actor.lora.rank > 0`` the actor trains float32 adapters
+    (B = 0: it starts as the base) on its frozen base; else the params as they are."""
+    from rljax.models import lora as L
+
+    lc = cfg.actor.lora
+    if lc.rank == 0:
+        return params, None
+    lcfg = L.LoRAConfig(rank=lc.rank, alpha=lc.alpha, target_modules=tuple(lc.target_modules), dropout=lc.dropout)
+    adapters = L.init_adapters(mcfg, lcfg, seed=cfg.trainer.seed, mesh=mesh)
+    name = cfg.model.path or f"{cfg.model.name} (seed {cfg.trainer.seed})"
+    return L.LoRAParams(base=params, adapters=adapters, config=lcfg), L.base_signature(params, name=name)
 
 
 def _optimizer(optim, grad_clip, total_steps: int):
@@ -162,6 +178,8 @@ class Trainer:
         d, a, r = cfg.data, cfg.actor, cfg.rollout
         self.tokenizer = _tokenizer(cfg)
         self.model_config, self.graphdef, params = _model(cfg, mesh, self.tokenizer)
+        params, self.lora_base = _lora(cfg, self.model_config, params, mesh)
+        base = disable(params)
         # Sizes in trajectories and the learner's [B, S+T] layout (S and T rounded up to
         # multiples of sp, the extra columns masked everywhere), derived once from the config.
         self.sizes = sizes = derive(cfg, sp=dict(mesh.shape).get("sp", 1))
@@ -197,7 +215,7 @@ class Trainer:
                                           ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
                                           ppo_micro_batch_size=micro, shuffle=a.shuffle)
             critic_opt = _optimizer(cc.optim, cc.grad_clip, updates)
-            critic = init_state(init_critic(params), critic_opt)
+            critic = init_state(init_critic(base), critic_opt)
             critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
             graphdef = self.graphdef
             values_fn = jax.jit(lambda p, b: critic_values(graphdef, p, b, response_len=response_len, mesh=mesh))
@@ -232,7 +250,9 @@ class Trainer:
             prepare_fn=make_prepare_fn(prepare_cfg, load_estimator(al.adv_estimator)), prepare_inputs=prepare_cfg.inputs(critic=critic is not None),
             train_step=make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh),
             actor=init_state(params, optimizer), prompt_len=prompt_len, response_len=response_len,
-            sampler_weights=_sampler_weights, ref_params=jax.tree.map(jnp.copy, params) if needs_ref else None,
+            sampler_weights=_sampler_weights,
+            ref_params=jax.tree.map(jnp.copy, params) if needs_ref and self.lora_base is None else None,
+            ref_is_base=needs_ref and self.lora_base is not None,
             critic=critic, critic_step=critic_step, values_fn=values_fn,
             kl_ctrl=kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None, env=env_runtime)
         self.step = 0
@@ -293,9 +313,17 @@ class Trainer:
             self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
             return
         c = self.c
+        try:
+            saved = self.checkpointer.read_meta(latest)
+        except Exception:  # noqa: BLE001 - unreadable: restore() below names the damage
+            saved = None
+        if saved is not None and (self.lora_base is not None or "lora" in saved):
+            self._check_lora_checkpoint(latest, saved.get("lora"))
         state, meta = self.checkpointer.restore(latest, self._checkpoint_state())
         if chosen is not None:
             self.checkpointer.discard_newer(latest)
+        if self.lora_base is not None:  # adapters only were saved: they go back onto this run's base
+            state["actor"] = state["actor"].replace(params=c.actor.params.replace(adapters=state["actor"].params))
         c.actor, c.critic = state["actor"], state.get("critic")
         self.step, c.version = int(meta["step"]), int(meta["version"])
         if c.kl_ctrl is not None and "kl_coef" in meta:
@@ -311,6 +339,26 @@ class Trainer:
                 self.echo(f"resume: removed {dropped} metrics.jsonl record(s) after step {self.step} "
                           "(they are run again)")
 
+    def _check_lora_checkpoint(self, step: int, saved: Optional[dict]) -> None:
+        """``CheckpointError`` unless checkpoint ``step`` holds adapters of this run's LoRA shape
+        trained on this run's base (or full parameters, for a run without LoRA)."""
+        from rljax.models.lora import check_base
+        from rljax.trainer.checkpoint import CheckpointError
+
+        rank = self.cfg.actor.lora.rank
+        if saved is None or self.lora_base is None:
+            raise CheckpointError(f"checkpoint {step} holds {'every parameter' if saved is None else 'LoRA adapters'}; "
+                                  f"this run has actor.lora.rank={rank}")
+        have = dataclasses.asdict(self.c.actor.params.config)
+        diff = [f"{k}={saved.get(k)!r} (now {v!r})" for k, v in have.items() if k != "dropout"
+                and (list(v) if isinstance(v, tuple) else v) != saved.get(k)]
+        if diff:
+            raise CheckpointError(f"checkpoint {step} holds other LoRA adapters: actor.lora.{', '.join(diff)}")
+        try:
+            check_base(saved["base"], self.lora_base)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {step}: {e}") from None
+
     def save(self) -> None:
         from rljax.config import to_dict
 
@@ -321,12 +369,15 @@ class Trainer:
             meta["async"] = self.schedule.checkpoint_meta()
         if c.kl_ctrl is not None:
             meta["kl_coef"] = c.kl_ctrl.value
+        if self.lora_base is not None:  # adapter-only checkpoint: name the base it belongs to
+            meta["lora"] = {"base": self.lora_base, **dataclasses.asdict(c.actor.params.config)}
         t = time.perf_counter()
         self.checkpointer.save(self.step, self._checkpoint_state(), meta)
         self._time("save_checkpoint", t)
 
     def _checkpoint_state(self) -> dict:
-        state = {"actor": self.c.actor}
+        """The actor's state (its trainable part: a LoRA run saves its adapters, not the frozen base)."""
+        state = {"actor": self.c.actor.replace(params=trainable(self.c.actor.params))}
         if self.c.critic is not None:
             state["critic"] = self.c.critic
         return state
@@ -513,9 +564,15 @@ def rollout_devices(cfg: Config, mesh) -> list:
     return free[:n]
 
 
+_merge = jax.jit(lora_merge)
+
+
 def _sampler_weights(params):
-    """What the sampler reshards from: the learner's arrays, or their gathered values on
-    multi-host (the sampler mesh is process-local)."""
+    """What the sampler reshards from: the learner's arrays (a LoRA actor's merged on device,
+    ``W + scale * A @ B``), or their gathered values on multi-host (the sampler mesh is
+    process-local)."""
+    if isinstance(params, LoRAParams):
+        params = _merge(params)
     return params if jax.process_count() == 1 else to_host(params)
 
 

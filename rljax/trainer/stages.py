@@ -115,6 +115,7 @@ class Components:
     response_len: int
     sampler_weights: Callable  # params -> what the sampler reshards from
     ref_params: Any = None
+    ref_is_base: bool = False  # LoRA: the reference is the actor's own base (adapters off), no second copy
     critic: Any = None  # TrainState of the value model (gae)
     critic_step: Optional[Callable] = None
     values_fn: Optional[Callable] = None
@@ -144,7 +145,7 @@ def sync_stages(c: Components) -> list[Stage]:
               Stage("reward", lambda b: reward_fn(c, b), "reward")]
     if not cfg.algorithm.bypass_mode:
         stages.append(Stage("old_log_prob", lambda b: old_log_prob(c, b), "old_log_prob"))
-    if c.ref_params is not None:
+    if c.ref_params is not None or c.ref_is_base:
         stages.append(Stage("reference", lambda b: reference(c, b), "ref"))
     if c.critic is not None:
         stages.append(Stage("values", lambda b: values(c, b), "values"))
@@ -210,7 +211,10 @@ def old_log_prob(c: Components, b) -> dict:
 
 
 def reference(c: Components, b) -> dict:
-    return {"ref_logp": c.logprob_fn(c.ref_params, model_inputs(b))[0]}
+    from rljax.models.lora import disable
+
+    params = disable(c.actor.params) if c.ref_is_base else c.ref_params
+    return {"ref_logp": c.logprob_fn(params, model_inputs(b))[0]}
 
 
 def values(c: Components, b) -> dict:
