@@ -43,6 +43,12 @@ for a larger split (default 64 devices: sync colocated on 64 vs async with 48 ro
    weight version is at most tau (the rule of :class:`rljax.rollout.queue.TrajectoryQueue`),
    and at most ``--queue`` batches wait; the learner trains batches in order.
 5. No failures, no stale drops, no reward time (the rule reward takes microseconds).
+6. Two producers are modelled: ``batch-at-a-time`` (rljax's rollout thread: one
+   ``generate`` call per batch, so the next batch starts when the previous one is complete)
+   and ``streaming`` (the next admitted batch's trajectories take slots freed by the tail of
+   the previous one, as verl's fully-async rollouter does).
+7. When the measured lengths have no tail (all clipped at ``max_response_length``), the
+   model draws lengths from a lognormal with the measured mean and ``--sigma``.
 """
 
 from __future__ import annotations
@@ -107,15 +113,19 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
             trainer.schedule.close()
         trainer.tracer.close()
     wall = time.perf_counter() - t0
-    step_s = [r["timing_s/step"] for r in rows[1:]] or [rows[0]["timing_s/step"]]
+    # Steady state: the first two steps compile (the producer also waits through the learner's compile).
+    steady = rows[2:] if len(rows) > 3 else rows[1:]
+    span = max(steady[-1]["wall"] - rows[rows.index(steady[0]) - 1]["wall"], 1e-9)
+    step_s = [r["timing_s/step"] for r in steady]
     if trainer.schedule is None:
-        busy_gen = sum(r.get("timing_s/gen", 0) + r.get("timing_s/reward", 0) for r in rows[1:])
+        busy_gen = sum(r.get("timing_s/gen", 0) + r.get("timing_s/reward", 0) for r in steady)
         learner_idle = busy_gen / max(sum(step_s), 1e-9)
         rollout_idle = 1 - learner_idle
         staleness = 0.0
     else:
-        learner_idle = sum(r["async/learner_wait_s"] for r in rows[1:]) / max(rows[-1]["wall"] - rows[0]["wall"], 1e-9)
-        rollout_idle = sum(r["async/rollout_wait_s"] for r in rows[1:]) / max(rows[-1]["wall"] - rows[0]["wall"], 1e-9)
+        step_s = [span / len(steady)]  # wall time per trained batch (the learner's step excludes its wait)
+        learner_idle = sum(r["async/learner_wait_s"] for r in steady) / span
+        rollout_idle = sum(r["async/rollout_wait_s"] for r in steady) / span
         staleness = float(np.mean([r["async/staleness_mean"] for r in rows]))
     learner_s = statistics.median(r.get("timing_s/old_log_prob", 0) + r.get("timing_s/adv", 0) +
                                   r.get("timing_s/update_actor", 0) for r in rows[1:] or rows)
@@ -143,7 +153,7 @@ def _generate(batch_start: float, lengths: np.ndarray, slots: list, t_step: floa
 
 def simulate(*, mode: str, rollout_devices: int, learner_devices: int, batch: int, slots: int, lengths: np.ndarray,
              t_step: float, t_prefill: float, learner_s: float, meas_devices: int, sync_s: float, tau: int = 1,
-             queue: int = 2, steps: int = 200, seed: int = 0) -> dict:
+             queue: int = 2, steps: int = 200, seed: int = 0, streaming: bool = False) -> dict:
     """Seconds for ``steps`` learner steps under the assumptions of the module docstring."""
     rng = np.random.default_rng(seed)
     replicas = rollout_devices
@@ -171,7 +181,9 @@ def simulate(*, mode: str, rollout_devices: int, learner_devices: int, batch: in
         admit = learner_done[k - tau - 1] if k - tau - 1 >= 0 else 0.0
         if k - queue - 1 >= 0:  # queue room: batch k - queue - 1 was taken by the learner
             admit = max(admit, learner_done[k - queue - 1] - update - sync_s)
-        admit = max(admit, start[k - 1] if k else 0.0)  # one batch at a time enters the sampler
+        # rljax's producer generates one batch at a time (a generate() call); streaming lets the next
+        # batch's trajectories take slots as soon as it is admitted (verl's fully-async rollouter).
+        admit = max(admit, (start[k - 1] if streaming else ready[k - 1]) if k else 0.0)
         start[k] = admit
         ready[k] = _generate(admit, draws[k], slot_heap, t_step, t_prefill)
         gen_busy += ready[k] - admit
@@ -199,6 +211,7 @@ def main() -> None:
     ap.add_argument("--length-scale", type=float, default=100.0,
                     help="model: multiply the measured lengths (long-reasoning responses)")
     ap.add_argument("--sync-scale", type=float, default=1.0)
+    ap.add_argument("--sigma", type=float, default=1.0, help="model: lognormal length spread when none was measured")
     args = ap.parse_args()
 
     common = [f"data.max_response_length={args.response_length}", "data.train_batch_size=16", "rollout.n=8",
@@ -224,7 +237,13 @@ def main() -> None:
 
     rollout_d, learner_d = (int(x) for x in args.split.split(","))
     total_d = rollout_d + learner_d
-    lengths = np.maximum(1, np.round(base["lengths"] * args.length_scale)).astype(int)
+    measured = base["lengths"]
+    if np.percentile(measured, 99) < 1.5 * np.percentile(measured, 50):  # clipped at max length: no tail measured
+        rng = np.random.default_rng(0)
+        measured = measured.mean() * rng.lognormal(-args.sigma ** 2 / 2, args.sigma, size=4096)
+        print(f"(the measured lengths have no tail; the model draws lognormal(sigma={args.sigma}) lengths with the "
+              f"measured mean {base['lengths'].mean():.1f})")
+    lengths = np.maximum(1, np.round(measured * args.length_scale)).astype(int)
     t_prefill = base["t_step"] * 2
     model = dict(batch=args.batch, slots=args.slots, lengths=lengths, t_step=base["t_step"], t_prefill=t_prefill,
                  learner_s=base["learner_s"] * args.length_scale, meas_devices=base["devices"],
@@ -236,9 +255,11 @@ def main() -> None:
     print(f"{'placement':34s} {'step s':>8s} {'steps/h':>8s} {'speed-up':>9s} {'learner idle':>13s} {'staleness':>9s}")
     print(f"{'sync colocated ' + str(total_d):34s} {sync['step_s']:8.1f} {3600 / sync['step_s']:8.1f} {1.0:8.2f}x "
           f"{sync['learner_idle']:13.2f} {0.0:9.2f}")
-    for tau in (1, 2):
-        a = simulate(mode="async", rollout_devices=rollout_d, learner_devices=learner_d, tau=tau, queue=tau + 1, **model)
-        print(f"{f'async {rollout_d} rollout + {learner_d} learner tau={tau}':34s} {a['step_s']:8.1f} "
+    for tau, streaming in ((1, False), (2, False), (1, True), (2, True)):
+        a = simulate(mode="async", rollout_devices=rollout_d, learner_devices=learner_d, tau=tau, queue=tau + 1,
+                     streaming=streaming, **model)
+        label = f"async {rollout_d}+{learner_d} tau={tau}" + (" streaming" if streaming else " batch-at-a-time")
+        print(f"{label:34s} {a['step_s']:8.1f} "
               f"{3600 / a['step_s']:8.1f} {sync['step_s'] / a['step_s']:8.2f}x {a['learner_idle']:13.2f} "
               f"{a['staleness']:9.2f}")
     print("verl fully-async (published, 128 GPUs): 2.35-2.67x end-to-end")
