@@ -97,8 +97,10 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
 
         traj = gen(*a, on_chunk=on_chunk, **k)
         lengths.extend(np.asarray(traj.response_length)[~np.asarray(traj.is_padding)].tolist())
-        decode["s"] += traj.stats.decode_s
-        decode["steps"] += last["steps"]
+        decode["calls"] = decode.get("calls", 0) + 1
+        if decode["calls"] > 1:  # the first call compiles the decode chunk
+            decode["s"] += traj.stats.decode_s
+            decode["steps"] += last["steps"]
         return traj
 
     trainer.c.sampler.generate = recording_generate
