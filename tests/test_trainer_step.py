@@ -113,3 +113,26 @@ def test_mesh_gives_the_same_update(model, devices, spec, micro):
     out, mout = _run(graphdef, sharded_params, batch, mesh=mesh, ppo_micro_batch_size=micro)
     chex.assert_trees_all_close(out.params, ref.params, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(mout["loss"], mref["loss"], rtol=1e-4, atol=1e-6)
+
+
+def test_on_policy_step_equals_a_separate_old_log_prob_pass(model):
+    """One epoch over one mini-batch: detached current log-probs give the update (and the
+    metrics) of a step whose old_logp came from a separate pass with the same parameters."""
+    graphdef, params = model
+    batch = _batch(5, 8, graphdef, params)
+    batch["old_logp"] = make_logprob_fn(graphdef, response_len=T, temperature=1.0, impl="chunked")(params, batch)[0]
+    ref, mref = _run(graphdef, params, batch, adam=True, ppo_micro_batch_size=4)
+    no_old = {k: v for k, v in batch.items() if k != "old_logp"}
+    out, mout = _run(graphdef, params, no_old, adam=True, ppo_micro_batch_size=4, on_policy=True)
+    chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
+    for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm"):
+        np.testing.assert_allclose(mout[k], mref[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_on_policy_rejects_more_than_one_update(model):
+    graphdef, params = model
+    batch = _batch(6, 8, graphdef, params)
+    with pytest.raises(ValueError, match="one epoch over one mini-batch"):
+        _run(graphdef, params, batch, ppo_mini_batch_size=4, ppo_micro_batch_size=4, on_policy=True)
+    with pytest.raises(ValueError, match="one epoch over one mini-batch"):
+        _run(graphdef, params, batch, ppo_epochs=2, on_policy=True)

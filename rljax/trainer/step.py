@@ -14,6 +14,10 @@ Batch layout (a dict of arrays, ``B`` trajectories):
 * ``loss_mask [B, T]``: 1 on tokens the policy generated (the action mask), 0 on tool
   observations, padding and padding rows.
 * ``old_logp``, ``advantages`` (and ``ref_logp``, ``rollout_is_weights`` when used) ``[B, T]``.
+  With ``StepConfig.on_policy`` the batch needs no ``old_logp``: one epoch over one
+  mini-batch updates from the very parameters that would have scored it, so the old
+  log-probs are the update pass's own, detached (``stop_gradient``), as verl and TRL do;
+  the separate old-log-prob forward pass can be skipped.
 
 Hidden state ``S - 1 + t`` predicts response token ``t``.
 
@@ -60,6 +64,9 @@ class StepConfig:
     logprob_impl: str = "auto"
     use_rollout_correction: bool = False
     shuffle: bool = True  # permute the trajectories before each epoch's mini-batch split
+    # old_logp = stop_gradient(current logp) inside the update; only for one epoch over one
+    # mini-batch (the train step checks), where it equals a separate old-log-prob pass.
+    on_policy: bool = False
 
 
 @flax.struct.dataclass
@@ -133,8 +140,9 @@ def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array
     logp, entropy = response_logprobs(graphdef, params, micro, response_len=mask.shape[1],
                                       temperature=cfg.temperature, impl=cfg.logprob_impl, mesh=mesh)
     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+    old_logp = jax.lax.stop_gradient(logp) if cfg.on_policy else micro["old_logp"]
     pg_loss, pg_metrics = rl.policy_loss(
-        logp, micro["old_logp"], micro["advantages"], mask, mode=cfg.policy_loss,
+        logp, old_logp, micro["advantages"], mask, mode=cfg.policy_loss,
         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
         loss_agg_mode=cfg.loss_agg_mode,
         is_weights=micro.get("rollout_is_weights") if cfg.use_rollout_correction else None, **agg)
@@ -234,6 +242,9 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         batch_size = batch["loss_mask"].shape[0]
         if batch_size % mini:
             raise ValueError(f"batch of {batch_size} trajectories does not divide into mini-batches of {mini}")
+        if getattr(cfg, "on_policy", False) and (cfg.ppo_epochs != 1 or batch_size != mini):
+            raise ValueError(f"StepConfig.on_policy needs one epoch over one mini-batch; got ppo_epochs={cfg.ppo_epochs} "
+                             f"and {batch_size // mini} mini-batches of {mini} (later updates would be off-policy)")
         all_metrics = []
         n_mini = batch_size // mini
         for epoch_key in jax.random.split(key, cfg.ppo_epochs):
