@@ -54,7 +54,8 @@ from rljax.config._schema import (
     TrainerConfig,
     ValKwargsConfig,
 )
-from rljax.config._validate import check_reward_spec, parse_mesh_spec, validate, validate_for_mesh
+from rljax.config._validate import (apply_model_overrides, check_reward_spec, model_overrides, parse_mesh_spec, validate,
+                                    validate_for_mesh)
 
 from rljax.config._derived import DerivedSizes, derive
 
@@ -81,6 +82,7 @@ __all__ = [
     "TraceConfig",
     "TrainerConfig",
     "ValKwargsConfig",
+    "apply_model_overrides",
     "check_inputs",
     "check_reward_spec",
     "describe",
@@ -91,6 +93,7 @@ __all__ = [
     "get",
     "load_preset",
     "load_resolved",
+    "model_overrides",
     "non_default_fields",
     "parse_mesh_spec",
     "parse_override",

@@ -40,6 +40,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 #: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
 #: that validating a config does not import JAX).
 MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b")
+#: ``model.*`` keys that override a preset's ``rljax.models.ModelConfig`` field of the same name
+#: (the vocabulary is the tokenizer's).
+MODEL_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                      "head_dim", "max_position_embeddings", "rope_theta", "tie_embeddings", "qkv_bias")
 #: Built-in reward functions (see :mod:`rljax.reward`); ``auto`` picks the dataset's own.
 REWARD_BUILTINS = ("auto", "embedded", "gsm8k", "exact_match")
 
@@ -223,7 +227,20 @@ class ModelConfig:
     tokenizer: Optional[str] = _f(None, "'char', or a tokenizer.json path (null: model.path's, else 'char')")
     dtype: Literal[DTYPES] = _f("float32", "compute dtype")
     param_dtype: Literal[DTYPES] = _f("float32", "parameter storage dtype")
-    remat: bool = _f(False, "rematerialise each layer in the backward pass")
+    remat: bool = _f(False, "rematerialise each layer in the backward pass (less activation memory, ~1/3 more compute)")
+    # Shape overrides of the preset named by model.name (null: the preset's value). With
+    # hidden_size or num_heads set and head_dim null, head_dim = hidden_size / num_heads.
+    hidden_size: Optional[int] = _f(None, "override the preset's hidden size", ge=1)
+    intermediate_size: Optional[int] = _f(None, "override the preset's MLP hidden size", ge=1)
+    num_layers: Optional[int] = _f(None, "override the preset's number of layers", ge=1)
+    num_heads: Optional[int] = _f(None, "override the preset's query heads", ge=1)
+    num_kv_heads: Optional[int] = _f(None, "override the preset's key/value heads (divides num_heads)", ge=1)
+    head_dim: Optional[int] = _f(None, "override the preset's head size (even; null: hidden_size / num_heads when "
+                                       "either is overridden)", ge=2)
+    max_position_embeddings: Optional[int] = _f(None, "override the preset's longest sequence", ge=1)
+    rope_theta: Optional[float] = _f(None, "override the preset's rotary base", gt=0.0)
+    tie_embeddings: Optional[bool] = _f(None, "override the preset's tied input/output embeddings")
+    qkv_bias: Optional[bool] = _f(None, "override the preset's QKV bias (Qwen2: true, Llama: false)")
 
 
 @dataclasses.dataclass(frozen=True)

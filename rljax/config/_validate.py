@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from rljax._meshspec import MESH_AXES, parse_mesh_sizes
 from rljax.config._errors import ConfigError
 from rljax.config._resolve import check_template
-from rljax.config._schema import ADV_ESTIMATORS, GROUP_ESTIMATORS, MODEL_PRESETS, REWARD_BUILTINS
+from rljax.config._schema import ADV_ESTIMATORS, GROUP_ESTIMATORS, MODEL_PRESETS, MODEL_SHAPE_FIELDS, REWARD_BUILTINS
 
 def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, int] | None:
     """``"dp2,tp2"`` -> ``{"dp": 2, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
@@ -105,6 +105,17 @@ def validate(config) -> None:
         raise ConfigError(
             f"model.name={m.name} needs a tokenizer: set model.path to the local checkpoint or model.tokenizer to a tokenizer.json"
         )
+    shape = model_overrides(m)
+    if shape and m.path is not None:
+        raise ConfigError(f"model.{next(iter(shape))} overrides a preset's shape, but model.path is set (its config.json "
+                          "decides the shape); unset one of them")
+    if m.num_heads is not None and m.num_kv_heads is not None and m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_heads={m.num_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads}")
+    if m.head_dim is not None and m.head_dim % 2:
+        raise ConfigError(f"model.head_dim={m.head_dim} must be even (rotary embedding)")
+    if m.head_dim is None and m.hidden_size is not None and m.num_heads is not None and m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size={m.hidden_size} does not divide into model.num_heads={m.num_heads} heads; "
+                          "set model.head_dim")
     _validate_lora(config)
 
 
@@ -132,6 +143,37 @@ def check_async(config) -> None:
             f"async_training.max_staleness={at.max_staleness} is below trigger_parameter_sync_step-1="
             f"{at.trigger_parameter_sync_step - 1}: weights pushed every {at.trigger_parameter_sync_step} updates lag "
             "the learner by that many versions, so every batch would be dropped as stale")
+
+def model_overrides(model) -> dict:
+    """The ``model.*`` shape overrides that are set, as ``rljax.models.ModelConfig`` fields.
+
+    ``{}`` when none is set. When ``hidden_size`` or ``num_heads`` is overridden and
+    ``head_dim`` is not, the preset's ``head_dim`` no longer fits: the caller derives
+    ``head_dim = hidden_size / num_heads`` (see :func:`apply_model_overrides`).
+    """
+    return {k: getattr(model, k) for k in MODEL_SHAPE_FIELDS if getattr(model, k) is not None}
+
+
+def apply_model_overrides(base, model):
+    """``base`` (a ``rljax.models.ModelConfig`` preset) with the ``model.*`` overrides applied.
+
+    Raises ``ConfigError`` naming the keys when the result is not a valid model (e.g. heads
+    that do not divide the hidden size).
+    """
+    changes = model_overrides(model)
+    if not changes:
+        return base
+    if "head_dim" not in changes and ("hidden_size" in changes or "num_heads" in changes):
+        hidden, heads = changes.get("hidden_size", base.hidden_size), changes.get("num_heads", base.num_heads)
+        if hidden % heads:
+            raise ConfigError(f"model.hidden_size={hidden} does not divide into {heads} heads (model.num_heads); "
+                              "set model.head_dim")
+        changes["head_dim"] = hidden // heads
+    try:
+        return base.replace(**changes)
+    except ValueError as e:
+        keys = ", ".join(f"model.{k}={v}" for k, v in model_overrides(model).items())
+        raise ConfigError(f"{keys} on preset {model.name!r}: {e}") from None
 
 
 def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int | None = None) -> dict[str, int]:
