@@ -51,3 +51,22 @@ def test_inconsistent_with_the_preset_is_a_config_error():
     cfg, _ = resolve("default", ["model.num_kv_heads=3"])  # tiny has 4 heads
     with pytest.raises(ConfigError, match="num_kv_heads"):
         apply_model_overrides(get_config("tiny"), cfg.model)
+
+
+def test_trainer_builds_the_overridden_model_and_remat_applies_to_a_checkpoint(tmp_path):
+    from rljax.models import functional as F
+    from rljax.models.hf import save_hf_checkpoint
+    from rljax.models.tokenizer import CharTokenizer
+    from rljax.trainer.loop import _model
+
+    tok = CharTokenizer()
+    cfg, _ = resolve("default", ["model.hidden_size=32", "model.num_heads=2", "model.num_kv_heads=1",
+                                 "model.num_layers=1", "model.intermediate_size=48"])
+    mcfg, _, params = _model(cfg, None, tok)
+    assert (mcfg.hidden_size, mcfg.num_heads, mcfg.head_dim, mcfg.num_layers, mcfg.vocab_size) == (32, 2, 16, 1, 88)
+    assert params["layers"]["mlp"]["up_proj"].shape == (1, 32, 48)
+    save_hf_checkpoint(str(tmp_path), mcfg, params)
+    cfg, _ = resolve("default", [f"model.path={tmp_path}", "model.tokenizer=char", "model.remat=true"])
+    loaded, _, again = _model(cfg, None, tok)
+    assert loaded.remat and loaded.replace(remat=False) == mcfg
+    assert F.abstract_params(loaded)[1]["embed"].shape == params["embed"].shape

@@ -62,16 +62,18 @@ class RunSummary:
 def _model(cfg: Config, mesh, tokenizer):
     """``(model_config, graphdef, params)``: from ``model.path`` (HF) or a preset sized to the tokenizer."""
     from rljax.models import functional as F
+    from rljax.config import apply_model_overrides
     from rljax.models.config import get_config
 
     if cfg.model.path:
         from rljax.models.hf import load_hf_checkpoint
 
         mcfg, params = load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)
+        mcfg = mcfg.replace(remat=cfg.model.remat)  # a training choice, not the checkpoint's
         graphdef, _ = F.abstract_params(mcfg)
         return mcfg, graphdef, params
     overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat=cfg.model.remat)
-    base = get_config(cfg.model.name)
+    base = apply_model_overrides(get_config(cfg.model.name), cfg.model)  # model.hidden_size=... etc.
     if tokenizer.vocab_size != base.vocab_size:
         # A preset trained from scratch takes the tokenizer's vocabulary (the embedded task's
         # character vocabulary is far smaller than the preset's).
