@@ -16,6 +16,28 @@ def _scalar(v: Any) -> Optional[float]:
     return f
 
 
+def _summary_writer():
+    """``tensorboardX.SummaryWriter``, imported without torch.
+
+    tensorboardX imports torch whenever it is installed (to accept torch tensors), which
+    costs ~180 MB of resident memory and seconds of start-up in a JAX process that only
+    writes floats. Unless torch is already loaded, ``import torch`` is made to fail while
+    tensorboardX loads (its torch support is optional), then allowed again.
+    """
+    import sys
+
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsWriter:
     """Appends ``{"step": s, name: value, ...}`` lines to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
 
@@ -28,9 +50,7 @@ class MetricsWriter:
         self.enabled = enabled
         self._tb = None
         if enabled and tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(logdir=os.path.join(run_dir, "tensorboard"), flush_secs=10)
+            self._tb = _summary_writer()(logdir=os.path.join(run_dir, "tensorboard"), flush_secs=10)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self.enabled:
