@@ -22,6 +22,11 @@ import os
 import sys
 
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
+# What dp>1 on virtual CPU devices costs (bench/peer_trl.py: 31.6M model, dp8 vs dp1 on a
+# 2-core host: ~1.8x the step time, ~2.3x the peak memory).
+_VIRTUAL_DEVICE_COST = ("; they share {cores} cores and one RAM, so dp{n} is no faster than dp1 and every replica "
+                        "holds its own parameters, gradients, optimizer state and sampler copy (~{n}x their memory); "
+                        "use --mesh=dp1 for speed and memory, dp{n} to check a layout")
 DEFAULT_PRESET = "default"
 
 
@@ -130,7 +135,8 @@ def setup_devices(args, spec, rollout_devices: int = 0) -> None:
             os.environ.setdefault("JAX_PLATFORMS", "cpu")
             split = (f": {local} for the learner mesh + {rollout_devices} for the sampler (rollout.placement="
                      "disaggregated)") if rollout_devices else ""
-            print(f"rljax: CPU host: created {total} virtual CPU devices ({_HOST_COUNT_FLAG}={total}){split}")
+            print(f"rljax: CPU host: created {total} virtual CPU devices ({_HOST_COUNT_FLAG}={total}){split}"
+                  + (_VIRTUAL_DEVICE_COST.format(n=local, cores=os.cpu_count()) if local > 1 else ""))
     import jax
 
     if multi:
