@@ -121,9 +121,9 @@ def test_on_policy_step_equals_a_separate_old_log_prob_pass(model):
     graphdef, params = model
     batch = _batch(5, 8, graphdef, params)
     batch["old_logp"] = make_logprob_fn(graphdef, response_len=T, temperature=1.0, impl="chunked")(params, batch)[0]
-    ref, mref = _run(graphdef, params, batch, adam=True, ppo_micro_batch_size=4)
+    ref, mref = _run(graphdef, params, batch, ppo_micro_batch_size=4)  # SGD: see _run
     no_old = {k: v for k, v in batch.items() if k != "old_logp"}
-    out, mout = _run(graphdef, params, no_old, adam=True, ppo_micro_batch_size=4, on_policy=True)
+    out, mout = _run(graphdef, params, no_old, ppo_micro_batch_size=4, on_policy=True)
     chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
     for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm"):
         np.testing.assert_allclose(mout[k], mref[k], rtol=1e-4, atol=1e-6, err_msg=k)
