@@ -2,6 +2,16 @@
 
     python bench/sampler.py                      # tiny and ~100M configs, batch 32, 128 new tokens
     python bench/sampler.py --configs tiny --batch 8 --new-tokens 32
+    python bench/sampler.py --rl                 # RL shapes: prompts x n samples, EOS ends rows early
+
+``--rl`` times the shapes of an RL step instead (``--rl-shapes``, default 8x8 and 64x8
+trajectories at 32 and 256 new tokens on the 31.6M config of ``bench/peer_trl.py``):
+``prompts x n`` trajectories (each prompt prefilled once and inserted into ``n`` slots),
+sampled at temperature 1 with EOS (id 2) ending rows early, beside ``transformers``
+``generate`` (sampling, the same EOS, prompts repeated ``n`` times, as TRL calls it). Rows
+end at different steps, so the table reports generated tokens and the engine's host syncs
+(decode chunks) and prefill calls as well as seconds; tokens differ (different random
+streams), so there is no agreement column.
 
 For each model configuration, in one process and on the same weights:
 
@@ -62,7 +72,13 @@ CONFIGS = {
         vocab_size=32000, hidden_size=640, intermediate_size=1728, num_layers=12, num_heads=10, num_kv_heads=2,
         head_dim=64, max_position_embeddings=2048,
     ),
+    # bench/peer_trl.py's 31.6M Qwen2 (hidden 512, 8 layers, 8 / 4 heads, MLP 2048, character vocabulary).
+    "31m": lambda: get_config("tiny").replace(
+        vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ),
 }
+RL_SHAPES = "8x8x32,8x8x256,64x8x32,64x8x256"  # prompts x n x new tokens
 
 
 def make_prompts(batch, prompt_len, vocab, seed=0):
@@ -182,6 +198,78 @@ def bench_hf(config, params, prompts, new_tokens):
 # --------------------------------------------------------------------------- main
 
 
+def bench_rl(config, params, prompts, n, new_tokens, eos=2):
+    """Engine at an RL shape (sampling, EOS): ``(seconds, generated tokens, stats)`` of the second call."""
+    from rljax.rollout import DecodeParams, RljaxEngine, Sampler  # pylint: disable=import-outside-toplevel
+
+    rows = len(prompts) * n
+    max_prefill = 1 << math.ceil(math.log2(max(map(len, prompts))))
+    engine = RljaxEngine(config, num_slots=rows, max_prefill_length=max_prefill, max_decode_length=new_tokens,
+                         prefill_batch_size=min(len(prompts), 64))
+    sampler = Sampler(engine, params)  # the trainer's defaults (steps_per_sync, refill_batch)
+    decode = DecodeParams(temperature=1.0, max_new_tokens=new_tokens, eos_ids=(eos,), seed=0)
+    uids = [f"p{i}" for i in range(len(prompts))]
+    sampler.generate(prompts, uids=uids, n=n, decode=decode)  # compile
+    traj = sampler.generate(prompts, uids=uids, n=n, decode=decode)
+    return traj.stats.wall_s, int(traj.response_length.sum()), traj.stats
+
+
+def bench_hf_rl(config, params, prompts, n, new_tokens, eos=2):
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+        import transformers  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    from rljax.models.hf import save_hf_checkpoint  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf_checkpoint(tmp, config, params)
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    model.eval()
+    rows = [q for q in prompts for _ in range(n)]
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for i, q in enumerate(rows):
+        ids[i, width - len(q):] = q
+        mask[i, width - len(q):] = 1
+    kwargs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=new_tokens,
+                  do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=eos)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.generate(**{**kwargs, "max_new_tokens": 2})  # warm-up
+        t0 = time.perf_counter()
+        out = model.generate(**kwargs)
+        elapsed = time.perf_counter() - t0
+    gen = out[:, width:].numpy()
+    ended = (gen == eos).any(1)
+    tokens = int(np.where(ended, (gen == eos).argmax(1) + 1, gen.shape[1]).sum())
+    return elapsed, tokens
+
+
+def main_rl(args):
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}); "
+          f"RL shapes, sampling T=1 with EOS, float32")
+    print(f"{'config':<6}{'shape':>12}  {'method':<24}{'seconds':>9}{'tokens':>8}{'tokens/s':>10}{'vs generate':>13}"
+          f"{'syncs':>7}{'prefills':>9}")
+    for name in args.configs.split(","):
+        config = CONFIGS[name]()
+        params = F.init_params(config, seed=0)[1]
+        for shape in args.rl_shapes.split(","):
+            p, n, t = (int(x) for x in shape.split("x"))
+            prompts = make_prompts(p, args.prompt_len, config.vocab_size)
+            eng_s, eng_tok, st = bench_rl(config, params, prompts, n, t)
+            hf = None if args.no_hf else bench_hf_rl(config, params, prompts, n, t)
+            label = f"{p}x{n}x{t}"
+            ratio = f"{hf[0] / eng_s:>12.1f}x" if hf else f"{'-':>13}"
+            print(f"{name:<6}{label:>12}  {'engine':<24}{eng_s:>9.2f}{eng_tok:>8}{eng_tok / eng_s:>10.1f}{ratio}"
+                  f"{st.decode_chunks:>7}{st.prefill_calls:>9}", flush=True)
+            if hf:
+                print(f"{name:<6}{label:>12}  {'transformers generate':<24}{hf[0]:>9.2f}{hf[1]:>8}{hf[1] / hf[0]:>10.1f}"
+                      f"{'1.0x':>13}{t:>7}{1:>9}", flush=True)
+        del params
+
+
 def agreement(a, b):
     if a is None or b is None:
         return "-"
@@ -199,10 +287,21 @@ def main(argv=None):
     ap.add_argument("--recompute-steps", type=int, default=None,
                     help="steps timed per length bucket in the recompute baseline (0: all); default 0 for tiny, 2 otherwise")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
+    ap.add_argument("--rl", action="store_true", help="time RL shapes (prompts x n, sampling, EOS) instead")
+    ap.add_argument("--rl-shapes", default=RL_SHAPES, help="comma-separated PROMPTSxNxNEW_TOKENS (with --rl)")
     args = ap.parse_args(argv)
+    if args.rl and args.configs == "tiny,100m":
+        args.configs = "31m"
     for name in args.configs.split(","):
         if name not in CONFIGS:
             ap.error(f"unknown config {name!r}; accepted: {', '.join(CONFIGS)}")
+    if args.rl:
+        for shape in args.rl_shapes.split(","):
+            parts = shape.split("x")
+            if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+                ap.error(f"--rl-shapes entry {shape!r}; accepted: PROMPTSxNxNEW_TOKENS such as 8x8x32")
+        main_rl(args)
+        return
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({os.cpu_count()} cpus); batch {args.batch}, "
           f"{args.new_tokens} new tokens, prompts {args.prompt_len // 2}-{args.prompt_len} tokens, greedy, float32")
