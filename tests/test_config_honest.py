@@ -21,8 +21,7 @@ from rljax.config import field_specs, record_reads, resolve
 
 #: Keys the stage work of issue 10 wires into the step loop (rljax/trainer/loop.py); remove
 #: a key from here when the loop reads it (the test fails while a listed key is read).
-PENDING = {
-}
+PENDING: set = set()
 
 
 def test_record_reads_counts_rljax_code_only():
