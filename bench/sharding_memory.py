@@ -4,8 +4,10 @@ Compiles (never runs) the gradient of a next-token cross-entropy for a mid-size
 Llama-style model on 8 simulated CPU devices and prints the per-device argument,
 temporary and output bytes from ``compiled.memory_analysis()``, with ratios to ``dp8``.
 Expected: argument (parameter) bytes fall ~1/tp; temporary (activation) bytes fall as
-the batch or sequence is split (dp, sp) and not with tp alone (activations between
-blocks are replicated over tp in the Megatron layout).
+the batch or sequence is split (dp, sp), and with tp too: the residual stream between
+the tensor-parallel regions is split over tp along the sequence (Megatron-SP, logical
+axis ``residual_length``). Each mesh with tp > 1 also gets a ``-SP`` row with that
+stream replicated over tp (the layout before Megatron-SP), for comparison.
 
     python bench/sharding_memory.py                      # 12 layers, hidden 768, seq 4096
     python bench/sharding_memory.py --loss xent          # through full [B,T,V] logits
@@ -20,12 +22,27 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import argparse  # noqa: E402
 import time  # noqa: E402
 
+import contextlib  # noqa: E402
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 from rljax import models  # noqa: E402
 from rljax import sharding as sh  # noqa: E402
+from rljax.sharding import rules as sh_rules  # noqa: E402
+
+
+@contextlib.contextmanager
+def residual_replicated_over_tp():
+    """The rule table before Megatron-SP (``residual_length`` on sp only), for the -SP rows.
+    The model reads the default table at trace time; a benchmark may swap it, library code never does."""
+    saved = sh_rules.LOGICAL_AXIS_RULES
+    sh_rules.LOGICAL_AXIS_RULES = tuple((k, "sp" if k == "residual_length" else v) for k, v in saved)
+    try:
+        yield
+    finally:
+        sh_rules.LOGICAL_AXIS_RULES = saved
 
 
 def measure(config, spec, batch, seq, loss_kind):
@@ -68,6 +85,7 @@ def main():
         "xent: next-token cross-entropy through full [B,T,V] logits",
     )
     ap.add_argument("--no-remat", action="store_true", help="keep every layer's activations (default: remat per layer)")
+    ap.add_argument("--no-compare", action="store_true", help="skip the -SP rows (residual replicated over tp)")
     ap.add_argument("--meshes", default="dp8;tp8;sp8;dp2,tp2,sp2;dp2,tp4;tp4,sp2;tp2,sp4", help="';'-separated mesh specs; the first is the baseline")
     args = ap.parse_args()
 
@@ -84,7 +102,12 @@ def main():
         f"batch {args.batch} x seq {args.seq}; loss={args.loss}; "
         f"jax {jax.__version__}, {jax.device_count()} {jax.devices()[0].platform} devices"
     )
-    rows = {spec: measure(config, spec, args.batch, args.seq, args.loss) for spec in meshes}
+    rows = {}
+    for spec in meshes:
+        rows[spec] = measure(config, spec, args.batch, args.seq, args.loss)
+        if sh.parse_mesh(spec)["tp"] > 1 and not args.no_compare:
+            with residual_replicated_over_tp():
+                rows[spec + " -SP"] = measure(config, spec, args.batch, args.seq, args.loss)
     base = rows[meshes[0]]
     gib = lambda b: f"{b / 2**30:8.3f}"
     print(f"\n{'mesh':<14}{'args GiB':>10}{'temp GiB':>10}{'out GiB':>10}{'args/' + meshes[0]:>12}{'temp/' + meshes[0]:>12}{'out/' + meshes[0]:>12}{'compile s':>11}")

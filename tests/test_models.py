@@ -278,6 +278,34 @@ def test_blockwise_attention_equals_dense(block):
         models.blockwise_attention(q, k, v, q_index, k_index, k_valid, block_size=0)
 
 
+def test_segment_ids_keep_attention_inside_each_segment(devices):
+    """Two sequences packed in one row attend as if each were alone (dense, blockwise, sp)."""
+    n, kh, d = 4, 2, 8
+    ks = jax.random.split(jax.random.key(2), 3)
+    q, k, v = (jax.random.normal(kk, (2, 16, h, d)) for kk, h in zip(ks, (n, kh, kh)))
+    seg = jnp.array([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16])  # row 0: lengths 5 and 9, 2 padding
+    valid = seg > 0
+    idx = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    packed = models.dense_attention(q, k, v, idx, idx, valid, seg, seg)
+    for lo, hi in ((0, 5), (5, 14)):  # each segment alone, from index 0
+        sl = lambda x: x[:1, lo:hi]
+        i = jnp.arange(hi - lo)[None]
+        alone = models.dense_attention(sl(q), sl(k), sl(v), i, i, jnp.ones((1, hi - lo), bool))
+        assert rel_err(packed[:1, lo:hi], alone) < 1e-6
+    assert rel_err(packed[1:], models.dense_attention(q, k, v, idx, idx, valid)[1:]) < 1e-6
+    loss = lambda f: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)) * valid[..., None, None])
+    dense = lambda q, k, v: models.dense_attention(q, k, v, idx, idx, valid, seg, seg)
+    block = lambda q, k, v: models.blockwise_attention(q, k, v, idx, idx, valid, seg, seg, block_size=3)
+    assert rel_err(jax.jit(block)(q, k, v), packed) < 1e-6
+    for a, c in zip(jax.jit(jax.grad(loss(block), (0, 1, 2)))(q, k, v), jax.grad(loss(dense), (0, 1, 2))(q, k, v)):
+        assert rel_err(a, c) < 1e-5
+    mesh = sh.make_mesh("dp2,tp2,sp2")
+    sp = jax.jit(lambda q, k, v: models.sequence_parallel_attention(q, k, v, valid, mesh, segment_ids=seg))(q, k, v)
+    assert rel_err(sp, packed) < 1e-6
+    with pytest.raises(ValueError, match="pass both q_segment and k_segment"):
+        models.attention(q, k, v, idx, idx, valid, seg, None, block_size=None)
+
+
 def test_blockwise_attention_in_the_model_and_under_sp(tiny, devices):
     graphdef, params = tiny
     blocked, _ = models.abstract_params(TINY.replace(attn_block_size=8))
@@ -378,6 +406,28 @@ def _greedy_reference(graphdef, params, prompts, steps):
             buf[i, lens[i]] = nxt
         lens = lens + 1
     return out, seen
+
+
+def test_live_decode_attention_equals_dense_over_the_whole_cache():
+    """Blocks past the longest live slot are skipped; the last block may overlap (M % block != 0)."""
+    layers, s, m, n, kh, d, tn = 2, 4, 21, 4, 2, 8, 2
+    ks = jax.random.split(jax.random.key(3), 3)
+    ck = jax.random.normal(ks[0], (layers, s, m, kh, d))
+    cv = jax.random.normal(ks[1], (layers, s, m, kh, d))
+    q = jax.random.normal(ks[2], (s, tn, n, d))
+    k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
+    for index in ([0, 3, 9, 1], [15, 2, 19, 7], [4, 4, 4, 4]):
+        q_index = jnp.array(index)[:, None] + jnp.arange(tn)
+        dense = models.dense_attention(q, ck[1], cv[1], q_index, k_index, jnp.ones((s, m), bool))
+        for block in (4, 5, 256):
+            live = jax.jit(lambda q, c, v, i: models.live_decode_attention(q, c, v, 1, i, block_size=block))
+            assert rel_err(live(q, ck, cv, q_index), dense) < 1e-6
+    # only the slots marked live set the bound; theirs stay exact
+    mask = jnp.array([True, False, True, False])
+    q_index = jnp.array([[3], [20], [6], [20]])
+    out = models.live_decode_attention(q[:, :1], ck, cv, 0, q_index, live=mask, block_size=4)
+    dense = models.dense_attention(q[:, :1], ck[0], cv[0], q_index, k_index, jnp.ones((s, m), bool))
+    assert rel_err(out[mask], dense[mask]) < 1e-6 and bool(jnp.all(jnp.isfinite(out)))
 
 
 @pytest.mark.parametrize("mesh_spec", [None, "dp2,tp2,sp2"])

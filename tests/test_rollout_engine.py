@@ -105,3 +105,22 @@ def test_engine_rejects_bad_arguments():
 def test_importing_rollout_data_types_does_not_import_tensorflow():
     code = "import sys, rljax.rollout as r; r.DecodeParams(); r.Trajectories; assert 'tensorflow' not in sys.modules, 'tf'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_live_length_decode_gives_todays_greedy_tokens():
+    """Decode attention that stops at the longest live slot (blocks of 4 here, so most
+    steps skip cache blocks) gives the same greedy tokens and log-probs as attending over
+    the whole cache, with slots finishing (EOS) and refilled at different lengths."""
+    cfg = CFG.replace(decode_block_size=4)
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=MAX_DECODE, eos_ids=(5, 9))
+    out = {}
+    for mode in ("dense", "live"):
+        eng = RljaxEngine(cfg, num_slots=2, max_prefill_length=MAX_PREFILL, max_decode_length=MAX_DECODE,
+                          decode_attention=mode)
+        out[mode] = Sampler(eng, params()).generate(PROMPTS, uids=UIDS, decode=greedy)
+    np.testing.assert_array_equal(out["live"].response_ids, out["dense"].response_ids)
+    np.testing.assert_array_equal(out["live"].response_length, out["dense"].response_length)
+    np.testing.assert_allclose(out["live"].rollout_logp, out["dense"].rollout_logp, atol=1e-5)
+    assert len(set(out["live"].response_length.tolist())) > 1
+    with pytest.raises(ValueError, match="decode_attention is 'paged'; accepted: 'live', 'dense'"):
+        RljaxEngine(cfg, num_slots=1, max_prefill_length=8, max_decode_length=8, decode_attention="paged")

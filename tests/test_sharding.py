@@ -105,6 +105,11 @@ def test_rules_table_maps_megatron_layout(devices):
     assert spec(("embed", "kv_heads", "head_dim"), (8, 3, 2)) == P()
     # without a mesh the table is applied as is
     assert sh.logical_to_spec(("batch", "length", "heads")) == P("dp", "sp", "tp")
+    # Megatron-SP: the residual stream's sequence is split over sp and tp; a length that
+    # only sp divides keeps sp (the longest dividing run of the axes), not nothing
+    assert spec(("batch", "residual_length", "embed"), (4, 8, 8)) == P("dp", ("sp", "tp"))
+    assert spec(("batch", "residual_length", "embed"), (4, 6, 8)) == P("dp", "sp")
+    assert spec(("batch", "residual_length", "embed"), (4, 5, 8)) == P("dp")
 
 
 def test_rules_are_the_only_place_parallelism_lives(devices):

@@ -10,6 +10,9 @@ softmax statistics (running max and sum); the backward pass recomputes each bloc
 ``O(Tq * block)`` per head instead of ``O(Tq * Tk)``, which is what lets activation memory
 fall as the sequence is split over ``sp``. Rows with no visible key (padding queries)
 average all keys uniformly in both implementations, so they agree everywhere.
+
+Packed rows (several sequences laid end to end, :mod:`rljax.trainer.packing`) pass
+``q_segment`` / ``k_segment`` ids: a query then sees only the keys of its own segment.
 """
 
 from __future__ import annotations
@@ -25,18 +28,24 @@ _NEG = float(np.finfo(np.float32).min)
 _PAD = int(np.iinfo(np.int32).max)  # k_index of keys added to fill the last block
 
 
-def _mask(q_index, k_index, k_valid):
-    """``[B,Tq,Tk]`` bool: causal by index, padding keys hidden."""
-    return (k_index[:, None, :] <= q_index[:, :, None]) & k_valid[:, None, :]
+def _mask(q_index, k_index, k_valid, q_segment=None, k_segment=None):
+    """``[B,Tq,Tk]`` bool: causal by index, padding keys hidden, and (with segment ids) a
+    query sees only keys of its own segment."""
+    m = (k_index[:, None, :] <= q_index[:, :, None]) & k_valid[:, None, :]
+    if q_segment is not None:
+        m = m & (k_segment[:, None, :] == q_segment[:, :, None])
+    return m
 
 
-def dense_attention(q, k, v, q_index, k_index, k_valid) -> jax.Array:
+def dense_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None) -> jax.Array:
     """Reference attention; materialises the ``[B,N,Tq,Tk]`` scores.
 
     Args:
       q: ``[B,Tq,N,D]``; k, v: ``[B,Tk,K,D]`` with ``N % K == 0``.
       q_index, k_index: ``[B,Tq]`` / ``[B,Tk]`` integer indices in the sequence.
       k_valid: ``[B,Tk]`` bool, False for padding keys.
+      q_segment, k_segment: optional ``[B,Tq]`` / ``[B,Tk]`` integer segment ids (packed
+        sequences): a query attends only to keys with its own segment id.
 
     Returns ``[B,Tq,N,D]`` in ``q.dtype``.
     """
@@ -44,7 +53,7 @@ def dense_attention(q, k, v, q_index, k_index, k_valid) -> jax.Array:
     kh = k.shape[2]
     qg = q.reshape(b, tq, kh, n // kh, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
-    scores = jnp.where(_mask(q_index, k_index, k_valid)[:, None, None], scores, _NEG)
+    scores = jnp.where(_mask(q_index, k_index, k_valid, q_segment, k_segment)[:, None, None], scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
     return out.reshape(b, tq, n, d).astype(q.dtype)
@@ -55,7 +64,7 @@ def _blocks(x, nb, block):
     return jnp.swapaxes(x.reshape(x.shape[0], nb, block, *x.shape[2:]), 0, 1)
 
 
-def _flash_forward(qg, k, v, q_index, k_index, k_valid, block):
+def _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
     b, tq, kh, g, d = qg.shape
     nb = k.shape[1] // block
     scale = 1.0 / math.sqrt(d)
@@ -65,9 +74,9 @@ def _flash_forward(qg, k, v, q_index, k_index, k_valid, block):
 
     def step(carry, xs):
         m, l, acc = carry
-        kc, vc, ki, kv = xs
+        kc, vc, ki, kv, ks = xs
         s = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
-        s = jnp.where(_mask(q_index, ki, kv)[:, None, None], s, _NEG)
+        s = jnp.where(_mask(q_index, ki, kv, q_seg, ks)[:, None, None], s, _NEG)
         s = jnp.where((ki == _PAD)[:, None, None, None, :], -jnp.inf, s)  # fill keys weigh exactly 0
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[..., None])
@@ -76,7 +85,8 @@ def _flash_forward(qg, k, v, q_index, k_index, k_valid, block):
         pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
         return (m_new, l, acc * corr[..., None] + pv), None
 
-    xs = (_blocks(k, nb, block), _blocks(v, nb, block), _blocks(k_index, nb, block), _blocks(k_valid, nb, block))
+    xs = (_blocks(k, nb, block), _blocks(v, nb, block), _blocks(k_index, nb, block), _blocks(k_valid, nb, block),
+          _blocks(k_seg, nb, block))
     (m, l, acc), _ = jax.lax.scan(step, init, xs)
     out = (acc / l[..., None]).transpose(0, 3, 1, 2, 4)  # [B,Tq,K,G,D]
     # (m, l) rather than m + log(l): for a query with no visible key m is float32 min and
@@ -84,18 +94,18 @@ def _flash_forward(qg, k, v, q_index, k_index, k_valid, block):
     return out.astype(qg.dtype), (m, l)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _flash(qg, k, v, q_index, k_index, k_valid, block):
-    return _flash_forward(qg, k, v, q_index, k_index, k_valid, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _flash(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
+    return _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block)[0]
 
 
-def _flash_fwd(qg, k, v, q_index, k_index, k_valid, block):
-    out, stats = _flash_forward(qg, k, v, q_index, k_index, k_valid, block)
-    return out, (qg, k, v, q_index, k_index, k_valid, out, stats)
+def _flash_fwd(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
+    out, stats = _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block)
+    return out, (qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, out, stats)
 
 
 def _flash_bwd(block, res, dout):
-    qg, k, v, q_index, k_index, k_valid, out, (m, l) = res
+    qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, out, (m, l) = res
     b, tq, kh, g, d = qg.shape
     nb = k.shape[1] // block
     scale = 1.0 / math.sqrt(d)
@@ -103,9 +113,9 @@ def _flash_bwd(block, res, dout):
     delta = jnp.sum(dout * out.astype(jnp.float32), -1).transpose(0, 2, 3, 1)  # [B,K,G,Tq]
 
     def step(dq, xs):
-        kc, vc, ki, kv = xs
+        kc, vc, ki, kv, ks = xs
         s = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
-        visible = _mask(q_index, ki, kv)[:, None, None]
+        visible = _mask(q_index, ki, kv, q_seg, ks)[:, None, None]
         s = jnp.where(visible, s, _NEG)
         s = jnp.where((ki == _PAD)[:, None, None, None, :], -jnp.inf, s)
         p = jnp.exp(s - m[..., None]) / l[..., None]
@@ -116,16 +126,18 @@ def _flash_bwd(block, res, dout):
         dk = jnp.einsum("bkgts,btkgd->bskd", ds, qg.astype(jnp.float32))
         return dq, (dk, dv)
 
-    xs = (_blocks(k, nb, block), _blocks(v, nb, block), _blocks(k_index, nb, block), _blocks(k_valid, nb, block))
+    xs = (_blocks(k, nb, block), _blocks(v, nb, block), _blocks(k_index, nb, block), _blocks(k_valid, nb, block),
+          _blocks(k_seg, nb, block))
     dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(qg, dtype=jnp.float32), xs)
     unblock = lambda x: jnp.swapaxes(x, 0, 1).reshape(b, nb * block, kh, d)
-    return dq.astype(qg.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype), None, None, None
+    return dq.astype(qg.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype), None, None, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def blockwise_attention(q, k, v, q_index, k_index, k_valid, *, block_size: int = 512) -> jax.Array:
+def blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None, *,
+                        block_size: int = 512) -> jax.Array:
     """:func:`dense_attention` computed over key blocks of ``block_size`` (same arguments).
 
     ``Tk`` need not divide ``block_size``: the keys are padded with masked entries.
@@ -141,13 +153,71 @@ def blockwise_attention(q, k, v, q_index, k_index, k_valid, *, block_size: int =
         v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
         k_index = jnp.pad(k_index, ((0, 0), (0, pad)), constant_values=_PAD)
         k_valid = jnp.pad(k_valid, ((0, 0), (0, pad)))
+        if k_segment is not None:
+            k_segment = jnp.pad(k_segment, ((0, 0), (0, pad)))
+    if q_segment is None:  # one segment: every comparison is true
+        q_segment, k_segment = jnp.zeros(q.shape[:2], jnp.int32), jnp.zeros(k.shape[:2], jnp.int32)
     qg = q.reshape(b, tq, kh, n // kh, d)
-    out = _flash(qg, k, v, q_index.astype(jnp.int32), k_index.astype(jnp.int32), k_valid.astype(bool), block)
+    out = _flash(qg, k, v, q_index.astype(jnp.int32), k_index.astype(jnp.int32), k_valid.astype(bool),
+                 q_segment.astype(jnp.int32), k_segment.astype(jnp.int32), block)
     return out.reshape(b, tq, n, d)
 
 
-def attention(q, k, v, q_index, k_index, k_valid, *, block_size: int | None) -> jax.Array:
+def attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None, *,
+              block_size: int | None) -> jax.Array:
     """Blockwise when ``block_size`` is set and smaller than ``Tk``, dense otherwise."""
+    if (q_segment is None) != (k_segment is None):
+        raise ValueError("attention: pass both q_segment and k_segment, or neither")
     if block_size is None or k.shape[1] <= block_size:
-        return dense_attention(q, k, v, q_index, k_index, k_valid)
-    return blockwise_attention(q, k, v, q_index, k_index, k_valid, block_size=block_size)
+        return dense_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment)
+    return blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, block_size=block_size)
+
+
+def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, block_size: int = 256) -> jax.Array:
+    """Decode attention whose cost follows the live cache length, not its capacity.
+
+    ``q [S,Tn,N,D]`` (new tokens of every slot) against layer ``layer`` of a cache
+    ``[L,S,M,K,D]``: query ``(s, t)`` sees cache entries ``j <= q_index[s, t]``. The keys are
+    read in blocks of ``block_size`` by a ``fori_loop`` whose trip count is
+    ``ceil((max(q_index) + 1) / block_size)`` (the max over the slots marked ``live [S]``
+    when given; the others' outputs are then meaningless): blocks past the longest live
+    sequence of the step are neither read nor computed. Online softmax in float32 (as
+    :func:`blockwise_attention`); equals :func:`dense_attention` over the whole cache with
+    ``k_index = arange(M)`` to float rounding.
+
+    Why not a paged cache: pages save memory for uneven lengths, but in JAX every page
+    table lookup is a gather over the cache (XLA cannot read scattered pages in place as
+    a paged-attention kernel does), which costs more on CPU/GPU than it saves; the
+    contiguous ``[S, M]`` cache with a live-length bound keeps dense, sliceable reads.
+    """
+    s, tn, n, d = q.shape
+    m, kh = cache_k.shape[2], cache_k.shape[3]
+    block = min(block_size, m)
+    qg = q.reshape(s, tn, kh, n // kh, d)
+    scale = 1.0 / math.sqrt(d)
+    bound = q_index if live is None else jnp.where(live[:, None], q_index, 0)
+    num_blocks = (jnp.max(bound) + block) // block
+    base = jnp.zeros((s, kh, n // kh, tn), jnp.float32)
+    init = (base + _NEG, base, jnp.zeros((s, kh, n // kh, tn, d), jnp.float32))
+
+    def body(i, carry):
+        m_run, l_run, acc = carry
+        nominal = i * block
+        start = jnp.minimum(nominal, m - block)  # the last block may overlap the previous one
+        kc = jax.lax.dynamic_slice(cache_k, (layer, 0, start, 0, 0), (1, s, block, kh, d))[0].astype(q.dtype)
+        vc = jax.lax.dynamic_slice(cache_v, (layer, 0, start, 0, 0), (1, s, block, kh, d))[0].astype(q.dtype)
+        k_index = start + jnp.arange(block)
+        visible = (k_index[None, None, :] >= nominal) & (k_index[None, None, :] <= q_index[:, :, None])  # [S,Tn,blk]
+        sc = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
+        sc = jnp.where(visible[:, None, None], sc, -jnp.inf)
+        m_new = jnp.maximum(m_run, sc.max(-1))
+        p = jnp.exp(sc - m_new[..., None])
+        corr = jnp.exp(m_run - m_new)
+        l_new = l_run * corr + p.sum(-1)
+        pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
+        return m_new, l_new, acc * corr[..., None] + pv
+
+    _, l_run, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    out = jnp.where(l_run[..., None] > 0, acc / jnp.maximum(l_run, 1e-30)[..., None], 0.0)
+    out = out.transpose(0, 3, 1, 2, 4)  # [S,Tn,K,G,D]
+    return out.reshape(s, tn, n, d).astype(q.dtype)

@@ -37,6 +37,8 @@ class ModelConfig:
     accepted and stored as sorted pairs. ``remat`` rematerialises each layer in the
     backward pass. ``attn_block_size``: attention over more keys than this runs blockwise
     (flash-style, never materialising ``[T, T]`` scores); ``None`` always uses dense.
+    ``decode_block_size``: the KV-cache block of live-length decode attention (a decode
+    step reads the cache up to the longest live slot, rounded up to this).
     """
 
     vocab_size: int
@@ -56,6 +58,7 @@ class ModelConfig:
     param_dtype: Any = "float32"
     remat: bool = False
     attn_block_size: int | None = 512
+    decode_block_size: int = 256
     architecture: str = "llama"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -95,6 +98,9 @@ class ModelConfig:
         b = self.attn_block_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
             raise ValueError(f"ModelConfig.attn_block_size is {b!r}; it must be a positive integer or None")
+        d = self.decode_block_size
+        if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+            raise ValueError(f"ModelConfig.decode_block_size is {d!r}; it must be a positive integer")
         if self.rope_theta <= 0:
             raise ValueError(f"ModelConfig.rope_theta is {self.rope_theta}; it must be positive")
 

@@ -160,7 +160,8 @@ def _inputs(tokens, positions, mask):
 # --------------------------------------------------------------------------- forward modes
 
 
-def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None) -> jax.Array:
+def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None,
+            segment_ids=None) -> jax.Array:
     """Final hidden states ``[B,T,H]`` (after the last RMSNorm), in the compute dtype.
 
     Args:
@@ -174,10 +175,16 @@ def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh |
       mesh: a mesh from ``rljax.sharding.make_mesh``; activations are constrained to the
         logical layout and, when the sequence is split over ``sp``, attention runs
         sequence-parallel inside ``jax.shard_map``. ``None``: single-device semantics.
+      segment_ids: ``[B,T]`` int for packed rows (several sequences per row): a token
+        attends only to earlier tokens with its own segment id. Pass ``positions`` that
+        restart per segment (see :mod:`rljax.trainer.packing`).
     """
     tokens, positions, mask = _inputs(tokens, positions, mask)
+    _check_like(segment_ids, tokens, "segment_ids")
+    if segment_ids is not None:
+        segment_ids = segment_ids.astype(jnp.int32)
     base, lora = _split_lora(params)
-    return merge(graphdef, base)(tokens, positions, mask, mesh, lora=lora)
+    return merge(graphdef, base)(tokens, positions, mask, mesh, lora=lora, segment_ids=segment_ids)
 
 
 def prefill(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
@@ -193,7 +200,8 @@ def prefill(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh |
     return hidden, KVCache(k=k, v=v)
 
 
-def decode(graphdef, params, cache: KVCache, tokens, *, cache_index, positions=None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
+def decode(graphdef, params, cache: KVCache, tokens, *, cache_index, positions=None, mesh: Mesh | None = None,
+           attention: str = "live", live=None) -> tuple[jax.Array, KVCache]:
     """One decode step for every slot, each at its own length.
 
     Args:
@@ -205,6 +213,11 @@ def decode(graphdef, params, cache: KVCache, tokens, *, cache_index, positions=N
         caller keeps ``cache_index + Tn <= max_len``; idle slots may carry any index.
       positions: ``[S]`` / ``[S,Tn]`` rotary positions; default ``cache_index + t``.
       mesh: used only to keep the returned cache in its ``KV_CACHE_AXES`` layout.
+      attention: ``"live"`` (default) reads only the cache blocks up to the longest live
+        slot (``max(cache_index) + Tn``), so a step's cost follows the live lengths;
+        ``"dense"`` attends over the whole cache (the reference; same numbers).
+      live: optional ``[S]`` bool, the slots whose outputs are used: the live-length bound
+        is taken over these only (the other slots' hidden states are then meaningless).
 
     Returns ``(hidden [S,H] or [S,Tn,H], updated cache)``.
     """
@@ -226,7 +239,11 @@ def decode(graphdef, params, cache: KVCache, tokens, *, cache_index, positions=N
     if positions is None:
         positions = cache_index[:, None] + jnp.arange(tn, dtype=jnp.int32)[None, :]
     _check_like(positions, tokens, "positions")
-    hidden, k, v = merge(graphdef, params).decode(tokens, positions.astype(jnp.int32), cache.k, cache.v, cache_index)
+    if attention not in ("live", "dense"):
+        raise ValueError(f"decode attention={attention!r}; accepted: 'live', 'dense'")
+    live = jnp.ones((s,), bool) if live is None else jnp.asarray(live, bool)
+    hidden, k, v = merge(graphdef, params).decode(tokens, positions.astype(jnp.int32), cache.k, cache.v, cache_index,
+                                                  attention, live)
     if mesh is not None:
         k = with_logical_constraint(k, KV_CACHE_AXES, mesh)
         v = with_logical_constraint(v, KV_CACHE_AXES, mesh)

@@ -18,10 +18,16 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from rljax.models.attention import attention, dense_attention
+from rljax.models.attention import attention, dense_attention, live_decode_attention
 from rljax.models.config import ModelConfig
 from rljax.models.lora import NO_LORA, LayerLoRA, layer_inputs
 from rljax.sharding import logical_to_spec, with_logical_constraint
+
+#: Logical axes of the residual stream ``[B,T,H]`` between the tensor-parallel regions:
+#: the sequence is split over ``sp`` and ``tp`` (Megatron sequence parallelism, see
+#: :mod:`rljax.sharding.rules`).
+RESIDUAL_AXES = ("batch", "residual_length", "embed")
+
 
 def _param(rngs: nnx.Rngs, init, shape, dtype, axes) -> nnx.Param:
     # eager_sharding=False: the logical names are resolved by rljax.sharding, not by a
@@ -81,7 +87,8 @@ def _axis_of(spec: PartitionSpec, dim: int):
     return entries[dim]
 
 
-def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, block_size: int | None = None) -> jax.Array:
+def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, block_size: int | None = None,
+                                segment_ids=None) -> jax.Array:
     """Causal attention with the sequence split over the mesh axis of logical ``length``.
 
     Runs inside ``jax.shard_map``: each device holds ``T/sp`` queries and all-gathers the
@@ -91,6 +98,8 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, blo
     Sequence indices are the token indices ``0..T-1``; ``q, k, v`` are ``[B,T,heads,D]``
     and ``k_valid`` is ``[B,T]``. Equals :func:`dense_attention` with ``q_index = k_index
     = arange(T)``; each device's local attention is blockwise when ``T > block_size``.
+    ``segment_ids [B,T]`` (packed rows) are all-gathered like the key mask; a query then
+    sees only keys of its own segment.
     """
     b, t, n, d = q.shape
     kh = k.shape[2]
@@ -109,7 +118,7 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, blo
     mask_spec = PartitionSpec(_axis_of(q_spec, 0), sp_axis)
     sp_size = mesh.shape[sp_axis] if isinstance(sp_axis, str) else math.prod(mesh.shape[a] for a in sp_axis)
 
-    def local(q, k, v, k_valid):
+    def local(q, k, v, k_valid, *segments):
         t_local = q.shape[1]
         k = jax.lax.all_gather(k, sp_axis, axis=1, tiled=True)
         v = jax.lax.all_gather(v, sp_axis, axis=1, tiled=True)
@@ -117,10 +126,17 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, blo
         offset = jax.lax.axis_index(sp_axis) * t_local
         q_index = jnp.broadcast_to(offset + jnp.arange(t_local), q.shape[:2])
         k_index = jnp.broadcast_to(jnp.arange(t_local * sp_size), k.shape[:2])
-        return attention(q, k, v, q_index, k_index, k_valid, block_size=block_size)
+        q_seg = k_seg = None
+        if segments:
+            q_seg = segments[0]
+            k_seg = jax.lax.all_gather(q_seg, sp_axis, axis=1, tiled=True)
+        return attention(q, k, v, q_index, k_index, k_valid, q_seg, k_seg, block_size=block_size)
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_spec), out_specs=q_spec)
-    return fn(q, k, v, k_valid)
+    args, specs = (q, k, v, k_valid), (q_spec, kv_spec, kv_spec, mask_spec)
+    if segment_ids is not None:
+        args, specs = args + (segment_ids,), specs + (mask_spec,)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=q_spec)
+    return fn(*args)
 
 
 def _uses_sequence_parallel(mesh: Mesh | None, shape) -> bool:
@@ -179,24 +195,30 @@ class Attention(nnx.Module):
 
     def output(self, attn, mesh, lora=NO_LORA):
         out = lora.add("o_proj", attn, jnp.einsum("btnd,ndh->bth", attn, self.o_proj[...].astype(self.config.jnp_dtype)))
-        return with_logical_constraint(out, ("batch", "length", "embed"), mesh)
+        return with_logical_constraint(out, RESIDUAL_AXES, mesh)
 
-    def __call__(self, x, positions, valid, mesh, lora=NO_LORA):
-        """Self-attention over the whole sequence; also returns the rotated ``k, v``."""
+    def __call__(self, x, positions, valid, mesh, lora=NO_LORA, segment_ids=None):
+        """Self-attention over the whole sequence; also returns the rotated ``k, v``.
+
+        ``segment_ids [B,T]`` (packed rows): attention stays inside each segment."""
         q, k, v = self.project(x, positions, mesh, lora)
         if _uses_sequence_parallel(mesh, q.shape):
-            attn = sequence_parallel_attention(q, k, v, valid, mesh, block_size=self.config.attn_block_size)
+            attn = sequence_parallel_attention(q, k, v, valid, mesh, block_size=self.config.attn_block_size,
+                                               segment_ids=segment_ids)
         else:
             idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-            attn = attention(q, k, v, idx, idx, valid, block_size=self.config.attn_block_size)
+            attn = attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, block_size=self.config.attn_block_size)
         return self.output(attn, mesh, lora), (k, v)
 
-    def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
+    def decode(self, x, positions, cache_k, cache_v, layer, cache_index, decode_attention="live", live=None):
         """Attention for ``x [S,Tn,H]`` new tokens per slot against layer ``layer`` of a
         cache ``[L,S,M,K,D]``.
 
         Writes the new keys/values at ``cache_index[s] + t`` (writes past ``M`` are
-        dropped) and attends to cache entries ``<= cache_index[s] + t``.
+        dropped) and attends to cache entries ``<= cache_index[s] + t``: with
+        ``decode_attention="live"`` only the cache blocks up to the longest live slot are
+        read (:func:`live_decode_attention`; ``live [S]`` marks the slots that count), with
+        ``"dense"`` the whole cache.
         """
         q, k, v = self.project(x, positions, None)
         s, tn = x.shape[:2]
@@ -204,11 +226,17 @@ class Attention(nnx.Module):
         rows = jnp.arange(s)[:, None]
         cache_k = cache_k.at[layer, rows, write].set(k.astype(cache_k.dtype), mode="drop")
         cache_v = cache_v.at[layer, rows, write].set(v.astype(cache_v.dtype), mode="drop")
-        m = cache_k.shape[2]
-        k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
-        attn = dense_attention(
-            q, cache_k[layer].astype(q.dtype), cache_v[layer].astype(q.dtype), write, k_index, jnp.ones((s, m), bool)
-        )
+        if decode_attention == "live":
+            attn = live_decode_attention(q, cache_k, cache_v, layer, write, live=live,
+                                         block_size=self.config.decode_block_size)
+        elif decode_attention == "dense":
+            m = cache_k.shape[2]
+            k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
+            attn = dense_attention(
+                q, cache_k[layer].astype(q.dtype), cache_v[layer].astype(q.dtype), write, k_index, jnp.ones((s, m), bool)
+            )
+        else:
+            raise ValueError(f"decode_attention={decode_attention!r}; accepted: 'live', 'dense'")
         return self.output(attn, None), cache_k, cache_v
 
 
@@ -226,7 +254,7 @@ class MLP(nnx.Module):
         up = lora.add("up_proj", x, jnp.einsum("bth,hf->btf", x, self.up_proj[...].astype(self.dtype)))
         act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"), mesh)
         out = lora.add("down_proj", act, jnp.einsum("btf,fh->bth", act, self.down_proj[...].astype(self.dtype)))
-        return with_logical_constraint(out, ("batch", "length", "embed"), mesh)
+        return with_logical_constraint(out, RESIDUAL_AXES, mesh)
 
 
 class Block(nnx.Module):
@@ -237,14 +265,15 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, **kw)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, valid, mesh, lora=NO_LORA):
-        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh, lora)
+    def __call__(self, x, positions, valid, mesh, lora=NO_LORA, segment_ids=None):
+        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh, lora, segment_ids)
         x = x + a
         x = x + self.mlp(self.mlp_norm(x), mesh, lora)
         return x, kv
 
-    def decode(self, x, positions, cache_k, cache_v, layer, cache_index):
-        a, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, layer, cache_index)
+    def decode(self, x, positions, cache_k, cache_v, layer, cache_index, decode_attention="live", live=None):
+        a, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, layer, cache_index,
+                                               decode_attention, live)
         x = x + a
         x = x + self.mlp(self.mlp_norm(x), None)
         return x, cache_k, cache_v
@@ -283,10 +312,12 @@ class Transformer(nnx.Module):
 
     def embed_tokens(self, tokens, mesh):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.jnp_dtype)
-        return with_logical_constraint(x, ("batch", "length", "embed"), mesh)
+        return with_logical_constraint(x, RESIDUAL_AXES, mesh)
 
-    def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False, lora=None):
-        """``lora``: a :class:`rljax.models.lora.LoRAParams` whose adapters join each layer."""
+    def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False, lora=None,
+                 segment_ids=None):
+        """``lora``: a :class:`rljax.models.lora.LoRAParams` whose adapters join each layer;
+        ``segment_ids [B,T]``: packed rows (attention stays inside each segment)."""
         x = self.embed_tokens(tokens, mesh)
         block_def, block_state = nnx.split(self.layers)
         lora_xs = None if lora is None else layer_inputs(lora, self.config.num_layers)
@@ -294,16 +325,17 @@ class Transformer(nnx.Module):
         def body(x, xs):
             layer_state, lx = xs
             hook = NO_LORA if lx is None else LayerLoRA(lx[0], lx[1], lora.config, mesh)
-            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh, hook)
+            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh, hook, segment_ids)
             return x, (kv if return_kv else None)
 
         if self.config.remat:
             body = jax.checkpoint(body, prevent_cse=False)
         x, kv = jax.lax.scan(body, x, (block_state, lora_xs))
-        hidden = self.final_norm(x)
+        # leave the Megatron-SP layout: the unembedding (vocab on tp) needs every token's hidden state
+        hidden = with_logical_constraint(self.final_norm(x), ("batch", "length", "embed"), mesh)
         return (hidden, kv) if return_kv else hidden
 
-    def decode(self, tokens, positions, cache_k, cache_v, cache_index):
+    def decode(self, tokens, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None):
         """``tokens [S,Tn]`` at ``positions [S,Tn]``; cache ``[L,S,M,K,D]`` written at ``cache_index [S]``."""
         x = self.embed_tokens(tokens, None)
         block_def, block_state = nnx.split(self.layers)
@@ -311,7 +343,8 @@ class Transformer(nnx.Module):
         def body(carry, xs):
             x, ck, cv = carry
             layer_state, i = xs
-            x, ck, cv = nnx.merge(block_def, layer_state).decode(x, positions, ck, cv, i, cache_index)
+            x, ck, cv = nnx.merge(block_def, layer_state).decode(x, positions, ck, cv, i, cache_index, decode_attention,
+                                                                 live)
             return (x, ck, cv), None
 
         layer_ids = jnp.arange(self.config.num_layers)

@@ -193,10 +193,13 @@ def _first_token_impl(state: DecodeState, logits, slots):
     )
 
 
-def _step_impl(graphdef, mesh, params, state: DecodeState):
-    """One decode step for every slot; returns ``(state, tokens, logp, live, finished)``."""
+def _step_impl(graphdef, mesh, params, state: DecodeState, attention="live"):
+    """One decode step for every slot; returns ``(state, tokens, logp, live, finished)``.
+
+    The live-length attention reads only the cache blocks the unfinished slots need."""
     live = state.active & ~state.done
-    hidden, cache = F.decode(graphdef, params, state.cache, state.tokens, cache_index=state.index, mesh=mesh)
+    hidden, cache = F.decode(graphdef, params, state.cache, state.tokens, cache_index=state.index, mesh=mesh,
+                             attention=attention, live=live)
     logits = F.compute_logits(params, hidden)
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.step.astype(jnp.uint32))
     tok, logp = _sample(state, logits, keys)
@@ -216,22 +219,22 @@ def _step_impl(graphdef, mesh, params, state: DecodeState):
     return state, tok, logp, live, finished
 
 
-def _chunk_impl(graphdef, mesh, params, state: DecodeState, num_steps, exit_after):
+def _chunk_impl(graphdef, mesh, attention, params, state: DecodeState, num_steps, exit_after):
     def cond(carry):
         i, st, finished = carry
         return (i < num_steps) & jnp.any(st.active & ~st.done) & (finished < exit_after)
 
     def body(carry):
         i, st, finished = carry
-        st, _, _, _, fin = _step_impl(graphdef, mesh, params, st)
+        st, _, _, _, fin = _step_impl(graphdef, mesh, params, st, attention)
         return i + 1, st, finished + jnp.sum(fin, dtype=jnp.int32)
 
     steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
     return state, steps
 
 
-def _generate_impl(graphdef, mesh, params, state: DecodeState):
-    state, tok, logp, live, _ = _step_impl(graphdef, mesh, params, state)
+def _generate_impl(graphdef, mesh, attention, params, state: DecodeState):
+    state, tok, logp, live, _ = _step_impl(graphdef, mesh, params, state, attention)
     data = jnp.stack([tok, live.astype(jnp.int32), state.step], axis=1)
     return state, RljaxResultTokens(data, (0, 1), (1, 2), (2, 3), 1, logp[:, None])
 
@@ -255,6 +258,10 @@ class RljaxEngine(engine_api.Engine):
       tokenizer_path: what :meth:`get_tokenizer` reports: ``"rljax:char"`` (the default,
         the built-in character tokenizer), a Hugging Face ``tokenizer.json`` file or a
         directory holding one, or a SentencePiece ``.model`` (JetStream's own tokenizer).
+      decode_attention: ``"live"`` (default): each decode step reads the KV cache only up to
+        the longest unfinished slot, in blocks (``rljax.models.live_decode_attention``), so
+        its cost follows the live lengths, not ``max_prefill_length + max_decode_length``;
+        ``"dense"``: attend over the whole cache every step (the previous behaviour).
     """
 
     def __init__(
@@ -267,6 +274,7 @@ class RljaxEngine(engine_api.Engine):
         mesh: Mesh | None = None,
         prefill_batch_size: int = 8,
         tokenizer_path: str = CHAR_TOKENIZER_PATH,
+        decode_attention: str = "live",
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -281,7 +289,10 @@ class RljaxEngine(engine_api.Engine):
                 f"RljaxEngine: max_prefill_length + max_decode_length = {max_prefill_length + max_decode_length} exceeds "
                 f"the model's max_position_embeddings ({config.max_position_embeddings})"
             )
+        if decode_attention not in ("live", "dense"):
+            raise ValueError(f"RljaxEngine: decode_attention is {decode_attention!r}; accepted: 'live', 'dense'")
         self.config = config
+        self.decode_attention = decode_attention
         self._num_slots = int(num_slots)
         self._max_prefill_length = int(max_prefill_length)
         self.max_decode_length = int(max_decode_length)
@@ -297,8 +308,8 @@ class RljaxEngine(engine_api.Engine):
         self._prefill_fn = jax.jit(functools.partial(_prefill_impl, g, m))
         self._insert_fn = jax.jit(_insert_impl, donate_argnums=0)
         self._first_token_fn = jax.jit(_first_token_impl, donate_argnums=0)
-        self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m), donate_argnums=1)
-        self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m), donate_argnums=1)
+        self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m, decode_attention), donate_argnums=1)
+        self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m, decode_attention), donate_argnums=1)
 
     # ----------------------------------------------------------------- properties
 

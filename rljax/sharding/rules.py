@@ -8,6 +8,13 @@ Megatron-style tensor parallelism: attention heads, key/value heads, the MLP hid
 dimension and the vocabulary are split over ``tp``; the model dimension (``embed``) is
 replicated. The batch is split over ``dp`` and the sequence over ``sp``.
 
+Megatron sequence parallelism: between the tensor-parallel regions (the residual stream
+that the norms, the residual adds and the layer boundaries see, logical axis
+``residual_length``) the sequence is split over ``sp`` *and* ``tp``, so ``tp`` divides
+activation memory instead of replicating it; XLA all-gathers the sequence over ``tp``
+before the q/k/v and MLP-in projections and reduce-scatters after the output
+projections (the same bytes as the all-reduce it replaces).
+
 A dimension whose size does not divide its mesh axis is replicated instead (for example
 Qwen2.5-0.5B's 2 key/value heads on ``tp4``), so every valid mesh runs every model.
 """
@@ -27,6 +34,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, MeshAxes], ...] = (
     # activations and trajectory batches
     ("batch", "dp"),
     ("length", "sp"),
+    ("residual_length", ("sp", "tp")),
     # parameters (and the matching activation dimensions)
     ("embed", None),
     ("heads", "tp"),
@@ -69,7 +77,8 @@ def logical_to_spec(
       shape: the array shape, used with ``mesh`` for the divisibility fallback.
 
     A mesh axis is used at most once per spec; a later dimension mapping to an axis
-    already used is replicated.
+    already used is replicated. A dimension mapped to several mesh axes keeps the longest
+    leading run of them whose product divides its size.
     """
     table = _rules_dict(rules)
     if shape is not None and len(shape) != len(logical_axes):
@@ -88,17 +97,21 @@ def logical_to_spec(
         if mesh_shape is not None:
             axes = tuple(a for a in axes if a in mesh_shape)
         axes = tuple(a for a in axes if a not in used)
-        if mesh_shape is not None and shape is not None and axes:
-            size = 1
-            for a in axes:
-                size *= mesh_shape[a]
-            if shape[i] % size != 0:
-                axes = ()
+        if mesh_shape is not None and shape is not None:
+            while axes and shape[i] % _product(mesh_shape[a] for a in axes):
+                axes = axes[:-1]
         used.update(axes)
         out.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
     while out and out[-1] is None:
         out.pop()
     return PartitionSpec(*out)
+
+
+def _product(sizes) -> int:
+    out = 1
+    for s in sizes:
+        out *= s
+    return out
 
 
 def logical_sharding(logical_axes, mesh: Mesh, *, shape=None, rules=None) -> NamedSharding:
