@@ -159,6 +159,16 @@ class ActorConfig:
     entropy_coeff: float = _f(0.0, "entropy bonus coefficient", ge=0.0)
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
     logprob_impl: Literal[LOGPROB_IMPLS] = _f("auto", "fused log-prob/entropy kernel")
+    use_remove_padding: bool = _f(
+        False, "pack trajectories' real tokens into rows with segment ids for the learner passes (no padding)")
+    use_dynamic_bsz: bool = _f(
+        False, "packed update micro-batches by token budget (ppo_max_token_len_per_device) instead of trajectory count")
+    ppo_max_token_len_per_device: Optional[int] = _f(
+        None, "tokens per device per packed update micro-batch (null: one packed row per device)", ge=1)
+    log_prob_use_dynamic_bsz: bool = _f(
+        True, "packed old/ref log-prob passes in chunks of log_prob_max_token_len_per_device tokens per device")
+    log_prob_max_token_len_per_device: Optional[int] = _f(
+        None, "tokens per device per packed log-prob chunk (null: as ppo_max_token_len_per_device)", ge=1)
     optim: OptimConfig = _section(OptimConfig, "actor optimizer")
     lora: LoraConfig = _section(LoraConfig, "LoRA: train low-rank adapters on a frozen base (rank 0: off)")
 
@@ -268,6 +278,8 @@ class TrainerConfig:
     mode: Literal["sync", "async"] = _f(
         "sync", "sync: generate, score, update, sync in turn; async: a rollout thread keeps generating into a "
         "bounded versioned queue (async_training.*) while the learner trains")
+    balance_batch: bool = _f(
+        True, "packed learner: deal each micro-batch's rows to dp shards by token count (perf/dp_token_imbalance)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,6 +75,9 @@ def validate(config) -> None:
             f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size} (trajectories) must divide "
             f"actor.ppo_mini_batch_size*rollout.n={a.ppo_mini_batch_size}*{r.n}={mini_traj}"
         )
+    if (a.use_dynamic_bsz or a.ppo_max_token_len_per_device) and not a.use_remove_padding:
+        raise ConfigError("actor.use_dynamic_bsz / actor.ppo_max_token_len_per_device form packed micro-batches; "
+                          "they need actor.use_remove_padding=true")
     if config.algorithm.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
         raise ConfigError(
             f"rollout.n={r.n} is too small for algorithm.adv_estimator={config.algorithm.adv_estimator}, "

@@ -39,7 +39,9 @@ from rljax.trainer.runner import StepRunner
 from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
 from rljax.models.lora import LoRAParams, disable
 from rljax.models.lora import merge as lora_merge
-from rljax.trainer.step import StepConfig, init_state, make_logprob_fn, make_optimizer, make_train_step, trainable
+from rljax.trainer.packing import pack_configs
+from rljax.trainer.step import (PackedLogprob, PackedTrainStep, StepConfig, init_state, make_logprob_fn,
+                                make_optimizer, make_train_step, trainable)
 
 log = logging.getLogger("rljax")
 
@@ -222,6 +224,19 @@ class Trainer:
             graphdef = self.graphdef
             values_fn = jax.jit(lambda p, b: critic_values(graphdef, p, b, response_len=response_len, mesh=mesh))
         needs_ref = a.use_kl_loss or al.use_kl_in_reward
+        # packing configuration (validated for every run; used with actor.use_remove_padding)
+        mesh_sizes = dict(mesh.shape)
+        update_pack, logprob_pack = pack_configs(cfg, dp=mesh_sizes.get("dp", 1), sp=mesh_sizes.get("sp", 1),
+                                                 row_len=prompt_len + response_len, micro_batch_size=micro)
+        if a.use_remove_padding:  # packed rows with segment ids (rljax.trainer.packing)
+            train_step = PackedTrainStep(self.graphdef, optimizer, self.step_config, update_pack, mesh,
+                                         response_len=response_len)
+            logprob_fn = PackedLogprob(self.graphdef, logprob_pack, response_len=response_len,
+                                       temperature=r.temperature, impl=a.logprob_impl, mesh=mesh)
+        else:
+            train_step = make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh)
+            logprob_fn = make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
+                                         impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
 
         eos = (self.tokenizer.eos_id,)
         decode = DecodeParams(max_new_tokens=d.max_response_length, temperature=r.temperature, top_k=max(r.top_k, 0),
@@ -247,10 +262,9 @@ class Trainer:
         self.c = Components(
             cfg=cfg, mesh=mesh, data=self._train_iterator(), sampler=sampler, decode=decode, tokenizer=self.tokenizer,
             reward_fn=make_reward(cfg.reward, dataset=d.dataset),  # a worker pool or the function itself
-            logprob_fn=make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
-                                       impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro),
+            logprob_fn=logprob_fn,
             prepare_fn=make_prepare_fn(prepare_cfg, load_estimator(al.adv_estimator)), prepare_inputs=prepare_cfg.inputs(critic=critic is not None),
-            train_step=make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh),
+            train_step=train_step,
             actor=init_state(params, optimizer), prompt_len=prompt_len, response_len=response_len,
             sampler_weights=_sampler_weights,
             ref_params=jax.tree.map(jnp.copy, params) if needs_ref and self.lora_base is None else None,
@@ -407,7 +421,26 @@ class Trainer:
             self.stage_s[k] = self.stage_s.get(k, 0.0) + v
         tokens = metrics["perf/total_num_tokens"]
         metrics["perf/throughput"] = tokens / metrics["timing_s/step"] / max(len(jax.devices()), 1)
+        metrics.update(self._perf_metrics(metrics))
         return metrics
+
+    def _perf_metrics(self, metrics: dict) -> dict:
+        """Packed-learner statistics and MFU (``perf/mfu/*``: absent off the peak table, e.g. on CPU)."""
+        from rljax.trace.mfu import mfu
+
+        out = {}
+        step = self.c.train_step
+        if isinstance(step, PackedTrainStep) and step.stats:
+            out["perf/dp_token_imbalance"] = step.stats["dp_token_imbalance"]  # of the packed learner rows
+            out["perf/learner_padding_frac"] = step.stats["padding_frac"]
+            out["perf/learner_compiles"] = step.compiles + getattr(self.c.logprob_fn, "compiles", 0)
+        for key, timing in (("actor", "timing_s/update_actor"), ("rollout", "timing_s/gen")):
+            flops = metrics.get(f"perf/model_flops/{key}")
+            if flops is not None and timing in metrics:
+                v = mfu(flops, metrics[timing], jax.devices())
+                if v is not None:
+                    out[f"perf/mfu/{key}"] = v
+        return out
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.step % freq == 0

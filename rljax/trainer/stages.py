@@ -288,6 +288,7 @@ def step_metrics(c: Components, b) -> dict:
         from rljax.env._stage import episode_metrics
 
         m.update(episode_metrics(traj))
+    m.update(_model_flops(c, traj, real))
     if "kl_loss" in actor:
         m["actor/kl_loss"] = actor["kl_loss"]
     for role, ms in (("actor", actor), ("critic", b.get("critic_metrics") or {})):  # what a skipped update saw
@@ -306,3 +307,17 @@ def step_metrics(c: Components, b) -> dict:
                   "critic/grad_norm": cm["grad_norm"], "critic/values/mean": float(v_mean),
                   "critic/returns/mean": float(r_mean)})
     return {"metrics": m}
+
+
+def _model_flops(c: Components, traj, real) -> dict:
+    """``perf/model_flops/actor`` (forward + backward of every PPO epoch over the real tokens)
+    and ``perf/model_flops/rollout`` (prefill + decode), :mod:`rljax.models.flops`; the
+    trainer divides them by the stage times and the devices' peak into ``perf/mfu/*``."""
+    from rljax.models import flops
+
+    config = getattr(getattr(c.sampler, "engine", None), "config", None)
+    if config is None:
+        return {}
+    p, r = np.asarray(traj.prompt_length)[real], np.asarray(traj.response_length)[real]
+    return {"perf/model_flops/actor": c.cfg.actor.ppo_epochs * flops.train_flops(config, p + r),
+            "perf/model_flops/rollout": flops.rollout_flops(config, p, r)}

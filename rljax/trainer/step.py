@@ -42,6 +42,9 @@ from rljax.models import functional as F
 from rljax.models.lora import LoRAParams
 from rljax.pallas import fused_logprob, fused_logprob_sharded
 from rljax.sharding import with_logical_constraint
+from rljax.trainer.packing import ROW_FIELDS as _ROW_FIELDS
+from rljax.trainer.packing import TOKEN_FIELDS as _TOKEN_FIELDS
+from rljax.trainer.packing import packed_response_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +122,15 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 
 def response_logprobs(graphdef, params, batch: dict, *, response_len: int, temperature: float = 1.0,
                       impl: str = "auto", mesh: Optional[Mesh] = None) -> tuple[jax.Array, jax.Array]:
-    """``(logp, entropy) [B, T]`` of the response tokens, through the fused log-prob (no ``[B,T,V]`` logits)."""
+    """``(logp, entropy) [B, T]`` of the response tokens, through the fused log-prob (no ``[B,T,V]`` logits).
+
+    A packed micro-batch (``batch["packed"]``, see :mod:`rljax.trainer.packing`) runs on
+    its packed rows and is gathered back to the same ``[B, T]`` layout.
+    """
+    if "packed" in batch:
+        rows = batch["packed"]
+        return packed_response_logprobs(graphdef, params, rows, rows["gather"], temperature=temperature, impl=impl,
+                                        mesh=mesh)
     ids = batch["input_ids"]
     prompt_len = ids.shape[1] - response_len
     hidden = F.forward(graphdef, params, ids, positions=batch["positions"], mask=batch["attention_mask"], mesh=mesh)
@@ -181,8 +192,16 @@ def _nonfinite_groups(grads) -> dict:
 
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig,
-                    mesh: Optional[Mesh] = None, *, loss_fn: Callable = None) -> Callable:
+                    mesh: Optional[Mesh] = None, *, loss_fn: Callable = None, packed: bool = False) -> Callable:
     """``train_step(state, batch, key) -> (state, metrics)``, jitted.
+
+    With ``packed=True`` it is ``train_step(state, batch, packed_arrays)`` instead: the
+    shuffle, mini-batches and micro-batches come from :func:`rljax.trainer.packing.pack`
+    (``[M, U, ...]`` arrays, ``M`` = epochs x mini-batches, run in order); ``batch``
+    supplies the ``[B, T]`` trajectory fields (its padded token fields are not used).
+    The forward runs on packed rows and log-probs are gathered back to ``[B, T]``, so the
+    loss and metrics are the padded step's (see ``rljax/trainer/packing.py``). LoRA
+    dropout is not applied on the packed path.
 
     ``loss_fn(params, graphdef, micro_batch, (num_tokens, num_seqs), cfg, mesh) -> (loss, metrics)``
     is the per-micro-batch loss (default :func:`actor_loss`; the critic passes its value
@@ -207,8 +226,14 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
 
     def minibatch_update(state: TrainState, xs):
         minibatch, dropout_key = xs
-        counts = (jnp.sum(minibatch["loss_mask"]).astype(jnp.float32),
-                  jnp.sum(jnp.any(minibatch["loss_mask"] > 0, axis=-1)).astype(jnp.float32))
+        return micro_batches_update(state, (_split(minibatch, mini // micro_size), dropout_key))
+
+    def micro_batches_update(state: TrainState, xs):
+        """One optimizer step from a mini-batch given as ``[n_micro, ...]`` micro-batches;
+        the loss is normalised by the mini-batch's global counts."""
+        micro_batches, dropout_key = xs
+        mask = micro_batches["loss_mask"]
+        counts = (jnp.sum(mask).astype(jnp.float32), jnp.sum(jnp.any(mask > 0, axis=-1)).astype(jnp.float32))
         train = trainable(state.params)
 
         def accumulate(carry, xs):
@@ -219,8 +244,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
             metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
             return (grads_acc, loss_acc + loss, metrics_acc), None
 
-        n_micro = mini // micro_size
-        micro_batches = _split(minibatch, n_micro)
+        n_micro = mask.shape[0]
         micro_keys = None if dropout_key is None else jax.random.split(dropout_key, n_micro)
         zeros = jax.tree.map(jnp.zeros_like, train)
         metric_shapes = jax.eval_shape(lambda: loss_fn(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])
@@ -261,7 +285,17 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         metrics["skipped_updates"] = state.skipped
         return state, metrics
 
-    return _PinnedStateStep(train_step, mesh)
+    def packed_train_step(state: TrainState, batch: dict, packed: dict):
+        # [B, T] trajectory fields -> [M, U, Bm, T] micro-batch slots (empty slots: zeros)
+        take = lambda x: jnp.take(x, packed["traj_index"], axis=0, mode="fill", fill_value=0)  # noqa: E731
+        minis = {k: take(v) for k, v in batch.items() if k not in _TOKEN_FIELDS}
+        minis["packed"] = {k: packed[k] for k in (*_ROW_FIELDS, "gather")}
+        state, metrics = jax.lax.scan(micro_batches_update, state, (minis, None))
+        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics["skipped_updates"] = state.skipped
+        return state, metrics
+
+    return _PinnedStateStep(packed_train_step if packed else train_step, mesh)
 
 
 #: XLA:CPU options for the update. By default XLA:CPU hands each dot to YNNPACK on its own
@@ -343,3 +377,112 @@ def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: st
         return out
 
     return jax.jit(compute)
+
+
+# --------------------------------------------------------------------------- packed log-probs
+
+
+def make_packed_logprob_fn(graphdef, *, temperature: float, impl: str = "auto",
+                           mesh: Optional[Mesh] = None) -> Callable:
+    """Jitted ``(params, packed, batch_size) -> (logp, entropy) [B, T]`` for old / reference log-probs
+    from :func:`rljax.trainer.packing.pack_logprob_batch` arrays (``[1, U, R, L]`` rows,
+    one micro-batch per ``U``, mapped sequentially); rows come back in the batch's order."""
+
+    def compute(params, packed, b):
+        rows = {k: packed[k][0] for k in _ROW_FIELDS}
+        fn = lambda r: packed_response_logprobs(graphdef, params, r, r["gather"], temperature=temperature,  # noqa: E731
+                                                impl=impl, mesh=mesh)
+        logp, entropy = jax.lax.map(fn, dict(rows, gather=packed["gather"][0]))  # [U, Bm, T]
+        index = packed["traj_index"][0].reshape(-1)  # slot -> trajectory row (B for empty slots)
+
+        def scatter(x):
+            out = jnp.zeros((b + 1, x.shape[-1]), x.dtype).at[index].set(x.reshape(-1, x.shape[-1]))
+            out = out[:b]
+            return out if mesh is None else with_logical_constraint(out, ("batch", "length"), mesh)
+
+        return scatter(logp), scatter(entropy)
+
+    return jax.jit(compute, static_argnums=2)
+
+
+class PackedTrainStep:
+    """The packed actor update behind the padded step's signature: ``(state, batch, key) ->
+    (state, metrics)`` for a ``[B, S+T]`` learner batch.
+
+    Each call reads the batch's token fields back to the host, draws the epoch orders the
+    padded step would draw from ``key`` (:func:`rljax.trainer.packing.epoch_orders`), packs
+    them (:func:`rljax.trainer.packing.pack`) and runs the packed step; numbers equal the
+    padded step's to float tolerance. ``stats`` holds the last call's packing statistics
+    (``dp_token_imbalance``, ``padding_frac``: the fraction of processed token slots that
+    are padding) and ``compiles`` the number of distinct packed shapes seen so far (each
+    is one compiled program).
+    """
+
+    def __init__(self, graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig, pack_cfg,
+                 mesh: Optional[Mesh] = None, *, response_len: int):
+        self._step = make_train_step(graphdef, optimizer, cfg, mesh, packed=True)
+        self.cfg, self.pack_cfg, self.mesh, self.response_len = cfg, pack_cfg, mesh, response_len
+        self.shapes: set = set()
+        self.stats: dict = {}
+
+    @property
+    def compiles(self) -> int:
+        return len(self.shapes)
+
+    def _packed(self, batch: dict, key):
+        from rljax.trainer import packing
+
+        host = jax.device_get({k: batch[k] for k in _TOKEN_FIELDS}) if jax.process_count() == 1 else \
+            _gather_host({k: batch[k] for k in _TOKEN_FIELDS})
+        b = host["input_ids"].shape[0]
+        orders = packing.epoch_orders(key, b, self.cfg.ppo_epochs, self.cfg.shuffle)
+        arrays, stats = packing.pack(host["input_ids"], host["attention_mask"], host["positions"], self.response_len,
+                                     orders, mini_batch_size=self.cfg.ppo_mini_batch_size, cfg=self.pack_cfg)
+        self.shapes.add(stats["shape"])
+        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1))
+        return packing.place_packed(arrays, self.mesh)
+
+    def __call__(self, state, batch: dict, key):
+        return self._step(state, batch, self._packed(batch, key))
+
+    def lower(self, state, batch: dict, key):
+        return self._step.lower(state, batch, self._packed(batch, key))
+
+
+class PackedLogprob:
+    """Packed old / reference log-probs behind the padded signature ``(params, inputs) ->
+    (logp, entropy) [B, T]`` (``inputs``: ``input_ids, attention_mask, positions``)."""
+
+    def __init__(self, graphdef, pack_cfg, *, response_len: int, temperature: float, impl: str = "auto",
+                 mesh: Optional[Mesh] = None):
+        self._fn = make_packed_logprob_fn(graphdef, temperature=temperature, impl=impl, mesh=mesh)
+        self.pack_cfg, self.mesh, self.response_len = pack_cfg, mesh, response_len
+        self.shapes: set = set()
+
+    @property
+    def compiles(self) -> int:
+        return len(self.shapes)
+
+    def _packed(self, inputs: dict):
+        from rljax.trainer import packing
+
+        host = jax.device_get({k: inputs[k] for k in _TOKEN_FIELDS}) if jax.process_count() == 1 else \
+            _gather_host({k: inputs[k] for k in _TOKEN_FIELDS})
+        arrays, stats = packing.pack_logprob_batch(host["input_ids"], host["attention_mask"], host["positions"],
+                                                   self.response_len, cfg=self.pack_cfg)
+        self.shapes.add(stats["shape"])
+        return packing.place_packed(arrays, self.mesh), host["input_ids"].shape[0]
+
+    def __call__(self, params, inputs: dict):
+        packed, b = self._packed(inputs)
+        return self._fn(params, packed, b)
+
+    def lower(self, params, inputs: dict):
+        packed, b = self._packed(inputs)
+        return self._fn.lower(params, packed, b)
+
+
+def _gather_host(tree):
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)

@@ -1,0 +1,360 @@
+"""Sequence packing for the learner: packed rows, token-budget micro-batches, dp balancing.
+
+The padded learner layout puts every trajectory in its own ``[S+T]`` row, so a batch whose
+real lengths average a fifth of ``S+T`` spends four fifths of its FLOPs and memory on
+padding. Here each trajectory's real tokens (prompt and response, padding dropped) are
+laid end to end in rows of ``row_len`` tokens; ``segment_ids`` (1, 2, ... per row; 0 on
+row padding) keep attention inside each trajectory, and the rotary positions are the
+trajectory's own (they restart at 0 in every segment). The learner computes log-probs
+on the packed rows and gathers them back to ``[B, T]`` with an index array, so the
+losses, advantages, metrics and trace see exactly the padded layout's tensors.
+
+Everything here is host-side NumPy except :func:`packed_response_logprobs` (traced
+inside ``jit``). Shapes stay static: the number of rows per micro-batch, of micro-batches
+per mini-batch and of trajectories per micro-batch are rounded up to a small set of
+buckets (:func:`bucket`: 1, 2, 3, 4, 6, 8, 12, 16, ...), so a run compiles a handful of
+programs, not one per batch.
+
+Micro-batches (per mini-batch, after the epoch's shuffle, so the mini-batches are the
+padded path's and the loss keeps the mini-batch's global token / sequence counts):
+
+* fixed (``use_dynamic_bsz=False``): ``micro_batch_size`` consecutive trajectories, as
+  in the padded path, packed first-fit-decreasing into rows;
+* token budget (``use_dynamic_bsz=True``): the mini-batch's trajectories are packed
+  first-fit-decreasing into rows and every micro-batch takes ``rows_per_micro`` rows
+  (``dp`` x rows per device), i.e. a fixed number of tokens per device.
+
+Both are micro-batch invariant: the gradient is a sum over micro-batches of losses
+normalised by mini-batch counts, so how trajectories are grouped changes nothing but
+float summation order.
+
+dp balancing (``balance``): the rows of a micro-batch are split over ``dp`` shards
+``R/dp`` rows each. Packed first-fit-decreasing, the first rows are the fullest; with
+``balance`` the rows are dealt to shards greedily (largest row to the least-loaded shard
+that still has room), so every shard holds about the same number of real tokens.
+Trajectories never leave the ``[B, T]`` order seen by everything outside the update:
+the permutation lives only in the gather indices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Keys of a packed micro-batch's row arrays (``[R, L]`` each).
+ROW_FIELDS = ("tokens", "positions", "segment_ids", "targets")
+#: Learner-batch fields that are the padded token layout (replaced by the packed rows).
+TOKEN_FIELDS = ("input_ids", "attention_mask", "positions")
+
+
+def bucket(n: int) -> int:
+    """Smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5x them) ``>= n``."""
+    n = max(int(n), 1)
+    p = 1 << max(0, math.ceil(math.log2(n)) - 1)
+    for c in (p, 3 * p // 2 if p >= 2 else p, 2 * p):
+        if c >= n:
+            return c
+    return 2 * p
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins (lists of indices into ``lengths``) of total length ``<= capacity``, first fit
+    over the lengths in decreasing order (ties by index, so the result is deterministic)."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.size and lengths.max() > capacity:
+        raise ValueError(f"a sequence of {int(lengths.max())} tokens does not fit a packed row of {capacity}")
+    order = sorted(range(lengths.size), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for j, r in enumerate(room):
+            if lengths[i] <= r:
+                bins[j].append(i)
+                room[j] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - int(lengths[i]))
+    return bins
+
+
+def balanced_assignment(loads: Sequence[int], parts: int) -> np.ndarray:
+    """Assigns ``len(loads)`` items (a multiple of ``parts``) to ``parts`` equal-size groups
+    with about equal total load: largest item first, to the least-loaded group with room
+    (greedy LPT with a cardinality bound). Returns the group of each item."""
+    loads = np.asarray(loads, np.int64)
+    n = loads.size
+    if n % parts:
+        raise ValueError(f"{n} items do not split into {parts} equal groups")
+    cap = n // parts
+    group = np.zeros(n, np.int64)
+    total = np.zeros(parts, np.int64)
+    count = np.zeros(parts, np.int64)
+    for i in sorted(range(n), key=lambda i: (-loads[i], i)):
+        open_ = np.flatnonzero(count < cap)
+        g = open_[np.argmin(total[open_])]
+        group[i] = g
+        total[g] += loads[i]
+        count[g] += 1
+    return group
+
+
+def imbalance(shard_tokens) -> float:
+    """``max / mean`` of per-shard token counts (1.0 is perfect balance; 1.0 for no tokens)."""
+    shard_tokens = np.asarray(shard_tokens, np.float64)
+    mean = shard_tokens.mean() if shard_tokens.size else 0.0
+    return float(shard_tokens.max() / mean) if mean > 0 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PackConfig:
+    """Static packing parameters.
+
+    Attributes:
+      row_len: tokens per packed row (a multiple of ``sp``; at least the longest trajectory).
+      dp: data-parallel shards (rows per micro-batch are a multiple of it).
+      sp: sequence-parallel shards (``row_len`` must divide by it).
+      micro_batch_size: trajectories per micro-batch (fixed mode).
+      use_dynamic_bsz: micro-batches by token budget instead of by trajectory count.
+      max_token_len_per_device: token budget per device per micro-batch (dynamic mode):
+        each device holds ``rows_per_device * row_len / sp`` tokens, with
+        ``rows_per_device = max_token_len_per_device * sp // row_len``.
+      balance: deal a micro-batch's rows to dp shards by token count (see module doc).
+    """
+
+    row_len: int
+    dp: int = 1
+    sp: int = 1
+    micro_batch_size: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    max_token_len_per_device: Optional[int] = None
+    balance: bool = False
+
+    def __post_init__(self):
+        if self.row_len < 1 or self.row_len % self.sp:
+            raise ValueError(f"packing row_len={self.row_len} must be a positive multiple of sp={self.sp}")
+        if self.use_dynamic_bsz:
+            if not self.max_token_len_per_device:
+                raise ValueError("use_dynamic_bsz needs max_token_len_per_device (tokens per device per micro-batch)")
+            if self.max_token_len_per_device * self.sp < self.row_len:
+                raise ValueError(
+                    f"max_token_len_per_device={self.max_token_len_per_device} holds less than one packed row per "
+                    f"device ({self.row_len} tokens / sp={self.sp} = {self.row_len // self.sp}); accepted: at least "
+                    f"{self.row_len // self.sp} (max_prompt_length + max_response_length over sp)")
+        elif not self.micro_batch_size:
+            raise ValueError("fixed micro-batches need micro_batch_size (trajectories per micro-batch)")
+
+    @property
+    def rows_per_device(self) -> int:
+        return max(1, self.max_token_len_per_device * self.sp // self.row_len)
+
+
+def real_columns(attention_mask: np.ndarray) -> list[np.ndarray]:
+    """Per row of a ``[B, S+T]`` mask, the indices of its real tokens."""
+    return [np.flatnonzero(row) for row in np.asarray(attention_mask, bool)]
+
+
+def _micro_batches(members: np.ndarray, lengths: np.ndarray, cfg: PackConfig) -> list[list[list[int]]]:
+    """A mini-batch's trajectories -> micro-batches, each a list of rows (lists of trajectory ids)."""
+    if cfg.use_dynamic_bsz:
+        rows = [[int(members[i]) for i in r] for r in first_fit_decreasing(lengths[members], cfg.row_len)]
+        per = cfg.dp * cfg.rows_per_device
+        return [rows[i:i + per] for i in range(0, len(rows), per)]
+    out = []
+    for i in range(0, members.size, cfg.micro_batch_size):
+        chunk = members[i:i + cfg.micro_batch_size]
+        out.append([[int(chunk[j]) for j in r] for r in first_fit_decreasing(lengths[chunk], cfg.row_len)])
+    return out
+
+
+def _order_rows(rows: list[list[int]], lengths: np.ndarray, num_rows: int, cfg: PackConfig) -> list[list[int]]:
+    """Pads ``rows`` with empty rows to ``num_rows`` and orders them so that row ``i`` lands
+    on dp shard ``i // (num_rows / dp)``; with ``balance`` shards get about equal tokens."""
+    rows = rows + [[] for _ in range(num_rows - len(rows))]
+    if not cfg.balance or cfg.dp == 1:
+        return rows
+    loads = [int(lengths[r].sum()) if r else 0 for r in rows]
+    group = balanced_assignment(loads, cfg.dp)
+    return [rows[i] for g in range(cfg.dp) for i in np.flatnonzero(group == g)]
+
+
+def pack(input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarray, response_len: int,
+         orders: Sequence[np.ndarray], *, mini_batch_size: int, cfg: PackConfig,
+         shape: Optional[tuple[int, int, int]] = None) -> tuple[dict, dict]:
+    """Packs a padded learner batch into micro-batches of rows.
+
+    Args:
+      input_ids, attention_mask, positions: ``[B, S+T]`` host arrays of the padded learner
+        batch (left-padded prompt then right-padded response; see
+        :mod:`rljax.trainer.step`).
+      response_len: ``T``; hidden state at column ``S-1+t`` predicts response token ``t``.
+      orders: one permutation of ``range(B)`` per pass (epoch); each is cut into
+        consecutive mini-batches of ``mini_batch_size`` (as the padded update does).
+      cfg: :class:`PackConfig`.
+      shape: force ``(micro-batches per mini-batch U, rows per micro-batch R,
+        trajectories per micro-batch Bm)`` (each at least what the batch needs) instead of
+        the buckets of the needed sizes, e.g. to share one compiled program between calls.
+
+    Returns:
+      ``(arrays, stats)``. ``arrays``: ``tokens, positions, segment_ids, targets``
+      ``[M, U, R, L]`` int32 (``M`` = passes x mini-batches), ``traj_index [M, U, Bm]``
+      (row of the ``[B, T]`` batch, or ``B`` for an empty slot) and ``gather [M, U, Bm, T]``
+      (flat index into the micro-batch's ``R*L`` packed positions of the hidden state that
+      predicts each response token; 0 where the padded column is not a real token).
+      ``stats``: ``real_tokens``, ``packed_tokens`` (``M*U*R*L``), ``padded_tokens``
+      (``passes*B*(S+T)``), ``dp_token_imbalance`` (mean over micro-batches of max/mean
+      shard tokens) and ``shape`` ``(U, R, Bm)``.
+    """
+    input_ids = np.asarray(input_ids)
+    attention_mask = np.asarray(attention_mask, bool)
+    positions = np.asarray(positions)
+    b, width = input_ids.shape
+    s = width - response_len
+    if s < 1:
+        raise ValueError(f"response_len={response_len} leaves no prompt column in a row of {width}")
+    cols = real_columns(attention_mask)
+    lengths = np.array([c.size for c in cols], np.int64)
+    if b % mini_batch_size:
+        raise ValueError(f"batch of {b} trajectories does not divide into mini-batches of {mini_batch_size}")
+
+    plan = []  # per mini-batch: list of micro-batches (lists of rows)
+    for order in orders:
+        order = np.asarray(order)
+        if sorted(order.tolist()) != list(range(b)):
+            raise ValueError(f"each order must be a permutation of range({b})")
+        for m in range(0, b, mini_batch_size):
+            plan.append(_micro_batches(order[m:m + mini_batch_size], lengths, cfg))
+    need_u = max(len(mb) for mb in plan)
+    need_r = max(len(rows) for mb in plan for rows in mb)
+    need_b = max(sum(len(r) for r in rows) for mb in plan for rows in mb)
+    per = cfg.dp * cfg.rows_per_device if cfg.use_dynamic_bsz else None
+    u = bucket(need_u)
+    r_rows = per if per else cfg.dp * bucket(-(-need_r // cfg.dp))
+    bm = min(bucket(need_b), mini_batch_size)
+    if shape is not None:
+        if shape[0] < need_u or shape[1] < need_r or shape[1] % cfg.dp or shape[2] < need_b:
+            raise ValueError(f"packing shape {shape} is smaller than this batch needs ({need_u}, {need_r}, {need_b}) "
+                             f"or its rows do not divide by dp={cfg.dp}")
+        u, r_rows, bm = shape
+    big_m, el = len(plan), cfg.row_len
+    out = {k: np.zeros((big_m, u, r_rows, el), np.int32) for k in ROW_FIELDS}
+    traj_index = np.full((big_m, u, bm), b, np.int32)
+    gather = np.zeros((big_m, u, bm, response_len), np.int32)
+    next_ids = np.concatenate([input_ids[:, 1:], np.zeros((b, 1), input_ids.dtype)], axis=1)
+    ratios = []
+    for mi, micro_batches in enumerate(plan):
+        for ui, rows in enumerate(micro_batches):
+            rows = _order_rows(rows, lengths, r_rows, cfg)
+            slot = 0
+            shard = np.zeros(cfg.dp, np.int64)
+            for ri, row in enumerate(rows):
+                off = 0
+                for seg, t in enumerate(row, start=1):
+                    c = cols[t]
+                    n = c.size
+                    sl = np.s_[mi, ui, ri, off:off + n]
+                    out["tokens"][sl] = input_ids[t, c]
+                    out["positions"][sl] = positions[t, c]
+                    out["segment_ids"][sl] = seg
+                    out["targets"][sl] = next_ids[t, c]
+                    # response token j is predicted at padded column s-1+j
+                    where = np.full(width, -1, np.int64)
+                    where[c] = ri * el + off + np.arange(n)
+                    pred = where[s - 1: s - 1 + response_len]
+                    traj_index[mi, ui, slot] = t
+                    gather[mi, ui, slot] = np.maximum(pred, 0)
+                    slot += 1
+                    off += n
+                shard[ri // (r_rows // cfg.dp)] += off
+            ratios.append(imbalance(shard))
+    stats = {
+        "real_tokens": int(lengths.sum()) * len(orders),
+        "packed_tokens": int(big_m * u * r_rows * el),
+        "padded_tokens": int(len(orders) * b * width),
+        "dp_token_imbalance": float(np.mean(ratios)),
+        "shape": (u, r_rows, bm),
+    }
+    return {**out, "traj_index": traj_index, "gather": gather}, stats
+
+
+def epoch_orders(key: jax.Array, batch_size: int, epochs: int, shuffle: bool = True) -> list[np.ndarray]:
+    """The per-epoch trajectory orders the padded update uses for ``key`` (same bits):
+    a permutation per epoch, or the batch order when ``shuffle`` is off."""
+    if not shuffle:
+        return [np.arange(batch_size) for _ in range(epochs)]
+    return [np.asarray(jax.random.permutation(k, batch_size)) for k in jax.random.split(key, epochs)]
+
+
+def pack_logprob_batch(input_ids, attention_mask, positions, response_len: int, *, cfg: PackConfig,
+                       shape=None) -> tuple[dict, dict]:
+    """Packing for a log-prob pass over the whole batch in its own order: ``[1, U, R, L]``
+    rows (one "mini-batch"), ``gather`` indices into the flat ``U*R*L`` positions."""
+    b = np.asarray(input_ids).shape[0]
+    arrays, stats = pack(input_ids, attention_mask, positions, response_len, [np.arange(b)],
+                         mini_batch_size=b, cfg=cfg, shape=shape)
+    return arrays, stats
+
+
+# --------------------------------------------------------------------------- traced
+
+
+def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *, temperature: float = 1.0,
+                             impl: str = "auto", mesh=None) -> tuple[jax.Array, jax.Array]:
+    """``(logp, entropy)`` ``[Bm, T]`` of a packed micro-batch, in the padded layout.
+
+    ``rows``: ``tokens, positions, segment_ids, targets [R, L]``; ``gather [Bm, T]``: flat
+    index into ``R*L`` of the position predicting each response token.
+    """
+    from rljax.models import functional as F
+    from rljax.pallas import fused_logprob, fused_logprob_sharded
+    from rljax.sharding import with_logical_constraint
+
+    seg = rows["segment_ids"]
+    hidden = F.forward(graphdef, params, rows["tokens"], positions=rows["positions"], mask=seg > 0, mesh=mesh,
+                       segment_ids=seg)
+    unembed = F.unembedding(params)
+    if mesh is None:
+        logp, entropy = fused_logprob(hidden, unembed, rows["targets"], temperature=temperature, impl=impl)
+    else:
+        hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
+        logp, entropy = fused_logprob_sharded(hidden, unembed, rows["targets"], mesh=mesh, temperature=temperature,
+                                              impl=impl)
+    return jnp.take(logp.reshape(-1), gather, axis=0), jnp.take(entropy.reshape(-1), gather, axis=0)
+
+
+def place_packed(arrays: dict, mesh) -> dict:
+    """Packed arrays -> global arrays on ``mesh``: rows ``[..., R, L]`` with ``R`` on ``dp``
+    and ``L`` on ``sp``; index arrays replicated (they are small)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if mesh is None:
+        return {k: jnp.asarray(v) for k, v in arrays.items()}
+    out = {}
+    for k, v in arrays.items():
+        lead = (None,) * (v.ndim - 2)
+        spec = PartitionSpec(*lead, "dp", "sp") if k in ROW_FIELDS else PartitionSpec()
+        sharding = NamedSharding(mesh, spec)
+        out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
+    return out
+
+
+def pack_configs(cfg, *, dp: int, sp: int, row_len: int, micro_batch_size: int) -> tuple[PackConfig, PackConfig]:
+    """``(update, log-prob)`` :class:`PackConfig` from a run configuration (``actor.*``,
+    ``trainer.balance_batch``). ``row_len``: the learner's ``S + T`` (every trajectory fits
+    one row). Without a token budget a device holds one row per micro-batch."""
+    a = cfg.actor
+    one_row = row_len // sp
+    budget = a.ppo_max_token_len_per_device or one_row
+    update = PackConfig(row_len=row_len, dp=dp, sp=sp, micro_batch_size=micro_batch_size,
+                        use_dynamic_bsz=a.use_dynamic_bsz, max_token_len_per_device=budget,
+                        balance=cfg.trainer.balance_batch)
+    logprob = PackConfig(row_len=row_len, dp=dp, sp=sp, micro_batch_size=micro_batch_size,
+                         use_dynamic_bsz=a.log_prob_use_dynamic_bsz,
+                         max_token_len_per_device=a.log_prob_max_token_len_per_device or budget,
+                         balance=cfg.trainer.balance_batch)
+    return update, logprob

@@ -1,0 +1,195 @@
+"""Packed learner batches: packing plans, packed == padded log-probs and updates (on meshes too)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rljax.models import functional as F
+from rljax.models.config import get_config
+from rljax.sharding import make_mesh
+from rljax.trainer import StepConfig, init_state, make_logprob_fn, make_train_step
+from rljax.trainer import packing as P
+from rljax.trainer.step import make_packed_logprob_fn
+
+S, T = 8, 8
+CFG = get_config("tiny")
+
+
+def _batch(seed: int, b: int):
+    """Left-padded prompts, ragged responses, a tool-observation token, old log-probs."""
+    rng = np.random.default_rng(seed)
+    plen = rng.integers(2, S + 1, b)
+    rlen = rng.integers(1, T + 1, b)
+    prompt_mask = np.arange(S)[None, :] >= (S - plen)[:, None]
+    resp_mask = np.arange(T)[None, :] < rlen[:, None]
+    attn = np.concatenate([prompt_mask, resp_mask], axis=1)
+    ids = np.where(attn, rng.integers(3, CFG.vocab_size, (b, S + T)), 0).astype(np.int32)
+    loss_mask = resp_mask.copy()
+    loss_mask[:, 1] &= rng.random(b) > 0.5
+    batch = {
+        "input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(attn),
+        "positions": F.default_positions(jnp.asarray(attn)),
+        "loss_mask": jnp.asarray(loss_mask, jnp.float32),
+        "advantages": jnp.asarray(rng.normal(0, 1, (b, T)) * loss_mask, jnp.float32),
+    }
+    # near the model's log-probs at init (~ -log V), so some ratios clip and some do not
+    batch["old_logp"] = jnp.asarray(-np.log(CFG.vocab_size) + rng.normal(0, 0.3, (b, T)), jnp.float32)
+    return batch
+
+
+def _host(batch):
+    return tuple(np.asarray(batch[k]) for k in ("input_ids", "attention_mask", "positions"))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return F.init_params(CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def batch(model):
+    return _batch(0, 8)
+
+
+# ------------------------------------------------------------------ host planning
+
+
+def test_bucket_and_first_fit():
+    assert [P.bucket(n) for n in (0, 1, 2, 3, 4, 5, 7, 9, 13, 17)] == [1, 1, 2, 3, 4, 6, 8, 12, 16, 24]
+    bins = P.first_fit_decreasing([5, 3, 4, 2, 6], 8)
+    assert sorted(sorted(b) for b in bins) == [[0, 1], [2], [3, 4]]  # 6+2, 5+3, 4
+    with pytest.raises(ValueError, match="does not fit a packed row of 4"):
+        P.first_fit_decreasing([5], 4)
+
+
+def test_balanced_assignment_equalises_loads():
+    loads = [9, 8, 7, 1, 1, 0, 0, 0]
+    group = P.balanced_assignment(loads, 4)
+    assert np.bincount(group, minlength=4).tolist() == [2, 2, 2, 2]
+    totals = np.bincount(group, weights=loads, minlength=4)
+    assert totals.max() == 9 and P.imbalance(totals) == pytest.approx(9 / 6.5)
+
+
+def test_pack_layout_restarts_positions_and_maps_back(batch):
+    ids, attn, pos = _host(batch)
+    cfg = P.PackConfig(row_len=32, micro_batch_size=8)
+    arrays, stats = P.pack(ids, attn, pos, T, [np.arange(8)], mini_batch_size=8, cfg=cfg)
+    assert stats["real_tokens"] == attn.sum() and stats["packed_tokens"] < stats["padded_tokens"]
+    seg, tok, posn, tgt = (arrays[k][0, 0] for k in ("segment_ids", "tokens", "positions", "targets"))
+    assert (tok[seg == 0] == 0).all() and (seg.max(axis=1) >= 2).any()  # some row holds two trajectories
+    seen = set()
+    for slot, t in enumerate(arrays["traj_index"][0, 0]):
+        if t == 8:
+            continue
+        seen.add(int(t))
+        flat = arrays["gather"][0, 0, slot]
+        row = int(flat[0]) // 32  # every trajectory sits in one row
+        segment = seg[row, int(flat[0]) % 32]
+        where = seg[row] == segment
+        np.testing.assert_array_equal(tok[row, where], ids[t, attn[t]])
+        np.testing.assert_array_equal(posn[row, where], np.arange(attn[t].sum()))  # restarts at 0
+        for j in np.flatnonzero(np.asarray(batch["loss_mask"])[t]):
+            r, c = divmod(int(flat[j]), 32)
+            assert r == row and tgt[r, c] == ids[t, S + j]  # the packed position predicts response token j
+    assert seen == set(range(8))
+
+
+def test_pack_rejects_budget_below_a_row():
+    with pytest.raises(ValueError, match="max_token_len_per_device=4 holds less than one packed row"):
+        P.PackConfig(row_len=16, use_dynamic_bsz=True, max_token_len_per_device=4)
+    with pytest.raises(ValueError, match="multiple of sp=2"):
+        P.PackConfig(row_len=15, sp=2, micro_batch_size=2)
+
+
+# ------------------------------------------------------------------ numbers
+
+
+def test_packed_logprobs_equal_padded(model, batch):
+    graphdef, params = model
+    ref = make_logprob_fn(graphdef, response_len=T, temperature=1.0, impl="chunked")(params, batch)
+    ids, attn, pos = _host(batch)
+    arrays, _ = P.pack_logprob_batch(ids, attn, pos, T, cfg=P.PackConfig(row_len=32, use_dynamic_bsz=True,
+                                                                          max_token_len_per_device=32))
+    out = make_packed_logprob_fn(graphdef, temperature=1.0, impl="chunked")(params, P.place_packed(arrays, None), 8)
+    m = np.asarray(batch["loss_mask"]) > 0
+    for a, b in zip(out, ref):
+        np.testing.assert_allclose(np.asarray(a)[m], np.asarray(b)[m], rtol=1e-5, atol=1e-5)
+
+
+def _update(graphdef, params, batch, *, mesh=None, pack_cfg=None, **kw):
+    opt = optax.sgd(1.0)
+    cfg = StepConfig(**{"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 2, "ppo_epochs": 2,
+                        "logprob_impl": "chunked", **kw})
+    state = init_state(jax.tree.map(jnp.copy, params), opt)
+    key = jax.random.key(0)
+    if pack_cfg is None:
+        return make_train_step(graphdef, opt, cfg, mesh=mesh)(state, batch, key)
+    arrays, _ = P.pack(*_host(batch), T, P.epoch_orders(key, 8, cfg.ppo_epochs), mini_batch_size=4, cfg=pack_cfg)
+    step = make_train_step(graphdef, opt, cfg, mesh=mesh, packed=True)
+    return step(state, batch, P.place_packed(arrays, mesh))
+
+
+@pytest.fixture(scope="module")
+def padded_update(model, batch):
+    return _update(*model, batch)
+
+
+_KEYS = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack_cfg", [
+    P.PackConfig(row_len=32, micro_batch_size=2),
+    P.PackConfig(row_len=32, dp=2, use_dynamic_bsz=True, max_token_len_per_device=32, balance=True),
+], ids=["fixed", "token-budget-balanced"])
+def test_packed_update_equals_padded(model, batch, padded_update, pack_cfg):
+    ref, mref = padded_update
+    out, mout = _update(*model, batch, pack_cfg=pack_cfg)
+    chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
+    for k in _KEYS:
+        np.testing.assert_allclose(mout[k], mref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["dp8", "dp2,tp2,sp2"])
+def test_packed_update_on_a_mesh_equals_padded(model, batch, padded_update, devices, spec):
+    graphdef, params = model
+    mesh = make_mesh(spec)
+    sizes = dict(mesh.shape)
+    pack_cfg = P.PackConfig(row_len=32, dp=sizes["dp"], sp=sizes["sp"], use_dynamic_bsz=True,
+                            max_token_len_per_device=32 // sizes["sp"], balance=True)
+    out, mout = _update(graphdef, jax.device_put(params, F.param_shardings(CFG, mesh)), batch, mesh=mesh,
+                        pack_cfg=pack_cfg)
+    ref, mref = padded_update
+    chex.assert_trees_all_close(out.params, ref.params, rtol=1e-4, atol=1e-5)
+    for k in _KEYS:
+        np.testing.assert_allclose(mout[k], mref[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+@pytest.mark.slow
+def test_packed_run_reports_the_padded_runs_numbers(tmp_path):
+    """One training step through the launcher, padded and packed (token budget, balance),
+    on dp2,tp2,sp2: the same rollouts, so the same losses and gradient norm."""
+    import json
+
+    from test_launch import SMALL, launch
+
+    rows = {}
+    for name, extra in (("padded", []), ("packed", ["actor.use_remove_padding=true", "actor.use_dynamic_bsz=true",
+                                                     "trainer.balance_batch=true"])):
+        run = tmp_path / name
+        out = launch("--mesh=dp2,tp2,sp2", "--run-dir", str(run), *SMALL, "trainer.total_steps=1", *extra, timeout=1200)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        rows[name] = next(r for r in recs if r["step"] == 1 and "actor/pg_loss" in r)
+    for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac"):
+        np.testing.assert_allclose(rows["packed"][k], rows["padded"][k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert rows["packed"]["perf/learner_compiles"] >= 2 and 0 <= rows["packed"]["perf/learner_padding_frac"] < 1
+    assert rows["packed"]["perf/dp_token_imbalance"] >= 1.0
+    assert "perf/mfu/actor" not in rows["packed"] and rows["packed"]["perf/model_flops/actor"] > 0  # CPU: no MFU
