@@ -1,0 +1,214 @@
+"""Learner update and decode throughput on realistic length distributions, side by side.
+
+Update step (one actor update over a batch, the same shuffled mini-batches for every row):
+
+* ``padded``: today's layout, every trajectory in a ``[max_prompt + max_response]`` row;
+* ``packed``: real tokens packed into rows with segment ids (``actor.use_remove_padding``),
+  the same trajectory-count micro-batches;
+* ``packed+budget+balance``: packed, micro-batches by a per-device token budget
+  (``actor.use_dynamic_bsz``), rows dealt to dp shards by tokens (``trainer.balance_batch``).
+
+Columns: median wall time of the compiled step, temporary bytes of the compiled program
+(``memory_analysis()``), the fraction of processed token slots that are padding, and the
+number of distinct programs a run of ``--plan-steps`` batches from the same distribution
+would compile (the packed shapes are bucketed). Decode: tokens/s of the engine's
+device-side decode loop with every slot at 10%, 50% and 100% of the cache capacity,
+attending over the whole cache (``dense``, today's) or up to the live length (``live``).
+
+Distributions (token counts, clipped to the limits):
+
+* ``gsm8k``: prompts lognormal around 120 (sigma 0.35), responses lognormal around 300
+  (sigma 0.6; tail to 2,000);
+* ``agent``: prompts lognormal around 400 (sigma 0.5); responses 75% lognormal around
+  150 (sigma 0.7) and 25% around 1,200 (sigma 0.4) -- a long tail of long episodes.
+
+    python bench/throughput.py                          # both distributions, ~20M model
+    python bench/throughput.py --dist gsm8k --batch 8 --skip-decode
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from rljax import models  # noqa: E402
+from rljax.models import functional as F  # noqa: E402
+from rljax.rollout import DecodeParams, RljaxEngine  # noqa: E402
+from rljax.trainer import StepConfig, init_state, make_train_step  # noqa: E402
+from rljax.trainer import packing as P  # noqa: E402
+
+
+def lengths(dist: str, n: int, rng, max_prompt: int, max_response: int):
+    if dist == "gsm8k":
+        p = rng.lognormal(np.log(120), 0.35, n)
+        r = rng.lognormal(np.log(300), 0.6, n)
+    elif dist == "agent":
+        p = rng.lognormal(np.log(400), 0.5, n)
+        long = rng.random(n) < 0.25
+        r = np.where(long, rng.lognormal(np.log(1200), 0.4, n), rng.lognormal(np.log(150), 0.7, n))
+    else:
+        raise ValueError(f"unknown distribution {dist!r}; accepted: gsm8k, agent")
+    return (np.clip(p, 8, max_prompt).astype(int), np.clip(r, 4, max_response).astype(int))
+
+
+def batch_of(plen, rlen, s, t, vocab, rng):
+    """A learner batch in the padded layout (left-padded prompt, right-padded response)."""
+    b = plen.size
+    attn = np.concatenate([np.arange(s)[None] >= (s - plen)[:, None], np.arange(t)[None] < rlen[:, None]], 1)
+    ids = np.where(attn, rng.integers(3, vocab, (b, s + t)), 0).astype(np.int32)
+    loss_mask = (np.arange(t)[None] < rlen[:, None]).astype(np.float32)
+    return {
+        "input_ids": ids, "attention_mask": attn,
+        "positions": np.maximum(np.cumsum(attn, 1) - 1, 0).astype(np.int32),
+        "loss_mask": loss_mask,
+        "advantages": (rng.normal(0, 1, (b, 1)) * loss_mask).astype(np.float32),
+        "old_logp": (-np.log(vocab) + rng.normal(0, 0.1, (b, t)) * loss_mask).astype(np.float32),
+    }
+
+
+def timed(fn, reps, warmup=2):
+    for _ in range(warmup):  # compile, and compile again if the donated state comes back in another layout
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def update_rows(config, args, dist, rng):
+    s, t = args.max_prompt, args.max_response
+    plen, rlen = lengths(dist, args.batch, rng, s, t)
+    host = batch_of(plen, rlen, s, t, config.vocab_size, rng)
+    batch = {k: jnp.asarray(v) for k, v in host.items()}
+    graphdef, params = F.init_params(config, seed=0)
+    opt = optax.sgd(1e-3)
+    cfg = StepConfig(ppo_mini_batch_size=args.batch, ppo_micro_batch_size=args.micro, logprob_impl="chunked")
+    key = jax.random.key(0)
+    orders = P.epoch_orders(key, args.batch, 1)
+    real = int(host["attention_mask"].sum())
+    budget = args.token_budget
+    variants = {
+        "padded": None,
+        "packed": P.PackConfig(row_len=s + t, micro_batch_size=args.micro),
+        "packed+budget+balance": P.PackConfig(row_len=s + t, use_dynamic_bsz=True, max_token_len_per_device=budget,
+                                              balance=True),
+    }
+    rows = {}
+    for name, pcfg in variants.items():
+        state = init_state(jax.tree.map(jnp.copy, params), opt)
+        if pcfg is None:
+            step = make_train_step(graphdef, opt, cfg)
+            args_ = (batch, key)
+            slots = args.batch * (s + t)
+            compiles = 1
+        else:
+            step = make_train_step(graphdef, opt, cfg, packed=True)
+            arrays, stats = P.pack(host["input_ids"], host["attention_mask"], host["positions"], t, orders,
+                                   mini_batch_size=args.batch, cfg=pcfg)
+            args_ = (batch, P.place_packed(arrays, None))
+            slots = stats["packed_tokens"]
+            shapes = set()  # the programs a run would compile: distinct bucketed shapes
+            for i in range(args.plan_steps):
+                pl, rl = lengths(dist, args.batch, np.random.default_rng(1000 + i), s, t)
+                hb = batch_of(pl, rl, s, t, config.vocab_size, rng)
+                _, st = P.pack(hb["input_ids"], hb["attention_mask"], hb["positions"], t, orders,
+                               mini_batch_size=args.batch, cfg=pcfg)
+                shapes.add(st["shape"])
+            compiles = len(shapes)
+        temp = step.lower(state, *args_).compile().memory_analysis().temp_size_in_bytes
+        box = [state]
+
+        def run():
+            box[0], m = step(box[0], *args_)
+            return m
+
+        sec = timed(run, args.reps, warmup=1)
+        rows[name] = dict(time=sec, temp=temp, pad=1 - real / slots, compiles=compiles)
+    return rows, (plen, rlen)
+
+
+def decode_rows(config, args):
+    out = {}
+    cap = args.max_prompt + args.max_response
+    graphdef, params = F.init_params(config, seed=0)
+    for mode in ("dense", "live"):
+        eng = RljaxEngine(config, num_slots=args.slots, max_prefill_length=args.max_prompt,
+                          max_decode_length=args.max_response, decode_attention=mode)
+        p = eng.load_params(params)
+        for fill in (0.1, 0.5, 1.0):
+            index = min(int(fill * cap), cap - args.decode_steps - 1)
+            state = eng.init_decode_state(DecodeParams(temperature=0.0, max_new_tokens=args.max_response, eos_ids=()))
+            s = args.slots
+            state = state.replace(index=jnp.full((s,), index, jnp.int32), active=jnp.ones((s,), bool),
+                                  done=jnp.zeros((s,), bool), step=jnp.ones((s,), jnp.int32))
+            box = [state]
+
+            def run():
+                st = box[0].replace(index=jnp.full((s,), index, jnp.int32), step=jnp.ones((s,), jnp.int32),
+                                    done=jnp.zeros((s,), bool))
+                box[0], steps = eng.generate_chunk(p, st, num_steps=args.decode_steps)
+                return steps
+
+            sec = timed(run, args.reps)
+            out[(mode, fill)] = s * args.decode_steps / sec
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dist", default="gsm8k,agent")
+    ap.add_argument("--batch", type=int, default=16, help="trajectories per update (one mini-batch)")
+    ap.add_argument("--micro", type=int, default=4, help="trajectories per micro-batch (padded and packed)")
+    ap.add_argument("--token-budget", type=int, default=8192, help="tokens per device per packed micro-batch")
+    ap.add_argument("--max-prompt", type=int, default=512)
+    ap.add_argument("--max-response", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--plan-steps", type=int, default=50, help="batches planned to count compiled shapes")
+    ap.add_argument("--slots", type=int, default=32)
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--skip-update", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
+    args = ap.parse_args()
+    config = models.ModelConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4, num_layers=args.layers,
+        num_heads=args.hidden // 64, num_kv_heads=max(args.hidden // 128, 1), max_position_embeddings=8192,
+    )
+    print(f"model: {config.num_layers} layers, hidden {config.hidden_size}, {config.num_heads} heads, "
+          f"{config.num_kv_heads} kv heads, mlp {config.intermediate_size}, vocab {config.vocab_size}: "
+          f"{config.num_params() / 1e6:.1f}M params (float32); limits prompt {args.max_prompt} + response "
+          f"{args.max_response}; jax {jax.__version__}, {jax.devices()[0].platform}")
+    if not args.skip_update:
+        for dist in args.dist.split(","):
+            rows, (plen, rlen) = update_rows(config, args, dist, np.random.default_rng(0))
+            print(f"\nupdate step, {dist}: {args.batch} trajectories (prompt mean {plen.mean():.0f}, response mean "
+                  f"{rlen.mean():.0f} / max {rlen.max()}), micro-batch {args.micro} trajectories or "
+                  f"{args.token_budget} tokens")
+            base = rows["padded"]
+            print(f"{'variant':<24}{'time s':>9}{'speedup':>9}{'temp MiB':>10}{'temp/pad':>10}{'padding':>9}{'compiles':>10}")
+            for name, r in rows.items():
+                print(f"{name:<24}{r['time']:>9.2f}{base['time'] / r['time']:>9.2f}{r['temp'] / 2**20:>10.0f}"
+                      f"{r['temp'] / base['temp']:>10.2f}{r['pad']:>9.2f}{r['compiles']:>10}")
+    if not args.skip_decode:
+        out = decode_rows(config, args)
+        cap = args.max_prompt + args.max_response
+        print(f"\ndecode: {args.slots} slots, cache capacity {cap}, {args.decode_steps} steps per chunk (tokens/s)")
+        print(f"{'cache fill':<12}{'dense':>10}{'live':>10}{'live/dense':>12}")
+        for fill in (0.1, 0.5, 1.0):
+            d, lv = out[("dense", fill)], out[("live", fill)]
+            print(f"{int(fill * 100):>9}%  {d:>10.0f}{lv:>10.0f}{lv / d:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()
