@@ -34,6 +34,13 @@ def test_infinite_loop_and_sleep_time_out(sandbox):
     assert _no_sandbox_processes_left()
 
 
+def test_cpu_limit_is_a_backstop_reported_as_timeout():
+    busy = PythonSandbox(timeout_s=30.0, cpu_s=1)  # the CPU limit comes first here
+    r = busy.run("while True:\n    pass")
+    assert r.error and r.timeout and "CPU time limit of 1 s exceeded" in r.output and r.seconds < 10
+    assert PythonSandbox(timeout_s=2.0).cpu_s == 3  # default: above the wall clock, which fires first
+
+
 def test_fork_bomb_is_contained(sandbox):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     r = sandbox.run(bomb)

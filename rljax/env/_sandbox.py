@@ -6,7 +6,9 @@ the call) and these limits:
 * wall clock ``timeout_s``: past it the process group is killed (``SIGKILL``), and when the
   sandbox runs as root every process of the call's private user id as well (a child that
   left the group with ``setsid`` included);
-* CPU time (``RLIMIT_CPU``), address space (``RLIMIT_AS``, ``memory_mb``), file size
+* CPU time (``RLIMIT_CPU``, a backstop one second above the wall clock so a busy loop is
+  reported as the wall-clock timeout, and threads that burn CPU faster are stopped too;
+  ``SIGXCPU`` at the soft limit, ``SIGKILL`` one second later), address space (``RLIMIT_AS``, ``memory_mb``), file size
   (``RLIMIT_FSIZE``), open files, no core dumps, and a process count (``RLIMIT_NPROC``) so a
   fork bomb stops at a few dozen processes;
 * no inherited environment (``python -I``; ``PATH``/``HOME``/``LANG`` only), so secrets in
@@ -64,7 +66,8 @@ if isolate:
     if not ok:
         sys.stderr.write("sandbox: namespaces unavailable; running without a private uid\n")
         uid = -1
-for res, v in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+for res, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
                (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(res, (v, v))
 if uid >= 0:
@@ -133,7 +136,7 @@ class PythonSandbox:
 
     Args:
       timeout_s: wall-clock limit per call.
-      cpu_s: CPU-time limit per call (default ``ceil(timeout_s)``).
+      cpu_s: CPU-time limit per call (default ``ceil(timeout_s) + 1``).
       memory_mb: address-space limit.
       max_output_chars: stdout+stderr beyond this is cut (with a marker).
       nproc: processes (threads included) a call may have.
@@ -147,7 +150,7 @@ class PythonSandbox:
         if memory_mb < 64:
             raise ValueError(f"memory_mb is {memory_mb!r}; accepted: >= 64 (the interpreter needs ~30 MB)")
         self.timeout_s = float(timeout_s)
-        self.cpu_s = int(cpu_s or max(1, int(-(-timeout_s // 1))))
+        self.cpu_s = int(cpu_s or int(-(-timeout_s // 1)) + 1)
         self.memory_mb = int(memory_mb)
         self.max_output_chars = int(max_output_chars)
         self.nproc = int(nproc)
@@ -242,9 +245,10 @@ class PythonSandbox:
                               seconds=seconds)
         if rc < 0:
             name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-            cpu = " (CPU time limit)" if -rc in (signal.SIGXCPU, signal.SIGKILL) else ""
-            return ToolResult(f"{text}error: killed by {name}{cpu}", error=True, timeout=-rc == signal.SIGXCPU,
-                              seconds=seconds)
+            if -rc == signal.SIGXCPU:  # only RLIMIT_CPU sends it; SIGKILL may be the OOM killer too
+                return ToolResult(f"{text}error: CPU time limit of {self.cpu_s} s exceeded (killed by SIGXCPU)",
+                                  error=True, timeout=True, seconds=seconds)
+            return ToolResult(f"{text}error: killed by {name}", error=True, seconds=seconds)
         if rc != 0:
             text += f"error: exit code {rc}"
         return ToolResult(text, error=rc != 0, seconds=seconds)
