@@ -382,9 +382,29 @@ _TRACE_DIR = _RLJAX_DIR + "trace" + os.sep
 _reads: set | None = None
 
 
-def _counts_as_read(key: str, filename: str) -> bool:
-    if not filename.startswith(_RLJAX_DIR) or filename.startswith(_CONFIG_DIR):
-        return False  # tests, dataclasses' generated methods; validation and serialisation
+@lru_cache(maxsize=None)
+def _consumer_codes() -> frozenset:
+    """The helpers in ``rljax/config`` that compute what a run uses (derived sizes, the model's
+    shape): their reads count when the run calls them, not when validation does."""
+    from rljax.config._derived import derive
+    from rljax.config._validate import apply_model_overrides
+
+    return frozenset({derive.__code__, apply_model_overrides.__code__})
+
+
+def _counts_as_read(key: str, frame) -> bool:
+    """``frame`` read ``key``. Reads in ``rljax/config`` count only when the run's code called a
+    consumer helper directly (validation calling it does not count); reads elsewhere count
+    when the code is in ``rljax/``."""
+    entry = None  # the rljax/config function the code outside rljax/config called
+    while frame is not None and frame.f_code.co_filename.startswith(_CONFIG_DIR):
+        entry = frame.f_code
+        frame = frame.f_back
+    if frame is None or (entry is not None and entry not in _consumer_codes()):
+        return False  # validation, checks and serialisation read every key and do nothing with it
+    filename = frame.f_code.co_filename
+    if not filename.startswith(_RLJAX_DIR):
+        return False  # tests, dataclasses' generated methods
     return not filename.startswith(_TRACE_DIR) or key.startswith("trace.")  # observers only read trace.*
 
 
@@ -395,7 +415,7 @@ def _recording_class(cls, prefix: str):
     def __getattribute__(self, name):
         if _reads is not None and name in names:
             key = prefix + name
-            if key in field_specs() and _counts_as_read(key, sys._getframe(1).f_code.co_filename):
+            if key in field_specs() and _counts_as_read(key, sys._getframe(1)):
                 _reads.add(key)
         return object.__getattribute__(self, name)
 
