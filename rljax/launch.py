@@ -113,6 +113,16 @@ def check_inputs(cfg) -> None:
         raise UsageError(str(e)) from None
 
 
+def check_process_split(cfg, processes) -> None:
+    """Each process generates ``data.train_batch_size / processes`` whole prompt groups
+    (:mod:`rljax.trainer.distribute`): the batch must split evenly (a multi-turn run still
+    generates the whole batch on every process)."""
+    if processes and processes > 1 and cfg.env.function is None and cfg.data.train_batch_size % processes:
+        raise UsageError(f"data.train_batch_size={cfg.data.train_batch_size} prompts do not split over "
+                         f"--num-processes={processes}: each process generates whole prompt groups; use a multiple "
+                         f"of {processes}")
+
+
 def setup_devices(args, spec, rollout_devices: int = 0) -> None:
     """Multi-host initialisation, then the CPU host device count; both before JAX's backends start.
 
@@ -220,6 +230,7 @@ def main(argv=None) -> int:
         run_dir = os.path.abspath(run_directory(cfg))
         check_run_dir(run_dir)
         check_inputs(cfg)  # before the lock creates the run directory
+        check_process_split(cfg, args.num_processes)
         if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
             lock = RunDirLock(run_dir).acquire()
         ckpt_dir = os.path.join(run_dir, "checkpoints")
@@ -257,6 +268,17 @@ def _run(args, cfg, prov, run_dir) -> int:
     mesh = make_mesh(spec, learner_devices)
     topo = topology(mesh)
     topo["placement"] = placement_topology(cfg, mesh)
+    from rljax.trainer.distribute import rollout_share
+
+    try:  # which prompts (uids) each process generates
+        share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n,
+                              processes=1 if cfg.env.function is not None else None)
+    except ValueError as e:  # --distributed: the process count is known only now
+        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        return 2
+    topo["rollout_share"] = share.describe()
+    if cfg.env.function is not None and jax.process_count() > 1:
+        topo["rollout_share"]["note"] = "multi-turn (env.function): every process runs every episode"
     topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["placement"]["rollout"]["replicas_per_process"],
                 actor_dp_derivation=f"world_size / (tp * sp) = {topo['world_size']} / "
                                     f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}",
@@ -278,6 +300,10 @@ def _run(args, cfg, prov, run_dir) -> int:
         print(f"rljax: placement {pl['mode']}: learner devices {pl['learner']['devices']}, sampler devices "
               f"{pl['rollout']['devices']} ({pl['rollout']['replicas_per_process']} replica(s) x tp{cfg.rollout.tp})"
               + (", disjoint" if pl["disjoint"] else ", shared") + f"; trainer.mode={cfg.trainer.mode}")
+        rs = topo["rollout_share"]
+        if rs["processes"] > 1:
+            print(f"rljax: rollout across {rs['processes']} processes: {rs['prompts_per_process']} prompt groups "
+                  f"each, by process {rs['prompts_by_process']} ({rs['assembly']} learner batch)")
         print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
     from rljax.config import ConfigError
     from rljax.trainer.checkpoint import CheckpointError

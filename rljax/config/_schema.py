@@ -292,6 +292,9 @@ class TraceConfig:
     alert_spike_factor: float = _f(10.0, "alert when KL / grad norm / entropy is this many times its running median",
                                    gt=1.0)
     alert_spike_window: int = _f(20, "steps in the running median of the spike alerts", ge=1)
+    rollout_dump: bool = _f(False, "every process writes the trajectories it generated (uids, sessions, token ids, "
+                                   "rollout log-probs) to rollouts/process<p>/step<k>.npz (debugging; multi-process "
+                                   "checks)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,8 @@ KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_respo
               "rollout.placement", "async_training.max_staleness", "async_training.partial_rollout")
 TRACE_FILE = "trace.jsonl"
 SUMMARY_FILE = "trace_summary.json"
+#: One line per step: the prompt uids each process generated (``{"step", "by_process": {process: [uid]}}``).
+ROLLOUT_FILE = "rollout_uids.jsonl"
 
 
 def _timed(fn):
@@ -137,6 +139,7 @@ class Tracer:
         self._stage_total: dict[str, float] = {}
         self._stages_seen: list[str] = []
         self._async: Optional[dict] = None  # trainer.mode=async: staleness histogram, drops, trained rows
+        self._rollout: Optional[dict] = None  # uids generated per process
         self._ledgers_done = not cfg.trace.ledgers
         self._compiled_peak: Optional[int] = None
         self._config = self._config_facts()
@@ -170,11 +173,16 @@ class Tracer:
             fields.update(ev.reads)
             fields.update(ev.writes)
         traj = fields.get("trajectories")
+        # Several processes: this process's trajectories, and every process's row facts (gather_rollout).
+        rows_view = fields.get("rollout_rows")
         out: dict[str, Any] = {}
         if "dequeue" in fields:
             self._async_step(fields["dequeue"])
         if traj is not None:
-            out.update(self._dfx(traj, fields.get("attention_mask")))
+            out.update(self._dfx(rows_view if rows_view is not None else traj, fields.get("attention_mask")))
+            self._rollout_step(step, rows_view if rows_view is not None else traj, fields)
+            if self.cfg.trace.rollout_dump:  # every process, its own rows
+                self._dump_rollout(step, traj)
             consumers: dict[str, list[str]] = {}
             for ev in events:
                 for k in ev.reads:
@@ -245,6 +253,36 @@ class Tracer:
         self._steps += 1
         metrics.update(out)
 
+    def _rollout_step(self, step: int, rows, fields: Mapping) -> None:
+        """Which process generated which prompt uids this step (``rollout_uids.jsonl``; counts in the summary)."""
+        if hasattr(rows, "by_process"):
+            by = rows.by_process()
+        else:  # one process generated every row
+            real = ~np.asarray(rows.is_padding)
+            by = {"0": list(dict.fromkeys(str(u) for u, r in zip(rows.uid, real) if r))}
+        item = fields.get("dequeue") or {}
+        r = self._rollout = self._rollout or {"file": ROLLOUT_FILE, "uids_by_process": {}, "steps": 0}
+        for p, uids in by.items():
+            r["uids_by_process"][p] = r["uids_by_process"].get(p, 0) + len(uids)
+        r["steps"] += 1
+        r["processes"] = max(len(by), r.get("processes", 0))
+        if self.enabled:
+            rec = {"step": int(step), "by_process": by}
+            if "batch_index" in item:
+                rec["batch_index"] = item["batch_index"]
+            with open(os.path.join(self.run_dir, ROLLOUT_FILE), "a") as fh:
+                fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def _dump_rollout(self, step: int, traj) -> None:
+        import jax
+
+        d = os.path.join(self.run_dir, "rollouts", f"process{jax.process_index()}")
+        os.makedirs(d, exist_ok=True)
+        np.savez(os.path.join(d, f"step{int(step)}.npz"), uid=np.asarray(traj.uid, dtype=str),
+                 session=np.asarray(traj.session), is_padding=np.asarray(traj.is_padding),
+                 prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
+                 response_length=traj.response_length, rollout_logp=traj.rollout_logp)
+
     def _async_step(self, d: Mapping) -> None:
         a = self._async = self._async or {"staleness_hist": {}, "trained_rows": 0, "trained_batches": 0,
                                           "max_staleness": d.get("max_staleness"), "staleness_max": 0,
@@ -310,10 +348,12 @@ class Tracer:
                    "overhead_frac_max": float(max(self._fracs, default=0.0)),
                    "ledger_s": self._ledger_total, "alerts": self._alerts,
                    "status": "failed" if error else "completed",
-                   "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json")
+                   "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json", ROLLOUT_FILE)
                              if os.path.exists(os.path.join(self.run_dir, f))]}
         if self._async is not None:
             summary["async"] = self._async
+        if self._rollout is not None:
+            summary["rollout"] = self._rollout
         if error:
             summary["error"] = error
             summary["failed_at_step"] = step
@@ -392,28 +432,42 @@ class Tracer:
         resp_len = np.asarray(traj.response_length)
         prompt_len = np.asarray(traj.prompt_length)
         sampler_mask = np.asarray(traj.response_mask)[rows]
+        # Several processes: ``traj`` holds this process's rows, the learner arrays every process's;
+        # this process's rows start at ``off`` in them (gather_rollout's row facts say where).
+        view = fields.get("rollout_rows")
+        g_rows, g_B, g_pad, g_resp, g_prompt = rows, B, pad, resp_len, prompt_len
+        if view is not None:
+            import jax
+
+            mine = np.nonzero(np.asarray(view.process) == jax.process_index())[0]
+            g_rows, g_B = rows + (int(mine[0]) if len(mine) else 0), int(view.batch_size)
+            g_pad, g_resp, g_prompt = (np.asarray(view.is_padding), np.asarray(view.response_length),
+                                       np.asarray(view.prompt_length))
         # The learner's loss mask as the update consumed it (traced rows only).
-        learner_mask = host_rows(loss_mask, rows) if loss_mask is not None else None
+        learner_mask = host_rows(loss_mask, g_rows) if loss_mask is not None else None
         base = {"step": self._step, "uid": uid, "group": int(g), "keys": keys}
 
         def field(name, x, producer, consumed_as=None):
+            sampler = _sampler_side(x, traj) and x.shape[0] == B
+            r, p_len, r_len, is_pad = (rows, prompt_len, resp_len, pad) if sampler else \
+                (g_rows, g_prompt, g_resp, g_pad)
             if name in MASK_FIELDS:
-                mask_rows = (host_rows(x, rows) if name != "response_mask" or x is not traj.response_mask
+                mask_rows = (host_rows(x, r) if name != "response_mask" or x is not traj.response_mask
                              else sampler_mask)
             elif name in RESPONSE_FIELDS:
-                mask_rows = sampler_mask if _sampler_side(x, traj) else learner_mask
+                mask_rows = sampler_mask if sampler else learner_mask
             else:
                 mask_rows = None
             if name in SEQUENCE_FIELDS:
-                valid = prompt_len + resp_len
+                valid = p_len + r_len
             elif name in RESPONSE_FIELDS:
-                valid = resp_len
+                valid = r_len
             elif name in ("prompt_ids", "prompt_mask"):
-                valid = prompt_len
+                valid = p_len
             else:
                 valid = None
-            return summarize(name, x, producer=producer, consumers=consumers.get(consumed_as or name, []), rows=rows,
-                             valid_length=valid, mask_rows=mask_rows, is_padding=pad,
+            return summarize(name, x, producer=producer, consumers=consumers.get(consumed_as or name, []), rows=r,
+                             valid_length=valid, mask_rows=mask_rows, is_padding=is_pad,
                              values=name in VALUE_FIELDS)
 
         def fields_of(ev) -> list[dict]:
@@ -426,7 +480,7 @@ class Tracer:
                                  "rollout_logp"):
                             out.append(field(k if k != "loss_mask" else "sampler_loss_mask", v, producer,
                                              consumed_as="trajectories"))
-                elif _is_array(x) and x.ndim and x.shape[0] == B:
+                elif _is_array(x) and x.ndim and x.shape[0] in (B, g_B):
                     out.append(field(name, x, producer))
             return out
 
@@ -447,6 +501,9 @@ class Tracer:
         cfg = self.cfg
         pad = np.asarray(traj.is_padding)
         resp_len = np.asarray(traj.response_length)
+        view = fields.get("rollout_rows")  # several processes: every process's rows (the learner arrays')
+        g_pad = pad if view is None else np.asarray(view.is_padding)
+        g_resp = resp_len if view is None else np.asarray(view.response_length)
         w = ev.writes
         if ev.stage == "dataset_item":
             p = w["prompts"][g]
@@ -498,15 +555,15 @@ class Tracer:
                                                  "right-padded; input_ids = [prompt | response]")
         if ev.stage == "reward":
             scores = w.get("scores")
-            pad_abs = _padding_abs_sum(scores, pad) if scores is not None else None
+            pad_abs = _padding_abs_sum(scores, g_pad) if scores is not None else None
             return dict(placement="outcome reward: one scalar per trajectory, on its last action token",
-                        padding_rows=int(pad.sum()), padding_reward_abs_sum=pad_abs)
+                        padding_rows=int(g_pad.sum()), padding_reward_abs_sum=pad_abs)
         if ev.stage == "advantages":
             return dict(estimator=cfg.algorithm.adv_estimator,
                         returns="materialised (critic targets)" if "values" in ev.reads
                         else "= advantages (outcome estimators have no critic)")
         if ev.stage == "actor_minibatch":
-            return self._minibatch_facts(ev, traj, learner_mask)
+            return self._minibatch_facts(ev, traj, learner_mask, g_pad)
         if ev.stage in ("enqueue", "dequeue"):  # trainer.mode=async: the group through the queue
             facts = dict(w.get(ev.stage) or {})
             facts.pop("staleness_hist", None)
@@ -522,22 +579,21 @@ class Tracer:
                         sync_s=round(float(w.get("weight_sync_s") or 0.0), 6),
                         next_rollout_version=w.get("sampler_version"))
         if ev.stage == "metrics":
-            real = ~pad
+            real = ~g_pad
             scores = fields.get("scores")
             host_scores = host_rows(scores, np.nonzero(real)[0]) if scores is not None else None
-            return dict(rows_counted=int(real.sum()), padding_rows=int(pad.sum()),
-                        response_length_mean_real=float(resp_len[real].mean()) if real.any() else None,
+            return dict(rows_counted=int(real.sum()), padding_rows=int(g_pad.sum()),
+                        response_length_mean_real=float(g_resp[real].mean()) if real.any() else None,
                         score_mean_real=float(host_scores.mean()) if host_scores is not None and real.any() else None,
                         logged={k: _num((w.get("metrics") or {}).get(k))
                                 for k in ("critic/score/mean", "response_length/mean", "actor/entropy",
                                           "actor/pg_loss")})
         return {}
 
-    def _minibatch_facts(self, ev, traj, learner_mask) -> dict:
+    def _minibatch_facts(self, ev, traj, learner_mask, pad) -> dict:
         from rljax.config import derive
 
         sizes = derive(self.cfg)
-        pad = np.asarray(traj.is_padding)
         reads = ev.reads
         lm = reads.get("loss_mask")
         B = int(lm.shape[0]) if lm is not None else int(traj.batch_size)

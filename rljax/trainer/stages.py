@@ -14,6 +14,9 @@ trajectory_fields     ``reshard``         trajectories -> input_ids, attention_m
                                           positions, loss_mask, rollout_logp, group_id,
                                           row_mask (global arrays on the learner mesh)
 reward                ``reward``          trajectories, prompts -> scores, reward_report
+gather_rollout        ``gather_rollout``  trajectories, reward_report -> rollout_rows,
+                                          reward_report (the whole batch's; only with
+                                          several processes, :mod:`rljax.trainer.distribute`)
 old_log_prob          ``old_log_prob``    input_ids, ... -> old_logp, entropy (not in bypass
                                           mode: the update then reads ``rollout_logp``)
 reference             ``ref``             input_ids, ... -> ref_logp (KL loss / KL reward)
@@ -60,8 +63,9 @@ def to_host(tree):
 
 def place(host: Mapping[str, np.ndarray], mesh) -> dict:
     """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` on rows,
-    ``sp`` on the sequence). Every process holds the same host values (the sampler is
-    deterministic per ``(seed, uid, session)``), so each fills in the shards it owns."""
+    ``sp`` on the sequence), from values every process holds in full (each fills in the shards
+    it owns). Fields of the rollout, which each process generates only its share of, go through
+    :func:`rljax.trainer.distribute.assemble`."""
     from rljax.sharding import batch_shardings
 
     shardings = batch_shardings(host, mesh)
@@ -125,10 +129,25 @@ class Components:
     #: Called by the sampler between decode chunks (the asynchronous schedule installs weight
     #: pushes there when ``async_training.partial_rollout``); ``None`` in the synchronous step.
     on_chunk: Optional[Callable] = None
+    #: This process's prompts of a training batch (:func:`rollout_share`, computed once).
+    share: Any = None
 
     @property
     def behaviour_logp(self) -> str:
         return "rollout_logp" if self.cfg.algorithm.bypass_mode else "old_logp"
+
+
+def rollout_share(c: Components):
+    """This process's share of a training batch's prompts (:mod:`rljax.trainer.distribute`): with
+    several processes each generates ``train_batch_size / P`` whole groups; one process, or a
+    multi-turn run (``env.function``: every process still runs every episode), generates all."""
+    if c.share is None:
+        from rljax.trainer import distribute
+
+        b = c.cfg.data.train_batch_size
+        c.share = (distribute.rollout_share(c.mesh, b, c.cfg.rollout.n) if c.env is None
+                   else distribute.rollout_share(c.mesh, b, c.cfg.rollout.n, processes=1, process=0))
+    return c.share
 
 
 def sync_stages(c: Components) -> list[Stage]:
@@ -143,6 +162,8 @@ def sync_stages(c: Components) -> list[Stage]:
               Stage("rollout_sessions", lambda b: rollout_fn(c, b), "gen"),
               Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard"),
               Stage("reward", lambda b: reward_fn(c, b), "reward")]
+    if rollout_share(c).processes > 1:  # the whole batch's row facts and reward report, on the learner side
+        stages.append(Stage("gather_rollout", lambda b: gather_rollout(c, b), "gather_rollout"))
     if not cfg.algorithm.bypass_mode:
         stages.append(Stage("old_log_prob", lambda b: old_log_prob(c, b), "old_log_prob"))
     if c.ref_params is not None or c.ref_is_base:
@@ -162,9 +183,18 @@ def sync_stages(c: Components) -> list[Stage]:
 
 
 def dataset_item(c: Components, b) -> dict:
+    """The step's prompts (this process's share of them with several processes) and their uids
+    ``{step}-{index in the batch}`` (the one-process uids, so the same random streams)."""
     step = b["step"]
     prompts = next(c.data)
-    return {"prompts": prompts, "uids": [f"{step}-{i}" for i in range(len(prompts))], "weight_version": c.version}
+    uids = [f"{step}-{i}" for i in range(len(prompts))]
+    share = rollout_share(c)
+    if share.processes > 1:
+        if len(prompts) != share.num_prompts:
+            raise RuntimeError(f"step {step}: {len(prompts)} prompts, the rollout shares were made for "
+                               f"{share.num_prompts}")
+        prompts, uids = prompts[share.lo:share.hi], uids[share.lo:share.hi]
+    return {"prompts": prompts, "uids": uids, "weight_version": c.version}
 
 
 def rollout_sessions(c: Components, b) -> dict:
@@ -179,8 +209,15 @@ def rollout_sessions(c: Components, b) -> dict:
 
 
 def trajectory_fields(c: Components, b) -> dict:
+    """The learner batch as global arrays, assembled from this process's rows (group ids made
+    global: this process's prompts start at ``share.lo``)."""
+    from rljax.trainer.distribute import assemble
+
     host = learner_layout(b["trajectories"], prompt_len=c.prompt_len, response_len=c.response_len)
-    return place(host, c.mesh)
+    share = rollout_share(c)
+    if share.processes > 1:
+        host["group_id"] = host["group_id"] + np.int32(share.lo)
+    return assemble(host, c.mesh, share)
 
 
 def score(c: Components, traj, prompts, *, max_error_fraction: float):
@@ -194,8 +231,42 @@ def score(c: Components, traj, prompts, *, max_error_fraction: float):
 
 
 def reward(c: Components, b) -> dict:
-    scores, report = score(c, b["trajectories"], b["prompts"], max_error_fraction=c.cfg.reward.max_error_fraction)
-    return {"scores": place({"scores": scores.astype(np.float32)}, c.mesh)["scores"], "reward_report": report}
+    """Scores of this process's trajectories, where they were generated. With several processes
+    the ``reward.max_error_fraction`` bound applies to the whole batch (``gather_rollout``), so
+    every process stops together."""
+    from rljax.trainer.distribute import assemble
+
+    share = rollout_share(c)
+    bound = c.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
+    scores, report = score(c, b["trajectories"], b["prompts"], max_error_fraction=bound)
+    return {"scores": assemble({"scores": scores.astype(np.float32)}, c.mesh, share)["scores"],
+            "reward_report": report}
+
+
+def gather_rollout(c: Components, b) -> dict:
+    """Several processes: the per-row facts of every process's rows (uids, lengths, versions, the
+    generating process; no token arrays) and the whole batch's reward report, on every process.
+    Runs on the learner side (in ``trainer.mode=async`` the producer threads never communicate).
+    Raises when the batch's reward errors exceed ``reward.max_error_fraction``, or when the
+    processes trained different queue batches (asynchronous mode)."""
+    from rljax.reward import RewardError
+    from rljax.trainer import distribute
+
+    share = rollout_share(c)
+    item = b["queue_item"] if "queue_item" in b else None
+    if item is not None:
+        indices = distribute._per_process(np.array([int(item["batch_index"])]))[:, 0]
+        if len(set(indices.tolist())) > 1:
+            raise RuntimeError(f"the processes dequeued different batches {indices.tolist()} for one learner step "
+                               "(the staleness gate or an overflow drop differed between processes)")
+    rows = distribute.gather_rows(b["trajectories"], share)
+    report = distribute.merge_reward_reports(b["reward_report"], share)
+    bound = c.cfg.reward.max_error_fraction
+    if report.error_fraction > bound:
+        raise RewardError(f"reward failed for {report.errors}/{report.num_scored} rows ({report.error_fraction:.1%}) "
+                          f"over {share.processes} processes, more than reward.max_error_fraction={bound}; first "
+                          f"error: {report.first_error}")
+    return {"rollout_rows": rows, "reward_report": report}
 
 
 # ---------------------------------------------------------------------------- learner side
@@ -263,9 +334,10 @@ def weight_sync(c: Components, b) -> dict:
 def step_metrics(c: Components, b) -> dict:
     """verl's metric names, from the fields the step produced (host scalars only)."""
     traj, actor = b["trajectories"], b["actor_metrics"]
-    real = ~np.asarray(traj.is_padding)
+    rows = b["rollout_rows"] if "rollout_rows" in b else traj  # every process's rows (several processes)
+    real = ~np.asarray(rows.is_padding)
     scores = np.asarray(to_host(b["scores"]))
-    lengths = traj.response_length[real]
+    lengths = rows.response_length[real]
     adv_mean, loss_tokens = to_host((rl.masked_mean(b["advantages"], b["loss_mask"]), jnp.sum(b["loss_mask"])))
     m: dict[str, Any] = {
         "actor/pg_loss": actor["pg_loss"], "actor/pg_clipfrac": actor["pg_clipfrac"],
@@ -277,10 +349,10 @@ def step_metrics(c: Components, b) -> dict:
         "critic/score/min": float(scores[real].min()), "critic/advantages/mean": float(adv_mean),
         "response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
         "response_length/min": int(lengths.min()),
-        "response_length/clip_ratio": float(traj.truncated[real].mean()),
-        "prompt_length/mean": float(traj.prompt_length[real].mean()),
+        "response_length/clip_ratio": float(rows.truncated[real].mean()),
+        "prompt_length/mean": float(rows.prompt_length[real].mean()),
         "training/weight_version": int(b["weight_version_after"]),
-        "perf/total_num_tokens": int(loss_tokens) + int(traj.prompt_length[real].sum()),
+        "perf/total_num_tokens": int(loss_tokens) + int(rows.prompt_length[real].sum()),
         "perf/rollout_tokens_per_s": traj.stats.tokens_per_s,
         **b["reward_report"].metrics(),
     }
@@ -288,7 +360,7 @@ def step_metrics(c: Components, b) -> dict:
         from rljax.env._stage import episode_metrics
 
         m.update(episode_metrics(traj))
-    m.update(_model_flops(c, traj, real))
+    m.update(_model_flops(c, rows, real))
     if "kl_loss" in actor:
         m["actor/kl_loss"] = actor["kl_loss"]
     for role, ms in (("actor", actor), ("critic", b.get("critic_metrics") or {})):  # what a skipped update saw

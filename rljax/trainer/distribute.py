@@ -1,0 +1,239 @@
+"""Rollout across processes: which prompts each process generates, and how the learner batch
+is assembled from the process-local parts.
+
+With ``P`` processes (multi-host, ``jax.distributed``) each process generates and scores
+``train_batch_size / P`` whole prompt groups (all ``rollout.n`` sessions of a prompt stay in
+one process, so group advantages see whole groups) with the uids of the one-process run
+(``{step}-{index in the batch}``) and so the same ``(seed, uid, session)`` random streams:
+the union of what the processes generate is the one-process rollout, and no trajectory is
+generated twice.
+
+Which process takes which prompts follows the learner layout (:func:`rollout_share`): when
+the learner devices of every process hold one contiguous, group-aligned, equal block of
+batch rows (``dp`` across processes, the usual layout), process ``p`` generates exactly the
+rows its devices hold and the global arrays are built from the local rows without moving a
+token (:func:`assemble`, ``direct``). Otherwise (rows replicated or interleaved across
+processes, e.g. ``tp`` spanning hosts) the shares are equal blocks in process order and the
+token arrays of the batch are all-gathered before placement (``gathered``).
+
+The learner side needs global facts of every row (lengths, padding, versions, uids) for
+metrics and the trace; :func:`gather_rows` all-gathers those per-row scalars, never the
+token arrays. On one process every function is the identity of the one-process code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """This process's prompts of a step's batch: ``[lo, hi)`` in batch order (each ``n`` rows).
+
+    ``starts``: the first prompt of every process (by process index); ``direct``: the learner
+    devices of each process hold exactly its rows (no token moves between processes).
+    """
+
+    process: int
+    processes: int
+    lo: int
+    hi: int
+    n: int
+    num_prompts: int
+    direct: bool
+    starts: tuple
+
+    @property
+    def row_lo(self) -> int:
+        return self.lo * self.n
+
+    @property
+    def num_rows(self) -> int:
+        return (self.hi - self.lo) * self.n
+
+    def describe(self) -> dict:
+        """``topology.json``'s ``rollout_share``: which prompts (and uids) every process generates."""
+        per = self.num_prompts // self.processes
+        return {"processes": self.processes, "prompts_per_step": self.num_prompts, "prompts_per_process": per,
+                "trajectories_per_process": per * self.n,
+                "prompts_by_process": {str(p): [s, s + per] for p, s in enumerate(self.starts)},
+                "uid_rule": "uid = '{step}-{index in batch}', the one-process uids; process p generates indices "
+                            "[lo, hi) of prompts_by_process[p], all rollout.n sessions of each",
+                "assembly": "direct" if self.direct else "gathered",
+                "assembly_note": ("each process's learner devices hold exactly the rows it generated: the global "
+                                  "batch is built from process-local rows, no token moves" if self.direct else
+                                  "the learner layout does not give each process one block of rows (rows replicated "
+                                  "or interleaved across processes): the batch's token arrays are all-gathered "
+                                  "before placement")}
+
+
+def _row_sharding(mesh, rows: int):
+    from rljax.sharding import batch_shardings
+
+    return batch_shardings({"row_mask": np.zeros((rows,), bool)}, mesh)["row_mask"]
+
+
+def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = None,
+                  processes: Optional[int] = None) -> Share:
+    """The prompts this process generates of a batch of ``num_prompts`` prompts x ``n`` sessions."""
+    P = jax.process_count() if processes is None else processes
+    p = jax.process_index() if process is None else process
+    if P == 1:
+        return Share(0, 1, 0, num_prompts, n, num_prompts, True, (0,))
+    if num_prompts % P:
+        raise ValueError(f"data.train_batch_size={num_prompts} prompts do not split over {P} processes: each process "
+                         "generates whole prompt groups; use a multiple of the process count")
+    rows, per = num_prompts * n, num_prompts // P
+    ranges: dict[int, set] = {}
+    for d, idx in _row_sharding(mesh, rows).devices_indices_map((rows,)).items():
+        s = idx[0]
+        ranges.setdefault(d.process_index, set()).add((s.start or 0, rows if s.stop is None else s.stop))
+    blocks = {}
+    for q, rs in ranges.items():
+        rs = sorted(rs)
+        lo, hi = rs[0][0], rs[-1][1]
+        contiguous = all(a[1] >= b[0] for a, b in zip(rs, rs[1:]))
+        blocks[q] = (lo, hi) if contiguous else None
+    spans = [blocks.get(q) for q in range(P)]
+    direct = (all(b is not None and b[1] - b[0] == per * n and b[0] % n == 0 for b in spans)
+              and len({b[0] for b in spans}) == P)
+    starts = tuple(b[0] // n for b in spans) if direct else tuple(q * per for q in range(P))
+    return Share(p, P, starts[p], starts[p] + per, n, num_prompts, direct, starts)
+
+
+def _process_order(share: Share, per: int) -> np.ndarray:
+    """Row permutation from process-index order (what an all-gather of ``per`` rows a process
+    returns) to batch order."""
+    order = np.argsort(share.starts, kind="stable")
+    return np.concatenate([np.arange(q * per, (q + 1) * per) for q in order])
+
+
+def allgather(tree, share: Share):
+    """``[R, ...]`` NumPy leaves of every process -> ``[P * R, ...]`` in batch order."""
+    if share.processes == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    out = multihost_utils.process_allgather(tree, tiled=True)
+    return jax.tree.map(lambda x: np.asarray(x)[_process_order(share, x.shape[0] // share.processes)], out)
+
+
+def allgather_strings(strings, share: Share) -> list[str]:
+    """Equal-length string lists of every process, concatenated in batch order."""
+    strings = [str(s) for s in strings]
+    if share.processes == 1:
+        return strings
+    width = int(_per_process(np.array([max((len(s.encode()) for s in strings), default=0)])).max())
+    out = allgather(_encode(strings, width), share)
+    return [bytes(row).rstrip(b"\0").decode() for row in out]
+
+
+def assemble(local: Mapping[str, np.ndarray], mesh, share: Share) -> dict:
+    """Global arrays of batch fields (``dp`` on rows, ``sp`` on the sequence) from this process's
+    rows ``[row_lo, row_lo + R)``: each process fills in the shards it owns from its own rows
+    (``direct``), or all-gathers the fields first when its devices hold rows of other processes."""
+    from rljax.sharding import batch_shardings
+
+    if share.processes == 1:
+        full = dict(local)
+    elif not share.direct:
+        full = allgather(dict(local), share)
+    else:
+        lo = share.row_lo
+        shapes = {k: (v.shape[0] * share.processes,) + v.shape[1:] for k, v in local.items()}
+        shardings = batch_shardings({k: np.empty(shapes[k], v.dtype) for k, v in local.items()}, mesh)
+
+        def cb(idx, v, rows):
+            r = idx[0]
+            start, stop = (r.start or 0) - lo, (rows if r.stop is None else r.stop) - lo
+            if start < 0 or stop > v.shape[0]:
+                raise RuntimeError(f"rows {r} of the learner batch are not this process's (rows [{lo}, "
+                                   f"{lo + v.shape[0]})): the rollout share does not match the learner layout")
+            return v[(slice(start, stop),) + tuple(idx[1:])]
+
+        return {k: jax.make_array_from_callback(shapes[k], shardings[k],
+                                                lambda idx, v=v, rows=shapes[k][0]: cb(idx, v, rows))
+                for k, v in local.items()}
+    shardings = batch_shardings(full, mesh)
+    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in full.items()}
+
+
+@dataclasses.dataclass
+class RolloutRows:
+    """The per-row facts of the whole step's rollout (every process's rows, batch order):
+    what metrics and the trace need of rows this process did not generate. No token arrays."""
+
+    uid: tuple
+    session: np.ndarray
+    process: np.ndarray  # the process that generated the row
+    is_padding: np.ndarray
+    prompt_length: np.ndarray
+    response_length: np.ndarray
+    truncated: np.ndarray
+    min_version: np.ndarray
+    max_version: np.ndarray
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.uid)
+
+    def by_process(self) -> dict[str, list[str]]:
+        """The prompt uids each process generated (real rows, each uid once per process that had it)."""
+        out: dict[str, list[str]] = {}
+        seen: set = set()
+        for u, s, p, pad in zip(self.uid, self.session, self.process, self.is_padding):
+            if pad or (p, u) in seen:
+                continue
+            seen.add((p, u))
+            out.setdefault(str(int(p)), []).append(u)
+        return out
+
+
+def gather_rows(traj, share: Share) -> RolloutRows:
+    """:class:`RolloutRows` of the step from this process's trajectories (a small all-gather)."""
+    local = {"session": np.asarray(traj.session, np.int32),
+             "process": np.full(traj.batch_size, share.process, np.int32),
+             "is_padding": np.asarray(traj.is_padding, bool),
+             "prompt_length": np.asarray(traj.prompt_length, np.int32),
+             "response_length": np.asarray(traj.response_length, np.int32),
+             "truncated": np.asarray(traj.truncated, bool),
+             "min_version": np.asarray(traj.min_version, np.int64),
+             "max_version": np.asarray(traj.max_version, np.int64)}
+    glob = allgather(local, share)
+    return RolloutRows(uid=tuple(allgather_strings(traj.uid, share)), **{k: np.asarray(v) for k, v in glob.items()})
+
+
+def merge_reward_reports(report, share: Share):
+    """The whole batch's :class:`~rljax.reward.RewardReport` from every process's: counts summed, the
+    first error of the first process (in batch order) that had one; ``error_uids`` stay this process's
+    (their number differs between processes)."""
+    if share.processes == 1:
+        return report
+    from rljax.reward._batch import RewardReport
+
+    counts = np.array([report.num_scored, report.num_padding, report.errors, report.timeouts,
+                       report.worker_restarts], np.int64)
+    total = _per_process(counts).sum(axis=0)
+    firsts = [bytes(r).rstrip(b"\0").decode() for r in _per_process(_encode([report.first_error or ""], 512))[:, 0]]
+    first = next((firsts[q] for q in np.argsort(share.starts, kind="stable") if firsts[q]), None)
+    return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids), first, int(total[3]),
+                        int(total[4]))
+
+
+def _per_process(x: np.ndarray) -> np.ndarray:
+    """``x`` of every process stacked on a new leading axis, in process-index order."""
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
+
+
+def _encode(strings, width: int) -> np.ndarray:
+    buf = np.zeros((len(strings), max(width, 1)), np.uint8)
+    for i, s in enumerate(strings):
+        r = s.encode()[:width]
+        buf[i, : len(r)] = np.frombuffer(r, np.uint8)
+    return buf
