@@ -260,11 +260,43 @@ def test_resume_gives_the_uninterrupted_metrics(tmp_path):
             assert math.isclose(a[step][key], b[step][key], rel_tol=1e-5, abs_tol=1e-6), (step, key)
 
 
+def _rollouts(run_dir):
+    """``{(step, uid, session): (prompt ids, response ids)}`` of every process's ``trace.rollout_dump``
+    files, and how many times each key was generated."""
+    import glob
+
+    import numpy as np
+
+    out, seen = {}, {}
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "rollouts", "process*", "step*.npz"))):
+        step = int(os.path.basename(path)[4:-4])
+        z = np.load(path)
+        for i, (uid, session) in enumerate(zip(z["uid"], z["session"])):
+            if z["is_padding"][i]:
+                continue
+            key = (step, str(uid), int(session))
+            seen[key] = seen.get(key, 0) + 1
+            out[key] = (z["prompt_ids"][i].tolist(), z["response_ids"][i][: z["response_length"][i]].tolist())
+    return out, seen
+
+
+#: Logged metrics compared between the runs: every metric of the batch (the rollout's, the
+#: learner's, the reward report); not timings, throughput, memory or queue waits.
+_NOT_COMPARED = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/rollout_tokens_per_s", "perf/mfu",
+                 "trace/", "memory/", "async/learner_wait_s", "async/rollout_wait_s", "async/queue_depth")
+
+
 @pytest.mark.slow
-def test_two_local_processes_match_one_process(tmp_path):
-    """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, --mesh=dp4, CPU collectives;
-    the same metrics as one process with 4 devices."""
-    args = ["--mesh=dp4", *SMALL, "trainer.total_steps=2"]
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_local_processes_match_one_process(tmp_path, mode):
+    """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, --mesh=dp4, CPU collectives. Each
+    process generates half of the prompt groups: the union of their trajectories is the one-process
+    run's (uids, sessions, token ids), none is generated twice, and every batch metric matches the
+    one-process run with 4 devices; in both modes (async with max_staleness=0, the deterministic
+    schedule). The trace records which process generated which uids, and its check passes."""
+    args = ["--mesh=dp4", *SMALL, "trainer.total_steps=2", "trace.rollout_dump=true"]
+    if mode == "async":
+        args += ["trainer.mode=async", "async_training.max_staleness=0"]
     one = launch("--run-dir", str(tmp_path / "one"), *args)
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2",
@@ -273,12 +305,51 @@ def test_two_local_processes_match_one_process(tmp_path):
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     topo = json.loads((tmp_path / "two" / "topology.json").read_text())
     assert topo["process_count"] == 2 and topo["world_size"] == 4 and topo["devices_per_process"] == 2
+    share = topo["rollout_share"]
+    assert share["prompts_by_process"] == {"0": [0, 4], "1": [4, 8]} and share["assembly"] == "direct", share
+    assert "rollout across 2 processes: 4 prompt groups each" in two.stdout
+
+    # The union of the two processes' trajectories is the one-process rollout; none twice.
+    ref, ref_seen = _rollouts(tmp_path / "one")
+    got, seen = _rollouts(tmp_path / "two")
+    assert len(ref) == 2 * 8 * 4 and set(ref_seen.values()) == {1}
+    assert set(seen.values()) == {1}, [k for k, c in seen.items() if c > 1][:4]
+    assert got.keys() == ref.keys()
+    assert all(got[k] == ref[k] for k in ref), [k for k in ref if got[k] != ref[k]][:4]
+    per_process = {p: len(os.listdir(tmp_path / "two" / "rollouts" / f"process{p}")) for p in (0, 1)}
+    assert per_process == {0: 2, 1: 2}
+    for p in (0, 1):  # each process generated its own share only
+        import numpy as np
+
+        uids = set(np.load(tmp_path / "two" / "rollouts" / f"process{p}" / "step1.npz")["uid"].tolist())
+        assert uids == {f"1-{i}" for i in range(4 * p, 4 * p + 4)}, (p, uids)
+
+    summary = json.loads((tmp_path / "two" / "trace_summary.json").read_text())
+    assert summary["rollout"]["uids_by_process"] == {"0": 8, "1": 8}
+    lines = [json.loads(x) for x in (tmp_path / "two" / "rollout_uids.jsonl").read_text().splitlines()]
+    assert lines[0]["by_process"] == {"0": ["1-0", "1-1", "1-2", "1-3"], "1": ["1-4", "1-5", "1-6", "1-7"]}
+    from rljax.trace.check import run_checks
+
+    results = run_checks(str(tmp_path / "two"))
+    assert not [r for r in results if r[0] == "FAIL"], results
+    assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
+
     a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b]
+    compared = 0
     for ra, rb in zip(a, b):
-        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "val/score/mean"):
-            if key in ra:
-                assert math.isclose(ra[key], rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key)
+        for key, va in ra.items():
+            if key.startswith(_NOT_COMPARED) or not isinstance(va, (int, float)):
+                continue
+            assert key in rb, (ra["step"], key)
+            assert math.isclose(va, rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key, va, rb[key])
+            compared += 1
+    assert compared > 60
+    for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/total_num_tokens",
+                "val/score/mean"):
+        assert any(key in r for r in b), key
+    if mode == "async":
+        assert b[-1]["async/staleness_hist"] == {"0": 32}  # every process's rows, not process 0's
 
 
 PLUGIN = '''

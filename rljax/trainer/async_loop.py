@@ -110,6 +110,8 @@ class AsyncSchedule:
                 continue
             if s.name == "weight_sync":
                 s = Stage("weight_sync", self._weight_push, "update_weights")
+            if s.name == "gather_rollout":  # several processes: the staleness facts of every process's rows
+                s = Stage("gather_rollout", lambda b, fn=s.fn: self._gather_rollout(fn, b), s.timing)
             out.append(s)
         return out
 
@@ -122,7 +124,24 @@ class AsyncSchedule:
                             "sampler_version": int(self.c.sampler.version)}}
 
     def _dequeue_facts(self, b) -> dict:
+        self._global_facts = None
         return {"dequeue": dict(b["queue_item"])}
+
+    def _gather_rollout(self, fn, b) -> dict:
+        """The synchronous ``gather_rollout``, then the dequeue facts over every process's rows
+        (each process's queue holds its own share of a batch; the learner trains all of them)."""
+        out = dict(fn(b))
+        rows = out["rollout_rows"]
+        facts = dict(b["dequeue"])
+        real = ~np.asarray(rows.is_padding)
+        lo, hi = np.asarray(rows.min_version)[real], np.asarray(rows.max_version)[real]
+        staleness = facts["learner_version"] - lo
+        facts.update(staleness_max=int(staleness.max()), staleness_mean=float(staleness.mean()),
+                     min_version=int(lo.min()), max_version=int(hi.max()), spanning_rows=int((lo < hi).sum()),
+                     staleness_hist={str(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))})
+        self._global_facts = facts
+        out["dequeue"] = facts
+        return out
 
     def _weight_push(self, b) -> dict:
         c = self.c
@@ -229,6 +248,8 @@ class AsyncSchedule:
         self.resume_index = self._index_after
 
     def metrics(self, facts: dict) -> dict:
+        """``async/*`` of the step (staleness over every process's rows; queue and wait times this process's)."""
+        facts = getattr(self, "_global_facts", None) or facts
         return {"async/staleness_mean": facts["staleness_mean"], "async/staleness_max": facts["staleness_max"],
                 "async/dropped_stale": facts["dropped_stale"], "async/dropped_overflow": facts["dropped_overflow"],
                 "async/queue_depth": facts["queue_depth"], "async/learner_wait_s": facts["learner_wait_s"],

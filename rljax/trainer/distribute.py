@@ -78,8 +78,13 @@ def _row_sharding(mesh, rows: int):
 
 
 def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = None,
-                  processes: Optional[int] = None) -> Share:
-    """The prompts this process generates of a batch of ``num_prompts`` prompts x ``n`` sessions."""
+                  processes: Optional[int] = None, process_of=None) -> Share:
+    """The prompts this process generates of a batch of ``num_prompts`` prompts x ``n`` sessions.
+
+    ``process``, ``processes``: this process and the process count (default: JAX's);
+    ``process_of``: ``device -> process`` (default ``device.process_index``; tests lay out
+    several processes' devices on one)."""
+    process_of = process_of or (lambda d: d.process_index)
     P = jax.process_count() if processes is None else processes
     p = jax.process_index() if process is None else process
     if P == 1:
@@ -91,7 +96,7 @@ def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = No
     ranges: dict[int, set] = {}
     for d, idx in _row_sharding(mesh, rows).devices_indices_map((rows,)).items():
         s = idx[0]
-        ranges.setdefault(d.process_index, set()).add((s.start or 0, rows if s.stop is None else s.stop))
+        ranges.setdefault(process_of(d), set()).add((s.start or 0, rows if s.stop is None else s.stop))
     blocks = {}
     for q, rs in ranges.items():
         rs = sorted(rs)
