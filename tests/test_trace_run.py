@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = ("config provenance", "consistent across every stage", "sessions per uid", "producers and consumers",
           "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded", "mini-batch metadata",
           "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
-          "trace summary saved")
+          "trace summary saved", "no uid generated twice")
 NOT_APPLICABLE = ("response_mask.sum()",)  # no tool observations in the embedded task
 
 
