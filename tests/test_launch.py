@@ -10,34 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from launching import REPO, launch, launch_env, metrics, train_rows
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A small, fast configuration of the embedded default.
 SMALL = ["data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64",
          "data.embedded.num_test=16", "trainer.test_freq=-1", "trainer.val_before_train=false"]
-
-
-def _env():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the launcher must create the devices itself
-    env.pop("JAX_PLATFORMS", None)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    return env
-
-
-def launch(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def _train_rows(run_dir):
-    """The per-step training records (not the data counts at step 0 nor the final validation)."""
-    return [r for r in _metrics(run_dir) if "actor/pg_loss" in r]
 
 
 # ----------------------------------------------------------------------------- usage errors
@@ -153,7 +130,7 @@ codes = {{case: main(["--run-dir", str(tmp / "run"), *args]) for case, args, _ i
 heavy = [m for m in ("jax", "tensorflow", "tensorflow_datasets", "flax") if m in sys.modules]
 print(json.dumps({{"codes": codes, "heavy": heavy}}))
 """
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=_env(), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=launch_env(), capture_output=True,
                          text=True, timeout=300)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(report["codes"].values()) == {2}, report
@@ -208,7 +185,7 @@ def _smoke(tmp_path, mesh):
     run_dir = tmp_path / "run"
     out = launch(f"--mesh={mesh}", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = _metrics(run_dir)
+    rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]  # data counts at 0; one record per step
     assert "val/score/mean" in rows[2] and "val/score/mean" not in rows[1]  # the final validation in step 2's record
     assert "step 2: val/score/mean = " in out.stdout
@@ -242,7 +219,7 @@ def test_smoke_dp2_tp2_sp2(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_gives_the_uninterrupted_metrics(tmp_path):
+def test_resume_gives_the_uninterruptedmetrics(tmp_path):
     base = ["--mesh=dp2", *SMALL, "trainer.save_freq=2"]
     full = launch("--run-dir", str(tmp_path / "full"), *base, "trainer.total_steps=4")
     assert full.returncode == 0, full.stderr[-3000:]
@@ -301,7 +278,7 @@ def test_two_local_processes_match_one_process(tmp_path, mode):
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2",
                           "--run-dir", str(tmp_path / "two"), *args],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=900)
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     topo = json.loads((tmp_path / "two" / "topology.json").read_text())
     assert topo["process_count"] == 2 and topo["world_size"] == 4 and topo["devices_per_process"] == 2
@@ -334,7 +311,7 @@ def test_two_local_processes_match_one_process(tmp_path, mode):
     assert not [r for r in results if r[0] == "FAIL"], results
     assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
 
-    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    a, b = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     compared = 0
     for ra, rb in zip(a, b):
@@ -380,7 +357,7 @@ def test_reward_errors_under_the_limit_score_zero_and_are_counted(tmp_path):
     out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, _plugin(tmp_path),
                  "reward.max_error_fraction=1.0", "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = _train_rows(run_dir)
+    rows = train_rows(run_dir)
     assert sum(r["reward/errors"] for r in rows) > 0
     assert all(0 <= r["reward/error_fraction"] < 1 for r in rows)
     assert "cannot score a 4" in out.stderr  # the failing uid is logged
@@ -393,7 +370,7 @@ def test_ppo_with_gae_and_kl(tmp_path):
                  "algorithm.lam=0.95", "actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
                  "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    for r in _train_rows(run_dir):
+    for r in train_rows(run_dir):
         for key in ("critic/vf_loss", "critic/values/mean", "critic/returns/mean", "actor/kl_loss", "critic/kl"):
             assert r[key] is not None and math.isfinite(r[key]), key
 
@@ -407,7 +384,7 @@ def test_sigkill_during_training_resumes_from_the_last_complete_checkpoint(tmp_p
     run_dir = tmp_path / "run"
     args = ["--mesh=dp2", "--run-dir", str(run_dir), *SMALL, "trainer.save_freq=1"]
     proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", *args, "trainer.total_steps=200"], cwd=REPO,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = run_dir / "checkpoints"
     deadline = time.time() + 400
     while time.time() < deadline and not (ckpt.exists() and len([p for p in ckpt.iterdir() if p.name.isdigit()]) >= 2):
@@ -419,7 +396,7 @@ def test_sigkill_during_training_resumes_from_the_last_complete_checkpoint(tmp_p
     resumed = launch("--resume", *args, f"trainer.total_steps={complete[-1] + 1}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"restored step {complete[-1]}" in resumed.stdout or f"restored step {complete[-2]}" in resumed.stdout
-    assert _metrics(run_dir)[-1]["step"] == complete[-1] + 1
+    assert metrics(run_dir)[-1]["step"] == complete[-1] + 1
 
 
 @pytest.mark.slow
@@ -427,6 +404,6 @@ def test_bypass_mode_trains_on_rollout_log_probs(tmp_path):
     run_dir = tmp_path / "run"
     out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, "algorithm.bypass_mode=true", "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    for r in _train_rows(run_dir):
+    for r in train_rows(run_dir):
         assert "timing_s/old_log_prob" not in r  # no learner pass for old_logp
         assert math.isfinite(r["actor/ppo_kl"]) and math.isfinite(r["actor/pg_loss"])

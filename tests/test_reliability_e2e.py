@@ -11,8 +11,9 @@ import sys
 import time
 
 import pytest
+from launching import REPO, launch_env, metrics, train_rows
+from launching import launch as _launch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--mesh=dp2", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4",
          "data.embedded.num_train=64", "data.embedded.num_test=16", "trainer.test_freq=-1",
          "trainer.val_before_train=false", "trace.groups=0"]
@@ -20,26 +21,12 @@ SMALL = ["--mesh=dp2", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini
 pytestmark = pytest.mark.slow
 
 
-def _env():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env.pop("JAX_PLATFORMS", None)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    return env
-
-
 def launch(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _rows(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return _launch(*args, timeout=timeout)
 
 
 def _train_steps(run_dir):
-    return [r["step"] for r in _rows(run_dir) if "actor/pg_loss" in r]
+    return [r["step"] for r in train_rows(run_dir)]
 
 
 def _last_line(text):
@@ -112,13 +99,13 @@ def test_nonfinite_updates_are_loud_and_stop_the_run(tmp_path):
     skipped = [l for l in out.stdout.splitlines() if "update skipped" in l]
     assert skipped and "non-finite" in skipped[0]
     assert "consecutive steps" in _last_line(out.stderr) and "trainer.max_skipped_updates=2" in _last_line(out.stderr)
-    rows = _rows(run)
+    rows = metrics(run)
     assert any(r.get("alerts/nonfinite_update") for r in rows)
     steps = _ckpts(run)
     assert steps and _verified(run, steps[-1])
     first_skip = min(r["step"] for r in rows if r.get("alerts/nonfinite_update"))
     assert steps[-1] < first_skip  # no checkpoint of a step whose update was skipped
-    check = subprocess.run([sys.executable, "-m", "rljax.trace", "check", run], cwd=REPO, env=_env(),
+    check = subprocess.run([sys.executable, "-m", "rljax.trace", "check", run], cwd=REPO, env=launch_env(),
                            capture_output=True, text=True, timeout=120)
     assert check.returncode == 1 and "FAIL" in check.stdout and "updates finite" in check.stdout
 
@@ -127,7 +114,7 @@ def test_a_second_launch_into_a_running_run_directory_exits_2(tmp_path):
     """Defect 4: a second launch deleted the first's unfinished checkpoint and crashed."""
     run = str(tmp_path / "run")
     first = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--run-dir", run, *SMALL,
-                              "trainer.total_steps=200"], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+                              "trainer.total_steps=200"], cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         lock = os.path.join(run, "rljax.lock")
@@ -168,7 +155,7 @@ def test_hostile_rewards_are_counted_and_the_run_completes(tmp_path):
     out = launch("--run-dir", run, *SMALL, f"reward.function={plugin}:reward", "reward.num_workers=2",
                  "reward.timeout_s=1", "reward.max_error_fraction=1.0", "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [r for r in _rows(run) if "actor/pg_loss" in r]
+    rows = train_rows(run)
     assert sum(r["reward/timeouts"] for r in rows) > 0
     assert sum(r["reward/errors"] for r in rows) > sum(r["reward/timeouts"] for r in rows)
     assert sum(r["reward/worker_restarts"] for r in rows) > 0
@@ -179,7 +166,7 @@ def test_sigterm_saves_the_current_step_and_resume_continues(tmp_path):
     """Item 2: SIGTERM (SLURM, TPU maintenance) triggers a final save."""
     run = str(tmp_path / "run")
     base = ["--run-dir", run, *SMALL, "trainer.total_steps=200"]
-    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", *base], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", *base], cwd=REPO, env=launch_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = os.path.join(run, "metrics.jsonl")
     deadline = time.time() + 400

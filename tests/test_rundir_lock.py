@@ -8,25 +8,17 @@ import time
 
 import pytest
 
+from launching import launch, launch_env
 from rljax._rundir import LOCK_FILE, RunDirError, RunDirLock, check_run_dir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLD = "import sys, time; from rljax._rundir import RunDirLock; RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)"
-
-
-def _env():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env.pop("JAX_PLATFORMS", None)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @pytest.fixture
 def holder(tmp_path):
     """Another process holding the lock of tmp_path/run."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=_env(), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=launch_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     yield run_dir, proc
     proc.kill()
@@ -80,16 +72,11 @@ def test_read_only_run_dir(tmp_path):
         ro.chmod(0o700)
 
 
-def _launch(*args):
-    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_launch_into_a_locked_run_dir_exits_2_naming_the_holder(holder):
     """Defect 4: a second launch (or a second --resume) into a running run's directory."""
     run_dir, proc = holder
     for extra in ([], ["--resume"]):
-        out = _launch("--run-dir", str(run_dir), *extra)
+        out = launch("--run-dir", str(run_dir), *extra)
         assert out.returncode == 2, out.stderr[-2000:]
         lines = [l for l in out.stderr.splitlines() if l.strip()]
         assert len(lines) == 1 and f"pid {proc.pid}" in lines[0] and "in use by another run" in lines[0]
@@ -99,9 +86,9 @@ def test_launch_into_a_locked_run_dir_exits_2_naming_the_holder(holder):
 def test_launch_into_a_file_exits_2_in_one_line(tmp_path):
     f = tmp_path / "run"
     f.write_text("x")
-    out = _launch("--run-dir", str(f))
+    out = launch("--run-dir", str(f))
     assert out.returncode == 2
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "is a file, not a directory" in lines[0]
-    out = _launch("--run-dir", str(tmp_path / "x"), "--resume=abc")
+    out = launch("--run-dir", str(tmp_path / "x"), "--resume=abc")
     assert out.returncode == 2 and "trainer.resume_from" in out.stderr
