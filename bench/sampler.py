@@ -165,7 +165,8 @@ def bench_recompute(config, params, prompts, new_tokens, steps_per_bucket):
 # --------------------------------------------------------------------------- transformers
 
 
-def bench_hf(config, params, prompts, new_tokens):
+def _hf_model(config, params):
+    """The same weights as a transformers model (float32, eval mode), or None without torch."""
     try:
         import torch  # pylint: disable=import-outside-toplevel
         import transformers  # pylint: disable=import-outside-toplevel
@@ -176,7 +177,14 @@ def bench_hf(config, params, prompts, new_tokens):
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_checkpoint(tmp, config, params)
         model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    model.eval()
+    return model.eval()
+
+
+def bench_hf(config, params, prompts, new_tokens):
+    model = _hf_model(config, params)
+    if model is None:
+        return None
+    import torch  # pylint: disable=import-outside-toplevel
     batch, width = len(prompts), max(map(len, prompts))
     ids = np.zeros((batch, width), np.int64)
     mask = np.zeros((batch, width), np.int64)
@@ -215,17 +223,10 @@ def bench_rl(config, params, prompts, n, new_tokens, eos=2):
 
 
 def bench_hf_rl(config, params, prompts, n, new_tokens, eos=2):
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-        import transformers  # pylint: disable=import-outside-toplevel
-    except ImportError:
+    model = _hf_model(config, params)
+    if model is None:
         return None
-    from rljax.models.hf import save_hf_checkpoint  # pylint: disable=import-outside-toplevel
-
-    with tempfile.TemporaryDirectory() as tmp:
-        save_hf_checkpoint(tmp, config, params)
-        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    model.eval()
+    import torch  # pylint: disable=import-outside-toplevel
     rows = [q for q in prompts for _ in range(n)]
     width = max(map(len, rows))
     ids = np.zeros((len(rows), width), np.int64)

@@ -347,7 +347,7 @@ class _PinnedStateStep:
             self._jitted = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self._layout, scalar),
                                    compiler_options=cpu_compiler_options())
         abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))
-        if self._mesh is not None and not abstract:  # e.g. optimizer counters created on one device join the mesh layout
+        if not abstract:  # committed to the pinned layout (optimizer counters created on one device join the mesh)
             state = jax.device_put(state, self._layout)
         return state
 
