@@ -134,6 +134,9 @@ def test_on_policy_step_equals_a_separate_old_log_prob_pass(model):
     chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
     for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm"):
         np.testing.assert_allclose(mout[k], mref[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    # the update hands back the old_logp it used, in the batch's row order (the shuffle undone)
+    assert "old_logp" not in mref and mout["old_logp"].shape == batch["old_logp"].shape
+    np.testing.assert_allclose(mout["old_logp"], batch["old_logp"], rtol=1e-5, atol=1e-5)
 
 
 def test_on_policy_rejects_more_than_one_update(model):

@@ -17,7 +17,9 @@ Batch layout (a dict of arrays, ``B`` trajectories):
   With ``StepConfig.on_policy`` the batch needs no ``old_logp``: one epoch over one
   mini-batch updates from the very parameters that would have scored it, so the old
   log-probs are the update pass's own, detached (``stop_gradient``), as verl and TRL do;
-  the separate old-log-prob forward pass can be skipped.
+  the separate old-log-prob forward pass can be skipped. The update then also returns
+  those log-probs: ``metrics["old_logp"] [B, T]`` (the batch's row order, rows on ``dp``), so
+  the step still has the field a separate pass would have produced.
 
 Hidden state ``S - 1 + t`` predicts response token ``t``.
 
@@ -70,6 +72,12 @@ class StepConfig:
     # old_logp = stop_gradient(current logp) inside the update; only for one epoch over one
     # mini-batch (the train step checks), where it equals a separate old-log-prob pass.
     on_policy: bool = False
+
+
+#: Per-row ``[micro, T]`` outputs a loss function may put in its aux metrics: they are not
+#: summed over micro-batches like the scalar metrics but gathered back into ``[B, T]`` in the
+#: batch's row order (``StepConfig.on_policy``: the update's own detached log-probs).
+ROW_OUTPUTS = ("old_logp",)
 
 
 @flax.struct.dataclass
@@ -160,6 +168,8 @@ def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array
     entropy_agg = rl.aggregate(entropy, mask, mode=cfg.loss_agg_mode, **agg)
     loss = pg_loss - cfg.entropy_coeff * entropy_agg
     metrics = {"pg_loss": pg_loss, "entropy": entropy_agg}
+    if cfg.on_policy:
+        metrics["old_logp"] = old_logp
     if cfg.use_kl_loss:
         kl = rl.aggregate(rl.kl_penalty(logp, micro["ref_logp"], kind=cfg.kl_loss_type), mask,
                           mode=cfg.loss_agg_mode, **agg)
@@ -189,6 +199,12 @@ def _nonfinite_groups(grads) -> dict:
         keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
         groups.setdefault(".".join(keys[:2] if len(keys) > 2 else keys[:1]), []).append(g)
     return {f"nonfinite_grad/{name}": (~_all_finite(gs)).astype(jnp.float32) for name, gs in groups.items()}
+
+
+def _split_rows(metrics: dict) -> tuple[dict, dict]:
+    """A loss function's aux metrics -> (scalar metrics, :data:`ROW_OUTPUTS` per-row arrays)."""
+    return ({k: v for k, v in metrics.items() if k not in ROW_OUTPUTS},
+            {k: v for k, v in metrics.items() if k in ROW_OUTPUTS})
 
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig,
@@ -240,17 +256,18 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
             micro, key = xs
             grads_acc, loss_acc, metrics_acc = carry
             (loss, metrics), grads = grad_fn(train, state.params, key, graphdef, constrain(micro), counts, cfg, mesh)
+            metrics, rows = _split_rows(metrics)
             grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
             metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
-            return (grads_acc, loss_acc + loss, metrics_acc), None
+            return (grads_acc, loss_acc + loss, metrics_acc), rows
 
         n_micro = mask.shape[0]
         micro_keys = None if dropout_key is None else jax.random.split(dropout_key, n_micro)
         zeros = jax.tree.map(jnp.zeros_like, train)
-        metric_shapes = jax.eval_shape(lambda: loss_fn(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])
+        metric_shapes = jax.eval_shape(lambda: _split_rows(loss_fn(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])[0])
         metric_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
-        (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
-                                                 (micro_batches, micro_keys))
+        (grads, loss, metrics), rows = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
+                                                    (micro_batches, micro_keys))
         grad_norm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & _all_finite(grads)
         updates, new_opt = optimizer.update(grads, state.opt_state, train)
@@ -260,7 +277,7 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
                            opt_state=keep(new_opt, state.opt_state),
                            step=state.step + ok.astype(jnp.int32), skipped=state.skipped + (~ok).astype(jnp.int32))
         metrics = dict(metrics, loss=loss, grad_norm=grad_norm, **_nonfinite_groups(grads))
-        return state, metrics
+        return state, (metrics, rows)  # rows: [n_micro, micro, T] per ROW_OUTPUTS key
 
     def train_step(state: TrainState, batch: dict, key: jax.Array):
         batch_size = batch["loss_mask"].shape[0]
@@ -272,28 +289,38 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         all_metrics = []
         n_mini = batch_size // mini
         for epoch_key in jax.random.split(key, cfg.ppo_epochs):
-            if cfg.shuffle:
-                perm = jax.random.permutation(epoch_key, batch_size)
-                epoch_batch = jax.tree.map(lambda x: x[perm], batch)
-            else:
-                epoch_batch = batch
+            perm = jax.random.permutation(epoch_key, batch_size) if cfg.shuffle else None
+            epoch_batch = batch if perm is None else jax.tree.map(lambda x: x[perm], batch)
             # LoRA dropout draws from its own stream, so the shuffle is the same with or without it
             dropout_keys = jax.random.split(jax.random.fold_in(epoch_key, 1), n_mini) if _dropout(state.params) else None
-            state, metrics = jax.lax.scan(minibatch_update, state, (_split(epoch_batch, n_mini), dropout_keys))
+            state, (metrics, rows) = jax.lax.scan(minibatch_update, state, (_split(epoch_batch, n_mini), dropout_keys))
             all_metrics.append(metrics)
         metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.concatenate(xs)), *all_metrics)
         metrics["skipped_updates"] = state.skipped
-        return state, metrics
+        # on_policy: one epoch, one mini-batch; its rows [1, n_micro, micro, T] back in batch order
+        out_rows = {}
+        for k, x in rows.items():
+            x = x.reshape((batch_size,) + x.shape[3:])
+            out_rows[k] = x if perm is None else jnp.zeros_like(x).at[perm].set(x)
+        return state, metrics, constrain(out_rows)
 
     def packed_train_step(state: TrainState, batch: dict, packed: dict):
         # [B, T] trajectory fields -> [M, U, Bm, T] micro-batch slots (empty slots: zeros)
-        take = lambda x: jnp.take(x, packed["traj_index"], axis=0, mode="fill", fill_value=0)  # noqa: E731
+        index = packed["traj_index"]
+        if getattr(cfg, "on_policy", False) and index.shape[0] != 1:
+            raise ValueError(f"StepConfig.on_policy needs one epoch over one mini-batch; got {index.shape[0]} "
+                             "packed mini-batch passes (later updates would be off-policy)")
+        take = lambda x: jnp.take(x, index, axis=0, mode="fill", fill_value=0)  # noqa: E731
         minis = {k: take(v) for k, v in batch.items() if k not in _TOKEN_FIELDS}
         minis["packed"] = {k: packed[k] for k in (*_ROW_FIELDS, "gather")}
-        state, metrics = jax.lax.scan(micro_batches_update, state, (minis, None))
+        state, (metrics, rows) = jax.lax.scan(micro_batches_update, state, (minis, None))
         metrics = jax.tree.map(jnp.mean, metrics)
         metrics["skipped_updates"] = state.skipped
-        return state, metrics
+        b = batch["loss_mask"].shape[0]
+        flat = index.reshape(-1)  # slot -> trajectory row (b for empty slots, dropped)
+        out_rows = {k: jnp.zeros((b + 1,) + x.shape[3:], x.dtype).at[flat].set(x.reshape((-1,) + x.shape[3:]))[:b]
+                    for k, x in rows.items()}
+        return state, metrics, constrain(out_rows)
 
     return _PinnedStateStep(packed_train_step if packed else train_step, mesh)
 
@@ -344,7 +371,8 @@ class _PinnedStateStep:
 
             scalar = None if mesh is None else NamedSharding(mesh, PartitionSpec())
             self._layout = jax.tree.map(layout, state)
-            self._jitted = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self._layout, scalar),
+            # per-row outputs (ROW_OUTPUTS) keep the layout the step constrained them to
+            self._jitted = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self._layout, scalar, None),
                                    compiler_options=cpu_compiler_options())
         abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state))
         if not abstract:  # committed to the pinned layout (optimizer counters created on one device join the mesh)
@@ -353,7 +381,8 @@ class _PinnedStateStep:
 
     def __call__(self, state, batch, key):
         state = self._prepare(state)
-        return self._jitted(state, batch, key)
+        state, metrics, rows = self._jitted(state, batch, key)
+        return state, {**metrics, **rows}
 
     def lower(self, state, batch, key):
         state = self._prepare(state)
