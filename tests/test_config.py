@@ -302,6 +302,36 @@ def test_other_cross_field_errors(override, fragment):
     assert fragment in _err([override])
 
 
+ONE_MINI = ["actor.ppo_mini_batch_size=32"]  # default preset: 32 prompts per step, one update
+
+
+@pytest.mark.parametrize("overrides, blocker", [
+    ([], "2 mini-batches per step (data.train_batch_size=32 / actor.ppo_mini_batch_size=16"),
+    ([*ONE_MINI, "actor.ppo_epochs=2"], "actor.ppo_epochs=2"),
+    ([*ONE_MINI, "rollout.correction=token"], "rollout.correction=token"),
+    ([*ONE_MINI, "algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward=true"),
+    ([*ONE_MINI, "algorithm.bypass_mode=true"], "algorithm.bypass_mode=true"),
+    ([*ONE_MINI, "actor.lora.rank=4", "actor.lora.dropout=0.1"], "actor.lora.dropout=0.1"),
+])
+def test_skip_old_log_prob_true_needs_an_exactly_on_policy_update(overrides, blocker):
+    assert C.on_policy_blockers(resolve("default", overrides)[0])[0].startswith(blocker)
+    assert not C.on_policy_blockers(resolve("default", ONE_MINI)[0])
+    msg = _err([*overrides, "actor.skip_old_log_prob=true"], "default")
+    assert msg.startswith(f"actor.skip_old_log_prob=true needs an exactly on-policy update, but {blocker}"), msg
+    assert "use auto" in msg
+    for mode in ("auto", "false"):  # auto skips only when on-policy; false never: both always valid
+        assert resolve("default", [*overrides, f"actor.skip_old_log_prob={mode}"])[0].actor.skip_old_log_prob == mode
+
+
+def test_skip_old_log_prob_values(tmp_path):
+    assert resolve("default", [*ONE_MINI, "actor.skip_old_log_prob=true"])[0].actor.skip_old_log_prob == "true"
+    p = tmp_path / "p.yaml"
+    p.write_text("actor:\n  ppo_mini_batch_size: 32\n  skip_old_log_prob: false\n")  # YAML booleans mean the words
+    assert resolve(p)[0].actor.skip_old_log_prob == "false"
+    assert "actor.skip_old_log_prob='yes please' is not accepted; accepted: auto, true, false" in _err(
+        ["actor.skip_old_log_prob=yes please"])
+
+
 def test_bypass_mode_needs_no_correction():
     assert "would all be 1" in _err(["algorithm.bypass_mode=true", "rollout.correction=token"])
 

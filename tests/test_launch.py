@@ -61,6 +61,8 @@ def _mistakes(tmp):
         ("rollout.n=0", ["rollout.n=0"], "rollout.n"),
         ("policy_loss", ["actor.policy_loss=ppo2"], "vanilla"),
         ("mini batch", ["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"], "ppo_mini_batch_size"),
+        ("forced on-policy shortcut", ["actor.skip_old_log_prob=true", "actor.ppo_epochs=2"],
+         "actor.skip_old_log_prob=true needs an exactly on-policy update, but actor.ppo_epochs=2"),
         ("dp", ["--mesh=dp8", "data.train_batch_size=3", "rollout.n=2", "actor.ppo_mini_batch_size=1"], "dp=8"),
         ("mesh axis", ["--mesh=xp2"], "unknown axis 'xp'"),
         ("mesh size", ["--mesh=dp0"], "positive"),

@@ -46,9 +46,11 @@ class _Traj(types.SimpleNamespace):
         return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
 
 
-def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=False, bugs=()):
+def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=False, in_update=False, bugs=()):
     """Synthetic stages of one step (the runner's real protocol, no model): each produces the
-    fields the trainer's stage of the same name produces. ``bugs`` provokes one defect each."""
+    fields the trainer's stage of the same name produces. ``bugs`` provokes one defect each.
+    ``in_update``: no old_log_prob stage, the update writes its own old_logp
+    (``actor.skip_old_log_prob``)."""
     from rljax.trainer.runner import Stage
 
     rows = traj.prompt_ids.shape[0]
@@ -86,16 +88,27 @@ def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=
         _ = (b["scores"], b["group_id"], b["row_mask"])
         return {"advantages": b["loss_mask"] * 1.0}
 
+    def own_old_logp():
+        return jax.device_put(np.full((rows, T), -0.5, np.float32), NamedSharding(mesh, PartitionSpec("dp")))
+
     def actor_minibatch(b):
-        behaviour = b["rollout_logp"] if bypass and "bypass" not in bugs else b["old_logp"]
-        del behaviour
+        out = {"actor_metrics": {"pg_loss": 0.1, "grad_norm": 1.0}, "optimizer_steps": 1}
+        if in_update:
+            if "late_old_logp" not in bugs:
+                out["old_logp"] = own_old_logp()
+        else:
+            behaviour = b["rollout_logp"] if bypass and "bypass" not in bugs else b["old_logp"]
+            del behaviour
         _ = (b["input_ids"], b["attention_mask"], b["positions"], b["loss_mask"], b["advantages"])
         if "leak" in bugs:
             kept.append(b["advantages"])
-        return {"actor_metrics": {"pg_loss": 0.1, "grad_norm": 1.0}, "optimizer_steps": 1}
+        return out
 
     def weight_sync(b):
-        return {"weight_version_after": 1, "sampler_version": 0 if "stale" in bugs else 1, "weight_sync_s": 0.0}
+        out = {"weight_version_after": 1, "sampler_version": 0 if "stale" in bugs else 1, "weight_sync_s": 0.0}
+        if "late_old_logp" in bugs:  # old_logp scored with the updated weights (ratio stuck at 1)
+            out["old_logp"] = own_old_logp()
+        return out
 
     def step_metrics(b):
         base = {"actor/ppo_kl": 0.01, "actor/grad_norm": 1.0, "actor/entropy": 1.0, "response_length/mean": float(T),
@@ -104,7 +117,7 @@ def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=
 
     stages = [Stage("dataset_item", dataset_item), Stage("rollout_sessions", lambda b: {"trajectories": traj}),
               Stage("trajectory_fields", trajectory_fields), Stage("reward", reward)]
-    if not bypass or "bypass" in bugs:
+    if (not bypass or "bypass" in bugs) and not in_update:
         stages.append(Stage("old_log_prob", old_log_prob))
     stages += [Stage("advantages", advantages), Stage("actor_minibatch", actor_minibatch),
                Stage("weight_sync", weight_sync), Stage("metrics", step_metrics)]
@@ -112,13 +125,15 @@ def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=
 
 
 def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metrics=None, memory=None, pad=0,
-          leak=False, bugs=(), steps=1):
+          leak=False, bugs=(), steps=1, in_update=None):
     from rljax.config import write_resolved
     from rljax.trainer.runner import StepRunner
 
     tmp_path.mkdir(parents=True, exist_ok=True)
+    # one mini-batch: on-policy, so the separate old_log_prob pass is asked for explicitly
+    # (actor.skip_old_log_prob=auto in overrides: the update's own old_logp)
     cfg, prov = resolve("default", [f"rollout.n={N}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
-                                    *overrides])
+                                    "actor.skip_old_log_prob=false", *overrides])
     write_resolved(cfg, prov, tmp_path / "config.resolved.yaml")
     (tmp_path / "topology.json").write_text(json.dumps(
         {"world_size": 8, "mesh": {"dp": 8}, "actor_dp": 8, "actor_dp_derivation": "world_size / (tp * sp) = 8",
@@ -129,8 +144,9 @@ def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metric
         tracer.memory_stats = lambda: memory
     traj = _traj(pad, leak)
     rows = B + pad
+    in_update = in_update if in_update is not None else cfg.actor.skip_old_log_prob != "false"
     stages, kept = _stages(tmp_path, traj, mesh, old_logp_shape=old_logp_shape or (rows, T), attention=attention,
-                           metrics=metrics, bypass=cfg.algorithm.bypass_mode, bugs=bugs)
+                           metrics=metrics, bypass=cfg.algorithm.bypass_mode, in_update=in_update, bugs=bugs)
     runner = StepRunner(stages, [tracer])
     out = {}
     for step in range(1, steps + 1):
@@ -269,6 +285,9 @@ def _close(tracer):
      "bypass_mode=true but"),
     ("stale", (), "weight version after each sync == next rollout's version", "sampler 0"),
     ("shape", (), "no error-severity alerts", "shape_checksum_mismatch"),
+    # actor.skip_old_log_prob: old_logp from the update itself, but written after the update
+    ("late_old_logp", ("actor.skip_old_log_prob=auto",), "behaviour log-prob from the right producer (bypass_mode)",
+     "expected old_logp from the update itself"),
 ])
 def test_provoked_bugs_fail_the_check_for_their_own_reason(tmp_path, bug, overrides, check, why):
     good, _ = _step(tmp_path / "good", overrides=overrides)
@@ -282,8 +301,32 @@ def test_provoked_bugs_fail_the_check_for_their_own_reason(tmp_path, bug, overri
     status, detail = results[check]
     assert status == "FAIL" and why in detail, (check, results)
     failed = {k for k, (s, _) in results.items() if s == "FAIL"}
-    own = {"leak": {check, "no error-severity alerts"}}.get(bug, {check})
+    own = {"leak": {check, "no error-severity alerts"},
+           "late_old_logp": {check, "reward / old,ref log-prob / advantage producers and consumers"}}.get(bug, {check})
     assert failed == own, failed
+
+
+def test_old_logp_from_the_update_passes_only_when_the_update_is_on_policy(tmp_path):
+    """actor.skip_old_log_prob: a one-epoch, one-mini-batch run whose update writes old_logp
+    passes for that reason; the same trace from a run with two epochs fails (the stage it
+    needed is missing and the update's own old_logp is off-policy after the first epoch)."""
+    behaviour = "behaviour log-prob from the right producer (bypass_mode)"
+    good, _ = _step(tmp_path / "good", overrides=("actor.skip_old_log_prob=auto",))
+    _close(good)
+    results = _check(tmp_path / "good")
+    assert all(s != "FAIL" for s, _ in results.values()), results
+    assert "own log-probs, detached" in results[behaviour][1], results[behaviour]
+    recs = _records(tmp_path / "good")
+    assert "old_log_prob" not in {r["stage"] for r in recs}
+    mb = next(r for r in recs if r["stage"] == "actor_minibatch")
+    assert mb["behaviour_logp"] == {"field": "old_logp", "producer": "actor_minibatch", "bypass_mode": False,
+                                    "in_update": True}
+    bad, _ = _step(tmp_path / "bad", overrides=("actor.skip_old_log_prob=auto", "actor.ppo_epochs=2"), in_update=True)
+    _close(bad)
+    results = _check(tmp_path / "bad")
+    status, detail = results[behaviour]
+    assert status == "FAIL" and "not exactly on-policy" in detail, results[behaviour]
+    assert results["prompt group uid/sessions/keys consistent across every stage"][0] == "FAIL"
 
 
 def test_check_cli_exits_1_on_an_error_alert_and_counts_na(tmp_path):

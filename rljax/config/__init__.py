@@ -54,8 +54,8 @@ from rljax.config._schema import (
     TrainerConfig,
     ValKwargsConfig,
 )
-from rljax.config._validate import (apply_model_overrides, check_reward_spec, model_overrides, parse_mesh_spec, validate,
-                                    validate_for_mesh)
+from rljax.config._validate import (apply_model_overrides, check_reward_spec, model_overrides, on_policy_blockers,
+                                    parse_mesh_spec, validate, validate_for_mesh)
 
 from rljax.config._derived import DerivedSizes, derive
 
@@ -102,6 +102,7 @@ __all__ = [
     "resolve",
     "to_dict",
     "to_flat_dict",
+    "on_policy_blockers",
     "validate",
     "validate_for_mesh",
     "write_resolved",

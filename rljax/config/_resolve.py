@@ -130,6 +130,8 @@ def _coerce(key: str, value: Any, tp) -> Any:
         raise ConfigError(f"{key}=null is not accepted; expected {_type_name(tp)}")
     if origin is typing.Literal:
         accepted = typing.get_args(tp)
+        if isinstance(value, bool) and str(value).lower() in accepted:  # YAML's true/false for an auto|true|false key
+            return str(value).lower()
         if value not in accepted or isinstance(value, bool):
             raise ConfigError(f"{key}={_show(value)} is not accepted; accepted: {', '.join(map(str, accepted))}")
         return value

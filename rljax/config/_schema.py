@@ -159,6 +159,10 @@ class ActorConfig:
     entropy_coeff: float = _f(0.0, "entropy bonus coefficient", ge=0.0)
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
     logprob_impl: Literal[LOGPROB_IMPLS] = _f("auto", "fused log-prob/entropy kernel")
+    skip_old_log_prob: Literal["auto", "true", "false"] = _f(
+        "auto", "take old_logp from the update's own log-probs (detached) instead of a separate old_log_prob pass; "
+        "equal when the update is exactly on-policy (one epoch, one mini-batch, nothing reads old_logp before the "
+        "update). auto: whenever it is; true: required (a usage error otherwise); false: always the separate pass")
     use_remove_padding: bool = _f(
         False, "pack trajectories' real tokens into rows with segment ids for the learner passes (no padding)")
     use_dynamic_bsz: bool = _f(

@@ -61,6 +61,30 @@ def check_env(config) -> None:
                           "known to the lookup tool)")
 
 
+def on_policy_blockers(config) -> list[str]:
+    """Why the actor update is not exactly on-policy, so that ``old_logp`` cannot come from the
+    update itself (``actor.skip_old_log_prob``); empty when it can: one epoch over one
+    mini-batch, and nothing reads ``old_logp`` before the update."""
+    a, al, r = config.actor, config.algorithm, config.rollout
+    out = []
+    if a.ppo_epochs != 1:
+        out.append(f"actor.ppo_epochs={a.ppo_epochs} (updates after the first are off-policy)")
+    minis = config.data.train_batch_size // a.ppo_mini_batch_size
+    if minis != 1:
+        out.append(f"{minis} mini-batches per step (data.train_batch_size={config.data.train_batch_size} / "
+                   f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}; updates after the first are off-policy)")
+    if al.bypass_mode:
+        out.append("algorithm.bypass_mode=true (the behaviour log-prob is the sampler's rollout_logp)")
+    if r.correction != "none":
+        out.append(f"rollout.correction={r.correction} (its weights read old_logp before the update)")
+    if al.use_kl_in_reward:
+        out.append("algorithm.use_kl_in_reward=true (the KL penalty in the rewards reads old_logp before the update)")
+    if a.lora.rank > 0 and a.lora.dropout > 0:
+        out.append(f"actor.lora.dropout={a.lora.dropout} (the update's log-probs are under dropout, the old pass's "
+                   "are not)")
+    return out
+
+
 def validate(config) -> None:
     """Checks that no two fields contradict each other; raises :class:`ConfigError`."""
     d, a, r = config.data, config.actor, config.rollout
@@ -83,6 +107,11 @@ def validate(config) -> None:
             f"rollout.n={r.n} is too small for algorithm.adv_estimator={config.algorithm.adv_estimator}, "
             "which compares samples of one prompt; use rollout.n>=2"
         )
+    if a.skip_old_log_prob == "true":
+        blockers = on_policy_blockers(config)
+        if blockers:
+            raise ConfigError(f"actor.skip_old_log_prob=true needs an exactly on-policy update, but {blockers[0]}; "
+                              "use auto (skip only when on-policy) or false")
     if config.algorithm.bypass_mode and r.correction != "none":
         raise ConfigError(f"rollout.correction={r.correction} with algorithm.bypass_mode=true: the correction weights "
                           "would all be 1 (old_logp is the rollout log-prob); use rollout.correction=none")

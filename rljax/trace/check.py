@@ -64,10 +64,34 @@ class Run:
     def bypass(self) -> bool:
         return bool(self.config_values.get("algorithm.bypass_mode"))
 
+    def resolved(self):
+        """The run's whole resolved configuration (``config.resolved.yaml``), or None."""
+        if not hasattr(self, "_resolved"):
+            self._resolved = None
+            path = os.path.join(self.dir, "config.resolved.yaml")
+            if os.path.exists(path):
+                try:
+                    from rljax.config import load_resolved
+
+                    self._resolved = load_resolved(path)[0]
+                except Exception:  # check_config reports an unreadable file
+                    pass
+        return self._resolved
+
+    def old_logp_in_update(self) -> bool:
+        """The configuration has the update produce ``old_logp`` itself (``actor.skip_old_log_prob``
+        auto or true, and the update exactly on-policy): no old_log_prob stage."""
+        cfg = self.resolved()
+        if cfg is None or self.bypass():
+            return False
+        from rljax.config import on_policy_blockers
+
+        return cfg.actor.skip_old_log_prob != "false" and not on_policy_blockers(cfg)
+
     def required_stages(self) -> list[str]:
         """The stages every traced group must have, from the run's configuration."""
         stages = ["config_resolve", "dataset_item", "rollout_sessions", "trajectory_fields", "reward"]
-        if not self.bypass():
+        if not self.bypass() and not self.old_logp_in_update():
             stages.append("old_log_prob")
         if self.needs_reference():
             stages.append("reference")
@@ -181,7 +205,9 @@ def _expected(run: Run) -> dict[str, tuple[str, tuple[str, ...]]]:
     out = {"scores": ("reward", ("advantages",)),
            "loss_mask": ("trajectory_fields", ("actor_minibatch",)),
            "advantages": ("advantages", ("actor_minibatch",))}
-    if not run.bypass():
+    if run.old_logp_in_update():  # written by the update itself; nothing reads it before
+        out["old_logp"] = ("actor_minibatch", ())
+    elif not run.bypass():
         out["old_logp"] = ("old_log_prob", ("actor_minibatch", "advantages"))
     if run.needs_reference():
         out["ref_logp"] = ("reference", ("actor_minibatch", "advantages"))
@@ -203,7 +229,7 @@ def check_producers(run: Run) -> Result:
             if fname not in found:
                 return FAIL, name, f"step {step} group {uid}: field {fname} never appears in the trace"
             p, c = found[fname]
-            if p != prod or not c & set(cons):
+            if p != prod or (cons and not c & set(cons)):
                 return FAIL, name, (f"step {step} group {uid}: {fname} produced by {p!r}, consumed by "
                                     f"{sorted(c)}; expected {prod} -> {'/'.join(cons)}")
             seen += 1
@@ -219,17 +245,29 @@ def check_behaviour_logp(run: Run) -> Result:
     recs = run.by_stage("actor_minibatch")
     if not recs:
         return FAIL, name, "no actor_minibatch records"
-    bypass = run.bypass()
+    bypass, in_update = run.bypass(), run.old_logp_in_update()
     for r in recs:
         b = r.get("behaviour_logp") or {}
         field, prod = b.get("field"), b.get("producer")
         if bypass and (field != "rollout_logp" or prod not in ("rollout_sessions", "trajectory_fields")):
             return FAIL, name, (f"step {r['step']}: algorithm.bypass_mode=true but the update's behaviour log-prob is "
                                 f"{field!r} produced by {prod!r} (expected the sampler's rollout_logp)")
-        if not bypass and (field != "old_logp" or prod != "old_log_prob"):
-            return FAIL, name, (f"step {r['step']}: the update's behaviour log-prob is {field!r} produced by {prod!r} "
-                                "(expected old_logp from old_log_prob)")
-    src = "the sampler's rollout_logp (bypass_mode)" if bypass else "old_logp from the old_log_prob stage"
+        if in_update:  # the configuration makes the update exactly on-policy (rljax.config.on_policy_blockers)
+            if field != "old_logp" or prod != "actor_minibatch" or not b.get("in_update"):
+                return FAIL, name, (f"step {r['step']}: the update's behaviour log-prob is {field!r} produced by "
+                                    f"{prod!r} (expected old_logp from the update itself: actor.skip_old_log_prob "
+                                    "and the update is exactly on-policy)")
+        elif not bypass and (field != "old_logp" or prod != "old_log_prob"):
+            why = (" inside an update that is not exactly on-policy" if prod == "actor_minibatch" else "")
+            return FAIL, name, (f"step {r['step']}: the update's behaviour log-prob is {field!r} produced by {prod!r}"
+                                f"{why} (expected old_logp from old_log_prob)")
+    if bypass:
+        src = "the sampler's rollout_logp (bypass_mode)"
+    elif in_update:
+        src = ("old_logp from their own log-probs, detached (actor.skip_old_log_prob; exactly on-policy: one epoch "
+               "over one mini-batch, no old_log_prob stage)")
+    else:
+        src = "old_logp from the old_log_prob stage"
     return PASS, name, f"{len(recs)} update(s) used {src}"
 
 

@@ -599,6 +599,10 @@ class Tracer:
         B = int(lm.shape[0]) if lm is not None else int(traj.batch_size)
         mini, micro = sizes.mini_batch_trajectories, sizes.micro_batch_trajectories
         behaviour = "old_logp" if "old_logp" in reads else ("rollout_logp" if "rollout_logp" in reads else None)
+        # actor.skip_old_log_prob: the update read no behaviour log-prob and wrote its own old_logp
+        in_update = behaviour is None and "old_logp" in ev.writes
+        if in_update:
+            behaviour = "old_logp"
         loss_tokens = loss_rows = pad_tokens = None
         per_row = self._row_tokens if lm is not None else None
         if per_row is not None:
@@ -614,7 +618,7 @@ class Tracer:
         actor = {k: _num(v) for k, v in (ev.writes.get("actor_metrics") or {}).items()}
         return dict(minibatch=minibatch, actor_metrics=actor,
                     behaviour_logp={"field": behaviour, "producer": ev.producers.get(behaviour) if behaviour else None,
-                                    "bypass_mode": bool(self.cfg.algorithm.bypass_mode)})
+                                    "bypass_mode": bool(self.cfg.algorithm.bypass_mode), "in_update": in_update})
 
 
 def _producers(events) -> dict[str, str]:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.config import Config, derive
+from rljax.config import Config, derive, on_policy_blockers
 from rljax.loss import adaptive_kl_coef
 from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
@@ -196,13 +196,16 @@ class Trainer:
         self._val_iterator = lambda: val_iterator(cfg, tokenize, data_dir=data_dir)
 
         trajectories, micro = sizes.trajectories_per_step, sizes.micro_batch_trajectories
+        # actor.skip_old_log_prob: old_logp from the update itself (detached) when it is exactly
+        # on-policy (auto) or required (true; validated); no old_log_prob stage then
+        self.old_logp_in_update = a.skip_old_log_prob != "false" and not on_policy_blockers(cfg)
         self.step_config = StepConfig(
             policy_loss=a.policy_loss, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
             clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss,
             kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy_coeff=a.entropy_coeff,
             ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=sizes.mini_batch_trajectories, ppo_micro_batch_size=micro,
             temperature=r.temperature, logprob_impl=a.logprob_impl, use_rollout_correction=r.correction != "none",
-            shuffle=a.shuffle)
+            shuffle=a.shuffle, on_policy=self.old_logp_in_update)
         updates = sizes.optimizer_updates
         optimizer = _optimizer(a.optim, a.grad_clip, updates)
         al = cfg.algorithm
@@ -270,7 +273,8 @@ class Trainer:
             ref_params=jax.tree.map(jnp.copy, params) if needs_ref and self.lora_base is None else None,
             ref_is_base=needs_ref and self.lora_base is not None,
             critic=critic, critic_step=critic_step, values_fn=values_fn,
-            kl_ctrl=kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None, env=env_runtime)
+            kl_ctrl=kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None, env=env_runtime,
+            old_logp_in_update=self.old_logp_in_update)
         self.step = 0
         self.resumed_from = None
         self.val_env: dict = {}  # held-out tool-call rate and turns of the last validation (env.function)

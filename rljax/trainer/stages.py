@@ -18,17 +18,25 @@ gather_rollout        ``gather_rollout``  trajectories, reward_report -> rollout
                                           reward_report (the whole batch's; only with
                                           several processes, :mod:`rljax.trainer.distribute`)
 old_log_prob          ``old_log_prob``    input_ids, ... -> old_logp, entropy (not in bypass
-                                          mode: the update then reads ``rollout_logp``)
+                                          mode: the update then reads ``rollout_logp``; not
+                                          when the update is exactly on-policy, see below)
 reference             ``ref``             input_ids, ... -> ref_logp (KL loss / KL reward)
 values                ``values``          input_ids, ... -> values (``gae``)
 advantages            ``adv``             scores, masks, log-probs, values ->
                                           token_level_rewards, advantages, returns,
                                           rollout_is_weights (:mod:`rljax.trainer.prepare`)
 update_critic         ``update_critic``   ... -> critic_metrics (``gae``)
-actor_minibatch       ``update_actor``    ... -> actor_metrics
+actor_minibatch       ``update_actor``    ... -> actor_metrics (+ old_logp, see below)
 weight_sync           ``update_weights``  -> weight_version_after, sampler_version
 metrics               ``metrics``         -> metrics (host scalars)
 ====================  ==================  =================================================
+
+When the update is exactly on-policy (one epoch over one mini-batch, nothing reading
+``old_logp`` before the update: :func:`rljax.config.on_policy_blockers`) and
+``actor.skip_old_log_prob`` is ``auto`` or ``true``, there is no ``old_log_prob`` stage: the
+update takes its own log-probs, detached, as ``old_logp`` (what a separate pass with the same
+parameters computes, as verl's and TRL's actors do) and ``actor_minibatch`` writes them, so
+the trace shows ``old_logp`` produced inside the update.
 
 The asynchronous schedule (:mod:`rljax.trainer.async_loop`) reuses the same functions:
 dataset_item + rollout_sessions + reward on the producer side, the rest on the consumer
@@ -126,6 +134,9 @@ class Components:
     kl_ctrl: Any = None  # adaptive / fixed KL-in-reward controller
     version: int = 0
     env: Any = None  # rljax.env.EnvRuntime of a multi-turn run (env.function)
+    #: ``old_logp`` comes out of the update (``actor.skip_old_log_prob``, ``StepConfig.on_policy``):
+    #: no ``old_log_prob`` stage; ``actor_minibatch`` writes the field.
+    old_logp_in_update: bool = False
     #: Called by the sampler between decode chunks (the asynchronous schedule installs weight
     #: pushes there when ``async_training.partial_rollout``); ``None`` in the synchronous step.
     on_chunk: Optional[Callable] = None
@@ -164,7 +175,7 @@ def sync_stages(c: Components) -> list[Stage]:
               Stage("reward", lambda b: reward_fn(c, b), "reward")]
     if rollout_share(c).processes > 1:  # the whole batch's row facts and reward report, on the learner side
         stages.append(Stage("gather_rollout", lambda b: gather_rollout(c, b), "gather_rollout"))
-    if not cfg.algorithm.bypass_mode:
+    if not cfg.algorithm.bypass_mode and not c.old_logp_in_update:
         stages.append(Stage("old_log_prob", lambda b: old_log_prob(c, b), "old_log_prob"))
     if c.ref_params is not None or c.ref_is_base:
         stages.append(Stage("reference", lambda b: reference(c, b), "ref"))
@@ -311,7 +322,9 @@ def update_critic(c: Components, b) -> dict:
 def actor_batch(c: Components, b) -> dict:
     """The fields the actor update consumes, under the names :mod:`rljax.trainer.step` uses."""
     cfg = c.cfg
-    batch = dict(model_inputs(b), loss_mask=b["loss_mask"], old_logp=b[c.behaviour_logp], advantages=b["advantages"])
+    batch = dict(model_inputs(b), loss_mask=b["loss_mask"], advantages=b["advantages"])
+    if not c.old_logp_in_update:
+        batch["old_logp"] = b[c.behaviour_logp]
     if cfg.actor.use_kl_loss:
         batch["ref_logp"] = b["ref_logp"]
     if cfg.rollout.correction != "none":
@@ -321,7 +334,10 @@ def actor_batch(c: Components, b) -> dict:
 
 def actor_minibatch(c: Components, b) -> dict:
     c.actor, metrics = c.train_step(c.actor, actor_batch(c, b), _step_key(c, b["step"]))
-    return {"actor_metrics": to_host(metrics), "optimizer_steps": int(c.actor.step)}
+    out = {}
+    if c.old_logp_in_update:  # the update's own log-probs before its step (detached), [B, T] on the mesh
+        out["old_logp"] = metrics.pop("old_logp")
+    return {"actor_metrics": to_host(metrics), "optimizer_steps": int(c.actor.step), **out}
 
 
 def weight_sync(c: Components, b) -> dict:
