@@ -59,5 +59,9 @@ def test_update_without_the_old_log_prob_pass_equals_the_run_with_it(tmp_path):
                  "reward / old,ref log-prob / advantage producers and consumers", "nothing left in the buffer after cleanup"):
         assert checks[name][0] == "PASS", (name, checks[name])
     assert "own log-probs, detached" in checks[behaviour][1]
+    import json
+
+    row = next(r for r in json.loads((run_skip / "shape_ledger.json").read_text()) if r["tensor"] == "old_logp")
+    assert row["stage"] == row["produced_at"] == "actor_minibatch", row
     checks = {name: (status, detail) for status, name, detail in run_checks(str(run_full))}
     assert checks[behaviour][0] == "PASS" and "old_log_prob stage" in checks[behaviour][1], checks[behaviour]

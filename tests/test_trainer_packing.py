@@ -127,7 +127,7 @@ def _update(graphdef, params, batch, *, mesh=None, pack_cfg=None, **kw):
     key = jax.random.key(0)
     if pack_cfg is None:
         return make_train_step(graphdef, opt, cfg, mesh=mesh)(state, batch, key)
-    arrays, _ = P.pack(*_host(batch), T, P.epoch_orders(key, 8, cfg.ppo_epochs), mini_batch_size=4, cfg=pack_cfg)
+    arrays, _ = P.pack(*_host(batch), T, P.epoch_orders(key, 8, cfg.ppo_epochs), mini_batch_size=cfg.ppo_mini_batch_size, cfg=pack_cfg)
     step = make_train_step(graphdef, opt, cfg, mesh=mesh, packed=True)
     return step(state, batch, P.place_packed(arrays, mesh))
 
@@ -193,3 +193,23 @@ def test_packed_run_reports_the_padded_runs_numbers(tmp_path):
     assert rows["packed"]["perf/learner_compiles"] >= 2 and 0 <= rows["packed"]["perf/learner_padding_frac"] < 1
     assert rows["packed"]["perf/dp_token_imbalance"] >= 1.0
     assert "perf/mfu/actor" not in rows["packed"] and rows["packed"]["perf/model_flops/actor"] > 0  # CPU: no MFU
+
+
+@pytest.mark.slow
+def test_packed_on_policy_update_returns_the_old_logp_it_used(model, batch):
+    """StepConfig.on_policy on the packed step: one epoch over one mini-batch equals the packed
+    step fed the old_logp of a separate pass with the same parameters, and the update's own
+    old_logp comes back in the batch's row order (empty slots dropped)."""
+    graphdef, params = model
+    old, _ = make_logprob_fn(graphdef, response_len=T, temperature=1.0, impl="chunked")(params, batch)
+    fed = dict(batch, old_logp=old)
+    own = {k: v for k, v in batch.items() if k != "old_logp"}
+    pack_cfg = P.PackConfig(row_len=32, micro_batch_size=4)
+    kw = dict(pack_cfg=pack_cfg, ppo_epochs=1, ppo_mini_batch_size=8, ppo_micro_batch_size=4)
+    ref, mref = _update(graphdef, params, fed, **kw)
+    out, mout = _update(graphdef, params, own, on_policy=True, **kw)
+    chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
+    for k in _KEYS:
+        np.testing.assert_allclose(mout[k], mref[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    real = np.asarray(batch["attention_mask"])[:, S:]  # packed rows hold no padding: nothing to compare there
+    np.testing.assert_allclose(np.where(real, mout["old_logp"], 0), np.where(real, old, 0), rtol=1e-5, atol=1e-5)

@@ -143,6 +143,8 @@ def shape_ledger(inp: LedgerInput) -> list[dict]:
          "group statistics over padding rows or across uids"),
     ):
         x = batch.get(name)
+        if name == "old_logp":  # actor.skip_old_log_prob: produced inside the update (actor_minibatch)
+            stage = inp.producers.get(name, stage)
         if x is not None:
             dev(stage, name, x, mask, produced, consumed, "cleanup" if name != "entropy" else "metrics", bug)
     sc = batch.get("scores")
