@@ -63,5 +63,8 @@ def test_update_without_the_old_log_prob_pass_equals_the_run_with_it(tmp_path):
 
     row = next(r for r in json.loads((run_skip / "shape_ledger.json").read_text()) if r["tensor"] == "old_logp")
     assert row["stage"] == row["produced_at"] == "actor_minibatch", row
+    # the memory ledger compiles no log-prob pass the run does not have
+    assert set(json.loads((run_skip / "memory_ledger.json").read_text())["stages"]) == {"update_actor", "gen"}
+    assert "old_log_prob" in json.loads((run_full / "memory_ledger.json").read_text())["stages"]
     checks = {name: (status, detail) for status, name, detail in run_checks(str(run_full))}
     assert checks[behaviour][0] == "PASS" and "old_log_prob stage" in checks[behaviour][1], checks[behaviour]

@@ -271,6 +271,10 @@ def memory_ledger(inp: LedgerInput) -> dict:
         "gen": lambda: eng._chunk_fn.lower(src["sampler_params"], _abstract_decode_state(eng, src["decode"]),
                                            jnp.int32(16), jnp.int32(eng.num_slots + 1)),
     }
+    if not {"old_log_prob", "reference"} & set(inp.producers.values()):
+        # no stage ran the log-prob pass (actor.skip_old_log_prob, no reference): nothing to measure,
+        # and lowering it would compile a program the run never uses
+        del lowerings["old_log_prob"]
     for stage, lower in lowerings.items():
         t = time.perf_counter()
         try:
@@ -328,7 +332,8 @@ def memory_ledger(inp: LedgerInput) -> dict:
          "measured_from": "sampler decode chunk memory_analysis() arguments minus parameters (cache + slot state)"},
         {"item": "buffers", "formula": "naive logits micro_local x T x vocab_local x 4 (fused log-prob avoids most)",
          "estimate_bytes": int(buf_est), "measured_bytes": lp.get("temp"),
-         "measured_from": "log-prob function memory_analysis() temp"},
+         "measured_from": "log-prob function memory_analysis() temp" if "old_log_prob" in measured
+                          else "no log-prob pass in this run (old_logp from the update, no reference)"},
     ]
     stages = {k: v["peak"] for k, v in measured.items() if v and "peak" in v}
     peak_stage = max(stages, key=stages.get) if stages else None
