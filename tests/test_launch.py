@@ -266,14 +266,17 @@ _NOT_COMPARED = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_two_local_processes_match_one_process(tmp_path, mode):
+@pytest.mark.parametrize("mode, mesh, assembly", [("sync", "dp4", "direct"), ("async", "dp4", "direct"),
+                                                  ("sync", "tp4", "gathered")])
+def test_two_local_processes_match_one_process(tmp_path, mode, mesh, assembly):
     """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, --mesh=dp4, CPU collectives. Each
     process generates half of the prompt groups: the union of their trajectories is the one-process
     run's (uids, sessions, token ids), none is generated twice, and every batch metric matches the
     one-process run with 4 devices; in both modes (async with max_staleness=0, the deterministic
-    schedule). The trace records which process generated which uids, and its check passes."""
-    args = ["--mesh=dp4", *SMALL, "trainer.total_steps=2", "trace.rollout_dump=true"]
+    schedule). With dp across the processes each builds the global batch from its own rows
+    (``direct``); with dp1 (tp4: every device holds every row) the token arrays are gathered.
+    The trace records which process generated which uids, and its check passes."""
+    args = [f"--mesh={mesh}", *SMALL, "trainer.total_steps=2", "trace.rollout_dump=true"]
     if mode == "async":
         args += ["trainer.mode=async", "async_training.max_staleness=0"]
     one = launch("--run-dir", str(tmp_path / "one"), *args)
@@ -285,7 +288,7 @@ def test_two_local_processes_match_one_process(tmp_path, mode):
     topo = json.loads((tmp_path / "two" / "topology.json").read_text())
     assert topo["process_count"] == 2 and topo["world_size"] == 4 and topo["devices_per_process"] == 2
     share = topo["rollout_share"]
-    assert share["prompts_by_process"] == {"0": [0, 4], "1": [4, 8]} and share["assembly"] == "direct", share
+    assert share["prompts_by_process"] == {"0": [0, 4], "1": [4, 8]} and share["assembly"] == assembly, share
     assert "rollout across 2 processes: 4 prompt groups each" in two.stdout
 
     # The union of the two processes' trajectories is the one-process rollout; none twice.
