@@ -269,7 +269,7 @@ _NOT_COMPARED = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/
 @pytest.mark.parametrize("mode, mesh, assembly", [("sync", "dp4", "direct"), ("async", "dp4", "direct"),
                                                   ("sync", "tp4", "gathered")])
 def test_two_local_processes_match_one_process(tmp_path, mode, mesh, assembly):
-    """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, --mesh=dp4, CPU collectives. Each
+    """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, CPU collectives. Each
     process generates half of the prompt groups: the union of their trajectories is the one-process
     run's (uids, sessions, token ids), none is generated twice, and every batch metric matches the
     one-process run with 4 devices; in both modes (async with max_staleness=0, the deterministic
