@@ -276,6 +276,11 @@ def _run(args, cfg, prov, run_dir) -> int:
     except ValueError as e:  # --distributed: the process count is known only now
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
+    if cfg.trainer.mode == "async" and not share.direct:  # the rollout threads must not communicate
+        print(f"rljax.launch: error: trainer.mode=async over {share.processes} processes needs dp across the "
+              f"processes (each process's learner devices holding one block of batch rows); mesh {spec} puts rows "
+              "of several processes on one process's devices", file=sys.stderr)
+        return 2
     topo["rollout_share"] = share.describe()
     if cfg.env.function is not None and jax.process_count() > 1:
         topo["rollout_share"]["note"] = "multi-turn (env.function): every process runs every episode"

@@ -357,6 +357,33 @@ def test_reward_errors_over_the_limit_stop_the_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_async_over_processes_without_dp_across_them_is_a_usage_error(tmp_path):
+    """tp4 over 2 processes puts every row on every process: the batch would be gathered, and the
+    asynchronous rollout threads must not communicate."""
+    two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "--mesh=tp4",
+                          "--run-dir", str(tmp_path / "run"), *SMALL, "trainer.mode=async"],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert two.returncode == 2, two.stdout[-2000:] + two.stderr[-2000:]
+    assert "trainer.mode=async over 2 processes needs dp across the processes" in two.stderr
+    assert not (tmp_path / "run" / "topology.json").exists()
+
+
+@pytest.mark.slow
+def test_reward_errors_over_the_limit_stop_every_process(tmp_path):
+    """2 processes each score their own rows; the bound applies to the whole batch, so both stop
+    at the same step with the same error (the first failure, whichever process scored it)."""
+    two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "--mesh=dp4",
+                          "--run-dir", str(tmp_path / "run"), *SMALL, _plugin(tmp_path),
+                          "reward.max_error_fraction=0.0", "trainer.total_steps=2"],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert two.returncode == 1, two.stdout[-2000:] + two.stderr[-3000:]
+    errors = [line for line in two.stderr.splitlines() if line.startswith("rljax.reward.") and "RewardError" in line]
+    assert len(errors) == 2, two.stderr[-3000:]  # one per process
+    assert all("over 2 processes" in e and "cannot score a 4" in e for e in errors), errors
+    assert errors[0].split("first error:")[1] == errors[1].split("first error:")[1]
+
+
+@pytest.mark.slow
 def test_reward_errors_under_the_limit_score_zero_and_are_counted(tmp_path):
     run_dir = tmp_path / "run"
     out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, _plugin(tmp_path),

@@ -74,6 +74,9 @@ class AsyncSchedule:
         c = self.c = trainer.c
         at = trainer.cfg.async_training
         self.cfg = at
+        if not S.rollout_share(c).direct:  # a gathered learner batch would make the rollout thread communicate
+            raise ValueError("trainer.mode=async over several processes needs dp across the processes (each "
+                             "process's learner devices holding one block of batch rows)")
         self.queue = TrajectoryQueue(at.queue_size, at.max_staleness, at.overflow, start_version=c.version)
         self._pending: Optional[_Pending] = None
         self._pending_lock = threading.Lock()
