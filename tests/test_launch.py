@@ -265,10 +265,26 @@ _NOT_COMPARED = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/
                  "trace/", "memory/", "async/learner_wait_s", "async/rollout_wait_s", "async/queue_depth")
 
 
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    """The one-process synchronous run of a mesh (shared by the sync and async comparisons)."""
+    runs = {}
+
+    def get(mesh, args):
+        if mesh not in runs:
+            run_dir = tmp_path_factory.mktemp("one") / mesh.replace(",", "_")
+            out = launch("--run-dir", str(run_dir), *args)
+            assert out.returncode == 0, out.stderr[-3000:]
+            runs[mesh] = run_dir
+        return runs[mesh]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, mesh, assembly", [("sync", "dp4", "direct"), ("async", "dp4", "direct"),
                                                   ("sync", "tp4", "gathered")])
-def test_two_local_processes_match_one_process(tmp_path, mode, mesh, assembly):
+def test_two_local_processes_match_one_process(tmp_path, one_process_run, mode, mesh, assembly):
     """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, CPU collectives. Each
     process generates half of the prompt groups: the union of their trajectories is the one-process
     run's (uids, sessions, token ids), none is generated twice, and every batch metric matches the
@@ -277,10 +293,9 @@ def test_two_local_processes_match_one_process(tmp_path, mode, mesh, assembly):
     (``direct``); with dp1 (tp4: every device holds every row) the token arrays are gathered.
     The trace records which process generated which uids, and its check passes."""
     args = [f"--mesh={mesh}", *SMALL, "trainer.total_steps=2", "trace.rollout_dump=true"]
+    one = one_process_run(mesh, args)  # synchronous: async at max_staleness=0 must match it too
     if mode == "async":
         args += ["trainer.mode=async", "async_training.max_staleness=0"]
-    one = launch("--run-dir", str(tmp_path / "one"), *args)
-    assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2",
                           "--run-dir", str(tmp_path / "two"), *args],
                          cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=900)
@@ -292,7 +307,7 @@ def test_two_local_processes_match_one_process(tmp_path, mode, mesh, assembly):
     assert "rollout across 2 processes: 4 prompt groups each" in two.stdout
 
     # The union of the two processes' trajectories is the one-process rollout; none twice.
-    ref, ref_seen = _rollouts(tmp_path / "one")
+    ref, ref_seen = _rollouts(one)
     got, seen = _rollouts(tmp_path / "two")
     assert len(ref) == 2 * 8 * 4 and set(ref_seen.values()) == {1}
     assert set(seen.values()) == {1}, [k for k, c in seen.items() if c > 1][:4]
@@ -316,7 +331,7 @@ def test_two_local_processes_match_one_process(tmp_path, mode, mesh, assembly):
     assert not [r for r in results if r[0] == "FAIL"], results
     assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
 
-    a, b = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    a, b = metrics(one), metrics(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     compared = 0
     for ra, rb in zip(a, b):
