@@ -277,7 +277,10 @@ def gather_rollout(c: Components, b) -> dict:
         raise RewardError(f"reward failed for {report.errors}/{report.num_scored} rows ({report.error_fraction:.1%}) "
                           f"over {share.processes} processes, more than reward.max_error_fraction={bound}; first "
                           f"error: {report.first_error}")
-    return {"rollout_rows": rows, "reward_report": report}
+    stats = b["trajectories"].stats  # the batch's generation rate: every process's tokens over the slowest's time
+    per = distribute._per_process(np.array([stats.generated_tokens, stats.wall_s], np.float64))
+    rate = float(per[:, 0].sum() / per[:, 1].max()) if per[:, 1].max() > 0 else 0.0
+    return {"rollout_rows": rows, "reward_report": report, "rollout_tokens_per_s": rate}
 
 
 # ---------------------------------------------------------------------------- learner side
@@ -369,7 +372,8 @@ def step_metrics(c: Components, b) -> dict:
         "prompt_length/mean": float(rows.prompt_length[real].mean()),
         "training/weight_version": int(b["weight_version_after"]),
         "perf/total_num_tokens": int(loss_tokens) + int(rows.prompt_length[real].sum()),
-        "perf/rollout_tokens_per_s": traj.stats.tokens_per_s,
+        "perf/rollout_tokens_per_s": (b["rollout_tokens_per_s"] if "rollout_tokens_per_s" in b
+                                      else traj.stats.tokens_per_s),
         **b["reward_report"].metrics(),
     }
     if getattr(traj, "num_turns", None) is not None:
