@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from test_launch import REPO, SMALL, _env, _train_rows, launch
+from launching import REPO, launch, launch_env, train_rows
+from test_launch import SMALL
 
 ASYNC = ["trainer.mode=async"]
 IGNORED = ("timing_s/", "perf/", "trace/", "memory/", "async/", "alerts/")
@@ -63,12 +64,12 @@ def test_async_tau0_equals_sync_step_for_step(tmp_path):
     assert r_sync.returncode == 0, r_sync.stderr[-3000:]
     r_async = launch(*base, *ASYNC, "async_training.max_staleness=0", "--run-dir", str(tmp_path / "async"))
     assert r_async.returncode == 0, r_async.stderr[-3000:]
-    s, a = _train_rows(tmp_path / "sync"), _train_rows(tmp_path / "async")
+    s, a = train_rows(tmp_path / "sync"), train_rows(tmp_path / "async")
     _compare(s, a)
     assert all(r["async/staleness_max"] == 0 for r in a)
     # the trace follows the groups through the queue and the async checks pass
     chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "async")], cwd=REPO,
-                         env=_env(), capture_output=True, text=True, timeout=300)
+                         env=launch_env(), capture_output=True, text=True, timeout=300)
     assert chk.returncode == 0, chk.stdout
     for name in ("trained staleness within tau", "no future weight version trained", "every dropped row counted"):
         assert f"PASS  {name}" in chk.stdout, chk.stdout
@@ -121,7 +122,7 @@ def test_async_consumer_error_stops_the_rollout_thread(tmp_path):
 def test_async_ctrl_c_stops_within_seconds(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--mesh=dp2", *SMALL, *ASYNC,
-                             "trainer.total_steps=50", "--run-dir", str(run_dir)], cwd=REPO, env=_env(),
+                             "trainer.total_steps=50", "--run-dir", str(run_dir)], cwd=REPO, env=launch_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(run_dir / "metrics.jsonl", '"step": 1', proc, 600), "the run never finished step 1"
@@ -150,7 +151,7 @@ def test_async_resume_replays_in_flight_prompts(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     second = launch(*base, "trainer.total_steps=4", "--resume", "--run-dir", str(tmp_path / "split"))
     assert second.returncode == 0, second.stderr[-3000:]
-    f, s = _train_rows(tmp_path / "full"), _train_rows(tmp_path / "split")
+    f, s = train_rows(tmp_path / "full"), train_rows(tmp_path / "split")
     s = {r["step"]: r for r in s}  # the resumed run rewrote metrics.jsonl from step 3 on
     _compare(f, [s[r["step"]] for r in f])
     assert [r["async/batch_index"] for r in f] == [1, 2, 3, 4]
@@ -170,14 +171,14 @@ def test_disaggregated_async_topology_and_checks(tmp_path):
     pl = topo["placement"]
     assert pl["disjoint"] and pl["learner"]["devices"] == [0, 1] and pl["rollout"]["devices"] == [2, 3]
     assert topo["world_size"] == 2 and topo["rollout_replicas"] == 2
-    rows = _train_rows(run_dir)
+    rows = train_rows(run_dir)
     assert max(x["async/staleness_max"] for x in rows) <= 1
     assert [x["async/weight_pushes"] for x in rows] == [0, 1, 1, 2]  # every 2 updates
     assert all(x["async/max_version"] <= x["training/weight_version"] - 1 for x in rows)
-    chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run_dir)], cwd=REPO, env=_env(),
+    chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run_dir)], cwd=REPO, env=launch_env(),
                          capture_output=True, text=True, timeout=300)
     assert chk.returncode == 0, chk.stdout
-    summ = subprocess.run([sys.executable, "-m", "rljax.trace", "summary", str(run_dir)], cwd=REPO, env=_env(),
+    summ = subprocess.run([sys.executable, "-m", "rljax.trace", "summary", str(run_dir)], cwd=REPO, env=launch_env(),
                           capture_output=True, text=True, timeout=300)
     assert "placement: disaggregated" in summ.stdout and "disjoint" in summ.stdout, summ.stdout
     assert "asynchronous training: max_staleness 1" in summ.stdout

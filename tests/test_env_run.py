@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from test_launch import SMALL, launch
+from launching import launch
+from test_launch import SMALL
 from test_trace_run import REPO
 
 ENV_FILE = textwrap.dedent("""

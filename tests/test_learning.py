@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from test_launch import launch
+from launching import launch
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from test_launch import SMALL, launch  # one small configuration for all end-to-end runs
+from launching import launch
+from test_launch import SMALL  # one small configuration for all end-to-end runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = ("config provenance", "consistent across every stage", "sessions per uid", "producers and consumers",
