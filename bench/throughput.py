@@ -41,8 +41,10 @@ import optax  # noqa: E402
 from rljax import models  # noqa: E402
 from rljax.models import functional as F  # noqa: E402
 from rljax.rollout import DecodeParams, RljaxEngine  # noqa: E402
-from rljax.trainer import StepConfig, init_state, make_train_step  # noqa: E402
+from rljax.models.config import get_config  # noqa: E402
+from rljax.trainer import StepConfig, init_state, make_logprob_fn, make_train_step  # noqa: E402
 from rljax.trainer import packing as P  # noqa: E402
+from rljax.trainer.step import PackedLogprob, PackedTrainStep  # noqa: E402
 
 
 def lengths(dist: str, n: int, rng, max_prompt: int, max_response: int):
@@ -53,9 +55,12 @@ def lengths(dist: str, n: int, rng, max_prompt: int, max_response: int):
         p = rng.lognormal(np.log(400), 0.5, n)
         long = rng.random(n) < 0.25
         r = np.where(long, rng.lognormal(np.log(1200), 0.4, n), rng.lognormal(np.log(150), 0.7, n))
+    elif dist == "embedded":  # "7+8=" after BOS, answer "15" + EOS; a tenth run to the limit
+        p = np.where(rng.random(n) < 0.5, 5, 4)
+        r = np.where(rng.random(n) < 0.1, max_response, rng.integers(2, 4, n))
     else:
-        raise ValueError(f"unknown distribution {dist!r}; accepted: gsm8k, agent")
-    return (np.clip(p, 8, max_prompt).astype(int), np.clip(r, 4, max_response).astype(int))
+        raise ValueError(f"unknown distribution {dist!r}; accepted: gsm8k, agent, embedded")
+    return (np.clip(p, 1, max_prompt).astype(int), np.clip(r, 1, max_response).astype(int))
 
 
 def batch_of(plen, rlen, s, t, vocab, rng):
@@ -85,55 +90,98 @@ def timed(fn, reps, warmup=2):
 
 
 def update_rows(config, args, dist, rng):
+    """Update step and old-log-prob pass of every variant, compiled once each and timed
+    round-robin (variant after variant, ``--reps`` rounds) so load changes hit all alike.
+    Packed variants are timed with their host-side packing (what the trainer pays)."""
     s, t = args.max_prompt, args.max_response
     plen, rlen = lengths(dist, args.batch, rng, s, t)
     host = batch_of(plen, rlen, s, t, config.vocab_size, rng)
     batch = {k: jnp.asarray(v) for k, v in host.items()}
     graphdef, params = F.init_params(config, seed=0)
     opt = optax.sgd(1e-3)
-    cfg = StepConfig(ppo_mini_batch_size=args.batch, ppo_micro_batch_size=args.micro, logprob_impl="chunked")
+    mini = args.mini or args.batch
+    micro = args.micro or mini
+    cfg = StepConfig(ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, logprob_impl="chunked")
     key = jax.random.key(0)
-    orders = P.epoch_orders(key, args.batch, 1)
     real = int(host["attention_mask"].sum())
     budget = args.token_budget
     variants = {
         "padded": None,
-        "packed": P.PackConfig(row_len=s + t, micro_batch_size=args.micro),
+        "packed": P.PackConfig(row_len=s + t, micro_batch_size=micro),
         "packed+budget+balance": P.PackConfig(row_len=s + t, use_dynamic_bsz=True, max_token_len_per_device=budget,
                                               balance=True),
     }
-    rows = {}
+    # the trainer's log-prob pass: padded in micro-batches, packed in token-budget chunks
+    lp_variants = {"padded": None, "packed": P.PackConfig(row_len=s + t, use_dynamic_bsz=True,
+                                                          max_token_len_per_device=budget)}
+    rows, runs = {}, {}
     for name, pcfg in variants.items():
-        state = init_state(jax.tree.map(jnp.copy, params), opt)
+        box = [init_state(jax.tree.map(jnp.copy, params), opt)]
+        t0 = time.perf_counter()
         if pcfg is None:
             step = make_train_step(graphdef, opt, cfg)
-            args_ = (batch, key)
-            slots = args.batch * (s + t)
-            compiles = 1
+            compiled = step.lower(box[0], batch, key).compile()
+            feed = lambda: key  # noqa: E731
+            slots, compiles = args.batch * (s + t), 1
         else:
-            step = make_train_step(graphdef, opt, cfg, packed=True)
-            arrays, stats = P.pack(host["input_ids"], host["attention_mask"], host["positions"], t, orders,
-                                   mini_batch_size=args.batch, cfg=pcfg)
-            args_ = (batch, P.place_packed(arrays, None))
-            slots = stats["packed_tokens"]
-            shapes = set()  # the programs a run would compile: distinct bucketed shapes
-            for i in range(args.plan_steps):
-                pl, rl = lengths(dist, args.batch, np.random.default_rng(1000 + i), s, t)
-                hb = batch_of(pl, rl, s, t, config.vocab_size, rng)
-                _, st = P.pack(hb["input_ids"], hb["attention_mask"], hb["positions"], t, orders,
-                               mini_batch_size=args.batch, cfg=pcfg)
-                shapes.add(st["shape"])
-            compiles = len(shapes)
-        temp = step.lower(state, *args_).compile().memory_analysis().temp_size_in_bytes
-        box = [state]
+            step = PackedTrainStep(graphdef, opt, cfg, pcfg, response_len=t)
+            compiled = step.lower(box[0], batch, key).compile()
+            feed = lambda step=step: step._packed(batch, key)  # noqa: E731  host packing, timed
+            slots = step.stats["packed_tokens"]
+            compiles = len(plan_shapes(config, args, dist, pcfg, mini, rng))
+        compile_s = time.perf_counter() - t0
+        mem = compiled.memory_analysis()
 
-        def run():
-            box[0], m = step(box[0], *args_)
+        def run(compiled=compiled, box=box, feed=feed):
+            box[0], m = compiled(box[0], batch, feed())
             return m
 
-        sec = timed(run, args.reps, warmup=1)
-        rows[name] = dict(time=sec, temp=temp, pad=1 - real / slots, compiles=compiles)
+        runs[("update", name)] = run
+        rows[("update", name)] = dict(temp=mem.temp_size_in_bytes, pad=1 - real / slots, compiles=compiles,
+                                      compile_s=compile_s)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "positions")}
+    for name, pcfg in lp_variants.items():
+        t0 = time.perf_counter()
+        if pcfg is None:
+            fn = make_logprob_fn(graphdef, response_len=t, temperature=1.0, impl="chunked", micro_batch_size=micro)
+            compiled = fn.lower(params, inputs).compile()
+            run = lambda fn=compiled: fn(params, inputs)  # noqa: E731
+            slots = args.batch * (s + t)
+        else:
+            fn = PackedLogprob(graphdef, pcfg, response_len=t, temperature=1.0, impl="chunked")
+            packed, b = fn._packed(inputs)
+            compiled = fn._fn.lower(params, packed, b).compile()
+            slots = int(np.prod(packed["tokens"].shape))
+            run = lambda fn=fn, c=compiled: c(params, fn._packed(inputs)[0])  # noqa: E731
+        compile_s = time.perf_counter() - t0
+        runs[("logprob", name)] = run
+        rows[("logprob", name)] = dict(temp=compiled.memory_analysis().temp_size_in_bytes, pad=1 - real / slots,
+                                       compiles=1, compile_s=compile_s)
+    wall = {k: [] for k in runs}
+    cpu = {k: [] for k in runs}
+    for _ in range(args.reps):
+        for k, run in runs.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            jax.block_until_ready(run())
+            wall[k].append(time.perf_counter() - w0)
+            cpu[k].append(time.process_time() - c0)
+    for k in runs:
+        rows[k].update(time=float(np.median(wall[k])), cpu=float(np.median(cpu[k])))
     return rows, (plen, rlen)
+
+
+def plan_shapes(config, args, dist, pcfg, mini, rng):
+    """The programs a run would compile: distinct bucketed packed shapes over ``--plan-steps`` batches."""
+    s, t = args.max_prompt, args.max_response
+    shapes = set()
+    for i in range(args.plan_steps):
+        pl, rl = lengths(dist, args.batch, np.random.default_rng(1000 + i), s, t)
+        hb = batch_of(pl, rl, s, t, config.vocab_size, rng)
+        orders = P.epoch_orders(jax.random.key(i), args.batch, 1)
+        _, st = P.pack(hb["input_ids"], hb["attention_mask"], hb["positions"], t, orders, mini_batch_size=mini,
+                       cfg=pcfg)
+        shapes.add(st["shape"])
+    return shapes
 
 
 def decode_rows(config, args):
@@ -165,41 +213,49 @@ def decode_rows(config, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dist", default="gsm8k,agent")
-    ap.add_argument("--batch", type=int, default=16, help="trajectories per update (one mini-batch)")
-    ap.add_argument("--micro", type=int, default=4, help="trajectories per micro-batch (padded and packed)")
+    ap.add_argument("--dist", default="gsm8k,agent", help="gsm8k, agent, embedded (comma-separated)")
+    ap.add_argument("--batch", type=int, default=32, help="trajectories per update step")
+    ap.add_argument("--mini", type=int, default=None, help="trajectories per mini-batch (default: --batch)")
+    ap.add_argument("--micro", type=int, default=4, help="trajectories per micro-batch (padded and packed; 0: mini)")
     ap.add_argument("--token-budget", type=int, default=8192, help="tokens per device per packed micro-batch")
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--max-response", type=int, default=2048)
+    ap.add_argument("--preset", default=None, help="a model preset (e.g. tiny) instead of --layers/--hidden/--vocab")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2, help="timed rounds (variants interleaved)")
     ap.add_argument("--plan-steps", type=int, default=50, help="batches planned to count compiled shapes")
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--skip-update", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     args = ap.parse_args()
-    config = models.ModelConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4, num_layers=args.layers,
-        num_heads=args.hidden // 64, num_kv_heads=max(args.hidden // 128, 1), max_position_embeddings=8192,
-    )
+    if args.preset:
+        config = get_config(args.preset)
+    else:
+        config = models.ModelConfig(
+            vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+            num_layers=args.layers, num_heads=args.hidden // 64, num_kv_heads=max(args.hidden // 128, 1),
+            max_position_embeddings=8192)
     print(f"model: {config.num_layers} layers, hidden {config.hidden_size}, {config.num_heads} heads, "
           f"{config.num_kv_heads} kv heads, mlp {config.intermediate_size}, vocab {config.vocab_size}: "
-          f"{config.num_params() / 1e6:.1f}M params (float32); limits prompt {args.max_prompt} + response "
-          f"{args.max_response}; jax {jax.__version__}, {jax.devices()[0].platform}")
+          f"{config.num_params() / 1e6:.2f}M params (float32); limits prompt {args.max_prompt} + response "
+          f"{args.max_response}; jax {jax.__version__}, {jax.devices()[0].platform}", flush=True)
     if not args.skip_update:
         for dist in args.dist.split(","):
             rows, (plen, rlen) = update_rows(config, args, dist, np.random.default_rng(0))
-            print(f"\nupdate step, {dist}: {args.batch} trajectories (prompt mean {plen.mean():.0f}, response mean "
-                  f"{rlen.mean():.0f} / max {rlen.max()}), micro-batch {args.micro} trajectories or "
-                  f"{args.token_budget} tokens")
-            base = rows["padded"]
-            print(f"{'variant':<24}{'time s':>9}{'speedup':>9}{'temp MiB':>10}{'temp/pad':>10}{'padding':>9}{'compiles':>10}")
-            for name, r in rows.items():
-                print(f"{name:<24}{r['time']:>9.2f}{base['time'] / r['time']:>9.2f}{r['temp'] / 2**20:>10.0f}"
-                      f"{r['temp'] / base['temp']:>10.2f}{r['pad']:>9.2f}{r['compiles']:>10}")
+            mini = args.mini or args.batch
+            print(f"\n{dist}: {args.batch} trajectories (prompt mean {plen.mean():.0f}, response mean "
+                  f"{rlen.mean():.0f} / max {rlen.max()}), mini-batch {mini}, micro-batch {args.micro or mini} "
+                  f"trajectories or {args.token_budget} tokens; median of {args.reps} interleaved rounds")
+            print(f"{'pass':<9}{'variant':<24}{'wall s':>9}{'speedup':>9}{'cpu s':>9}{'cpu x':>7}{'temp MiB':>10}"
+                  f"{'temp/pad':>10}{'padding':>9}{'compiles':>10}{'compile s':>11}")
+            for (kind, name), r in rows.items():
+                base = rows[(kind, "padded")]
+                print(f"{kind:<9}{name:<24}{r['time']:>9.3f}{base['time'] / r['time']:>9.2f}{r['cpu']:>9.3f}"
+                      f"{base['cpu'] / r['cpu']:>7.2f}{r['temp'] / 2**20:>10.1f}{r['temp'] / base['temp']:>10.2f}"
+                      f"{r['pad']:>9.2f}{r['compiles']:>10}{r['compile_s']:>11.1f}", flush=True)
     if not args.skip_decode:
         out = decode_rows(config, args)
         cap = args.max_prompt + args.max_response
