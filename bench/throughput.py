@@ -37,9 +37,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from rljax import models  # noqa: E402
 from rljax.models import functional as F  # noqa: E402
+from rljax.sharding import make_mesh  # noqa: E402
 from rljax.rollout import DecodeParams, RljaxEngine  # noqa: E402
 from rljax.models.config import get_config  # noqa: E402
 from rljax.trainer import StepConfig, init_state, make_logprob_fn, make_train_step  # noqa: E402
@@ -98,6 +100,10 @@ def update_rows(config, args, dist, rng):
     host = batch_of(plen, rlen, s, t, config.vocab_size, rng)
     batch = {k: jnp.asarray(v) for k, v in host.items()}
     graphdef, params = F.init_params(config, seed=0)
+    mesh = make_mesh(args.mesh) if args.mesh else None
+    if mesh is not None:  # as the trainer places them: parameters by their logical axes, rows on dp
+        params = jax.device_put(params, F.param_shardings(config, mesh))
+        batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec("dp")))
     opt = optax.sgd(1e-3)
     mini = args.mini or args.batch
     micro = args.micro or mini
@@ -119,12 +125,12 @@ def update_rows(config, args, dist, rng):
         box = [init_state(jax.tree.map(jnp.copy, params), opt)]
         t0 = time.perf_counter()
         if pcfg is None:
-            step = make_train_step(graphdef, opt, cfg)
+            step = make_train_step(graphdef, opt, cfg, mesh=mesh)
             compiled = step.lower(box[0], batch, key).compile()
             feed = lambda: key  # noqa: E731
             slots, compiles = args.batch * (s + t), 1
         else:
-            step = PackedTrainStep(graphdef, opt, cfg, pcfg, response_len=t)
+            step = PackedTrainStep(graphdef, opt, cfg, pcfg, mesh, response_len=t)
             compiled = step.lower(box[0], batch, key).compile()
             feed = lambda step=step: step._packed(batch, key)  # noqa: E731  host packing, timed
             slots = step.stats["packed_tokens"]
@@ -143,12 +149,13 @@ def update_rows(config, args, dist, rng):
     for name, pcfg in lp_variants.items():
         t0 = time.perf_counter()
         if pcfg is None:
-            fn = make_logprob_fn(graphdef, response_len=t, temperature=1.0, impl="chunked", micro_batch_size=micro)
+            fn = make_logprob_fn(graphdef, response_len=t, temperature=1.0, impl="chunked", mesh=mesh,
+                                 micro_batch_size=micro)
             compiled = fn.lower(params, inputs).compile()
             run = lambda fn=compiled: fn(params, inputs)  # noqa: E731
             slots = args.batch * (s + t)
         else:
-            fn = PackedLogprob(graphdef, pcfg, response_len=t, temperature=1.0, impl="chunked")
+            fn = PackedLogprob(graphdef, pcfg, response_len=t, temperature=1.0, impl="chunked", mesh=mesh)
             packed, b = fn._packed(inputs)
             compiled = fn._fn.lower(params, packed, b).compile()
             slots = int(np.prod(packed["tokens"].shape))
@@ -220,6 +227,7 @@ def main():
     ap.add_argument("--token-budget", type=int, default=8192, help="tokens per device per packed micro-batch")
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--max-response", type=int, default=2048)
+    ap.add_argument("--mesh", default=None, help="run the learner on this mesh (e.g. dp1, as the trainer does)")
     ap.add_argument("--preset", default=None, help="a model preset (e.g. tiny) instead of --layers/--hidden/--vocab")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
