@@ -12,7 +12,7 @@ from rljax.models.config import get_config
 from rljax.sharding import make_mesh
 from rljax.trainer import StepConfig, init_state, make_logprob_fn, make_train_step
 from rljax.trainer import packing as P
-from rljax.trainer.step import make_packed_logprob_fn
+from rljax.trainer.step import PackedLogprob
 
 S, T = 8, 8
 CFG = get_config("tiny")
@@ -107,16 +107,65 @@ def test_pack_rejects_budget_below_a_row():
 # ------------------------------------------------------------------ numbers
 
 
-def test_packed_logprobs_equal_padded(model, batch):
-    graphdef, params = model
-    ref = make_logprob_fn(graphdef, response_len=T, temperature=1.0, impl="chunked")(params, batch)
-    ids, attn, pos = _host(batch)
-    arrays, _ = P.pack_logprob_batch(ids, attn, pos, T, cfg=P.PackConfig(row_len=32, use_dynamic_bsz=True,
-                                                                          max_token_len_per_device=32))
-    out = make_packed_logprob_fn(graphdef, temperature=1.0, impl="chunked")(params, P.place_packed(arrays, None), 8)
+@pytest.fixture(scope="module")
+def logprob_fns(model):
+    graphdef, _ = model
+    padded = make_logprob_fn(graphdef, response_len=T, temperature=1.0, impl="chunked")
+    packed = PackedLogprob(graphdef, P.PackConfig(row_len=32, use_dynamic_bsz=True, max_token_len_per_device=32),
+                           response_len=T, temperature=1.0, impl="chunked")
+    return padded, packed
+
+
+def test_packed_logprobs_equal_padded(model, batch, logprob_fns):
+    _, params = model
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "positions")}
+    ref = logprob_fns[0](params, inputs)
+    out = logprob_fns[1](params, inputs)
+    assert logprob_fns[1].stats["shape"][1] == 1  # one 32-token row per chunk
     m = np.asarray(batch["loss_mask"]) > 0
     for a, b in zip(out, ref):
         np.testing.assert_allclose(np.asarray(a)[m], np.asarray(b)[m], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_packing_chooses_by_fill_and_matches_both(model, batch, logprob_fns):
+    """use_remove_padding=auto: packed when the real tokens fill at most max_fill of [B, S+T]."""
+    _, params = model
+    fill = float(np.mean(np.asarray(batch["attention_mask"])))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "positions")}
+    m = np.asarray(batch["loss_mask"]) > 0
+    outs = {}
+    for max_fill, packed in ((fill, True), (fill - 0.01, False)):
+        auto = P.AutoPacking(*logprob_fns, max_fill=max_fill)
+        outs[packed] = auto(params, inputs)
+        assert auto.last_packed is packed and auto.fill == pytest.approx(fill)
+        assert auto.compiles == (logprob_fns[1].compiles if packed else logprob_fns[1].compiles + 1)
+        assert ("dp_token_imbalance" in auto.stats) is packed
+    for a, b in zip(outs[True], outs[False]):
+        np.testing.assert_allclose(np.asarray(a)[m], np.asarray(b)[m], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="max_fill=1.5 must be in"):
+        P.AutoPacking(*logprob_fns, max_fill=1.5)
+
+
+def test_use_remove_padding_accepts_auto_and_bools():
+    from rljax.config import ConfigError, resolve
+
+    assert resolve()[0].actor.use_remove_padding == "auto"
+    for text, value in (("true", "true"), ("false", "false"), ("auto", "auto")):
+        assert resolve(None, [f"actor.use_remove_padding={text}"])[0].actor.use_remove_padding == value
+    with pytest.raises(ConfigError, match="use_remove_padding='sometimes' is not accepted; accepted: auto, true, false$"):
+        resolve(None, ["actor.use_remove_padding=sometimes"])
+    with pytest.raises(ConfigError, match="does not apply LoRA dropout"):
+        resolve(None, ["actor.use_remove_padding=true", "actor.lora.rank=4", "actor.lora.dropout=0.1"])
+    resolve(None, ["actor.use_remove_padding=auto", "actor.lora.rank=4", "actor.lora.dropout=0.1"])  # runs padded
+
+
+def test_default_token_budget_is_the_padded_micro_batch():
+    from rljax.config import resolve
+
+    cfg = resolve(None, ["actor.use_dynamic_bsz=true"])[0]
+    update, logprob = P.pack_configs(cfg, dp=2, sp=2, row_len=24, micro_batch_size=8)
+    assert update.max_token_len_per_device == logprob.max_token_len_per_device == 4 * 12  # 8/2 rows of 24/2
+    assert update.rows_per_device == 4
 
 
 def _update(graphdef, params, batch, *, mesh=None, pack_cfg=None, **kw):

@@ -163,12 +163,14 @@ class ActorConfig:
         "auto", "take old_logp from the update's own log-probs (detached) instead of a separate old_log_prob pass; "
         "equal when the update is exactly on-policy (one epoch, one mini-batch, nothing reads old_logp before the "
         "update). auto: whenever it is; true: required (a usage error otherwise); false: always the separate pass")
-    use_remove_padding: bool = _f(
-        False, "pack trajectories' real tokens into rows with segment ids for the learner passes (no padding)")
+    use_remove_padding: Literal["auto", "true", "false"] = _f(
+        "auto", "pack trajectories' real tokens into rows with segment ids for the learner passes (no padding); "
+        "auto: per batch, packed when its real tokens fill at most half of the padded [B, S+T] layout")
     use_dynamic_bsz: bool = _f(
         False, "packed update micro-batches by token budget (ppo_max_token_len_per_device) instead of trajectory count")
     ppo_max_token_len_per_device: Optional[int] = _f(
-        None, "tokens per device per packed update micro-batch (null: one packed row per device)", ge=1)
+        None, "tokens per device per packed update micro-batch (null: the padded micro-batch's, "
+        "ppo_micro_batch_size / dp rows of S+T / sp tokens)", ge=1)
     log_prob_use_dynamic_bsz: bool = _f(
         True, "packed old/ref log-prob passes in chunks of log_prob_max_token_len_per_device tokens per device")
     log_prob_max_token_len_per_device: Optional[int] = _f(

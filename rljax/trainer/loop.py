@@ -39,7 +39,7 @@ from rljax.trainer.runner import StepRunner
 from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
 from rljax.models.lora import LoRAParams, disable
 from rljax.models.lora import merge as lora_merge
-from rljax.trainer.packing import pack_configs
+from rljax.trainer.packing import AutoPacking, pack_configs
 from rljax.trainer.step import (PackedLogprob, PackedTrainStep, StepConfig, init_state, make_logprob_fn,
                                 make_optimizer, make_train_step, trainable)
 
@@ -231,15 +231,22 @@ class Trainer:
         mesh_sizes = dict(mesh.shape)
         update_pack, logprob_pack = pack_configs(cfg, dp=mesh_sizes.get("dp", 1), sp=mesh_sizes.get("sp", 1),
                                                  row_len=prompt_len + response_len, micro_batch_size=micro)
-        if a.use_remove_padding:  # packed rows with segment ids (rljax.trainer.packing)
+        packing = {"true": True, "false": False, "auto": "auto"}[a.use_remove_padding]  # auto: per batch, by lengths
+        if packing == "auto" and a.lora.rank > 0 and a.lora.dropout > 0:
+            packing = False  # the packed update applies no LoRA dropout
+        if packing:  # packed rows with segment ids (rljax.trainer.packing)
             train_step = PackedTrainStep(self.graphdef, optimizer, self.step_config, update_pack, mesh,
                                          response_len=response_len)
             logprob_fn = PackedLogprob(self.graphdef, logprob_pack, response_len=response_len,
                                        temperature=r.temperature, impl=a.logprob_impl, mesh=mesh)
-        else:
-            train_step = make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh)
-            logprob_fn = make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
-                                         impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
+        if packing is not True:
+            padded_step = make_train_step(self.graphdef, optimizer, self.step_config, mesh=mesh)
+            padded_logprob = make_logprob_fn(self.graphdef, response_len=response_len, temperature=r.temperature,
+                                             impl=a.logprob_impl, mesh=mesh, micro_batch_size=micro)
+            if packing == "auto":
+                train_step, logprob_fn = AutoPacking(padded_step, train_step), AutoPacking(padded_logprob, logprob_fn)
+            else:
+                train_step, logprob_fn = padded_step, padded_logprob
 
         eos = (self.tokenizer.eos_id,)
         decode = DecodeParams(max_new_tokens=d.max_response_length, temperature=r.temperature, top_k=max(r.top_k, 0),
@@ -434,8 +441,11 @@ class Trainer:
 
         out = {}
         step = self.c.train_step
-        if isinstance(step, PackedTrainStep) and step.stats:
-            out["perf/dp_token_imbalance"] = step.stats["dp_token_imbalance"]  # of the packed learner rows
+        if isinstance(step, AutoPacking) and step.last_packed is not None:
+            out["perf/learner_packed"] = float(step.last_packed)  # actor.use_remove_padding=auto's choice
+        if isinstance(step, (PackedTrainStep, AutoPacking)) and step.stats:
+            if "dp_token_imbalance" in step.stats:
+                out["perf/dp_token_imbalance"] = step.stats["dp_token_imbalance"]  # of the packed learner rows
             out["perf/learner_padding_frac"] = step.stats["padding_frac"]
             out["perf/learner_compiles"] = step.compiles + getattr(self.c.logprob_fn, "compiles", 0)
         for key, timing in (("actor", "timing_s/update_actor"), ("rollout", "timing_s/gen")):

@@ -346,10 +346,12 @@ def place_packed(arrays: dict, mesh) -> dict:
 def pack_configs(cfg, *, dp: int, sp: int, row_len: int, micro_batch_size: int) -> tuple[PackConfig, PackConfig]:
     """``(update, log-prob)`` :class:`PackConfig` from a run configuration (``actor.*``,
     ``trainer.balance_batch``). ``row_len``: the learner's ``S + T`` (every trajectory fits
-    one row). Without a token budget a device holds one row per micro-batch."""
+    one row). Without a token budget a device holds the padded micro-batch's tokens
+    (``ceil(micro_batch_size / dp)`` rows of ``row_len / sp``): the packed passes never hold
+    more activations than the padded ones, and need fewer, fuller micro-batches."""
     a = cfg.actor
     one_row = row_len // sp
-    budget = a.ppo_max_token_len_per_device or one_row
+    budget = a.ppo_max_token_len_per_device or -(-micro_batch_size // dp) * one_row
     update = PackConfig(row_len=row_len, dp=dp, sp=sp, micro_batch_size=micro_batch_size,
                         use_dynamic_bsz=a.use_dynamic_bsz, max_token_len_per_device=budget,
                         balance=cfg.trainer.balance_batch)
@@ -358,3 +360,56 @@ def pack_configs(cfg, *, dp: int, sp: int, row_len: int, micro_batch_size: int) 
                          max_token_len_per_device=a.log_prob_max_token_len_per_device or budget,
                          balance=cfg.trainer.balance_batch)
     return update, logprob
+
+
+#: ``actor.use_remove_padding=auto`` packs a batch when its real tokens fill at most this
+#: fraction of the padded ``[B, S+T]`` layout, i.e. a packed row holds two trajectories or
+#: more on average. Measured (README, bench/throughput.py): the embedded task fills 0.73
+#: (a trajectory per row whether packed or not; packed is slower by its host-side packing
+#: and gathers), GSM8K-like lengths fill ~0.17 and agent-like ~0.46 (packed 2-4x faster).
+AUTO_MAX_FILL = 0.5
+
+
+class AutoPacking:
+    """``actor.use_remove_padding=auto``: per call, the packed or the padded version of a
+    learner pass, chosen from the batch's lengths.
+
+    ``padded`` and ``packed`` take the same arguments, ``(state_or_params, fields, *rest)``
+    with ``fields["attention_mask"] [B, S+T]``; the packed one is used when the mask's mean
+    (the fraction of the padded layout that is real tokens) is at most ``max_fill``. Both
+    give the same numbers to float tolerance (tests/test_trainer_packing.py), so the choice
+    only moves time; it is a pure function of the batch, so a resumed run chooses the same.
+    ``last_packed`` / ``fill`` describe the last call; ``compiles`` counts the programs of
+    both (a padded program counts once, after its first use).
+    """
+
+    def __init__(self, padded, packed, *, max_fill: float = AUTO_MAX_FILL):
+        if not 0.0 <= max_fill <= 1.0:
+            raise ValueError(f"max_fill={max_fill} must be in [0, 1] (a fraction of the padded layout)")
+        self.padded, self.packed, self.max_fill = padded, packed, max_fill
+        self.last_packed: Optional[bool] = None
+        self.fill: Optional[float] = None
+        self._padded_used = False
+
+    def choose(self, fields: dict):
+        self.fill = float(jnp.mean(jnp.asarray(fields["attention_mask"], jnp.float32)))
+        self.last_packed = self.fill <= self.max_fill
+        self._padded_used |= not self.last_packed
+        return self.packed if self.last_packed else self.padded
+
+    @property
+    def stats(self) -> dict:
+        """The packed pass's statistics after a packed call; after a padded one its padding."""
+        if self.last_packed:
+            return getattr(self.packed, "stats", {})
+        return {} if self.fill is None else {"padding_frac": 1.0 - self.fill}
+
+    @property
+    def compiles(self) -> int:
+        return getattr(self.packed, "compiles", 0) + int(self._padded_used)
+
+    def __call__(self, first, fields: dict, *rest):
+        return self.choose(fields)(first, fields, *rest)
+
+    def lower(self, first, fields: dict, *rest):
+        return self.choose(fields).lower(first, fields, *rest)

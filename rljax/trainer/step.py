@@ -487,6 +487,7 @@ class PackedLogprob:
         self._fn = make_packed_logprob_fn(graphdef, temperature=temperature, impl=impl, mesh=mesh)
         self.pack_cfg, self.mesh, self.response_len = pack_cfg, mesh, response_len
         self.shapes: set = set()
+        self.stats: dict = {}
 
     @property
     def compiles(self) -> int:
@@ -500,6 +501,7 @@ class PackedLogprob:
         arrays, stats = packing.pack_logprob_batch(host["input_ids"], host["attention_mask"], host["positions"],
                                                    self.response_len, cfg=self.pack_cfg)
         self.shapes.add(stats["shape"])
+        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1))
         return packing.place_packed(arrays, self.mesh), host["input_ids"].shape[0]
 
     def __call__(self, params, inputs: dict):
