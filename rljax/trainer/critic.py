@@ -51,7 +51,12 @@ def _replicated_like(x):
 
 
 def critic_values(graphdef, params: dict, batch: dict, *, response_len: int, mesh: Optional[Mesh] = None) -> jax.Array:
-    """``V [B, T]`` float32 for the response positions of ``batch`` (same layout as the actor's)."""
+    """``V [B, T]`` float32 for the response positions of ``batch`` (same layout as the actor's).
+
+    A packed micro-batch (``batch["packed"]``, :mod:`rljax.trainer.packing`) runs on its
+    packed rows and is gathered back to the same ``[B, T]`` layout."""
+    if "packed" in batch:
+        return _packed_values(graphdef, params, batch["packed"], mesh=mesh)
     ids = batch["input_ids"]
     prompt_len = ids.shape[1] - response_len
     hidden = F.forward(graphdef, params["model"], ids, positions=batch["positions"], mask=batch["attention_mask"],
@@ -61,6 +66,37 @@ def critic_values(graphdef, params: dict, batch: dict, *, response_len: int, mes
         hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
     head = params["head"]
     return jnp.einsum("bth,h->bt", hidden.astype(jnp.float32), head["w"]) + head["b"]
+
+
+def _packed_values(graphdef, params: dict, rows: dict, *, mesh: Optional[Mesh] = None) -> jax.Array:
+    """``V [Bm, T]`` of a packed micro-batch (``rows``: ``tokens, positions, segment_ids [R, L]``
+    and ``gather [Bm, T]``, flat indices into ``R*L``)."""
+    seg = rows["segment_ids"]
+    hidden = F.forward(graphdef, params["model"], rows["tokens"], positions=rows["positions"], mask=seg > 0,
+                       mesh=mesh, segment_ids=seg)
+    if mesh is not None:
+        hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
+    head = params["head"]
+    values = jnp.einsum("rlh,h->rl", hidden.astype(jnp.float32), head["w"]) + head["b"]
+    return jnp.take(values.reshape(-1), rows["gather"], axis=0)
+
+
+def make_packed_values_fn(graphdef, *, mesh: Optional[Mesh] = None):
+    """Jitted ``(params, packed, batch_size) -> V [B, T]`` from
+    :func:`rljax.trainer.packing.pack_logprob_batch` arrays (one chunk per ``U``, mapped
+    sequentially); rows come back in the batch's order."""
+    from rljax.trainer.packing import ROW_FIELDS
+
+    def compute(params, packed, b):
+        rows = {k: packed[k][0] for k in ROW_FIELDS}
+        values = jax.lax.map(lambda r: _packed_values(graphdef, params, r, mesh=mesh),
+                             dict(rows, gather=packed["gather"][0]))  # [U, Bm, T]
+        index = packed["traj_index"][0].reshape(-1)  # slot -> trajectory row (B for empty slots)
+        t = values.shape[-1]
+        out = jnp.zeros((b + 1, t), values.dtype).at[index].set(values.reshape(-1, t))[:b]
+        return out if mesh is None else with_logical_constraint(out, ("batch", "length"), mesh)
+
+    return jax.jit(compute, static_argnums=2)
 
 
 def critic_loss(params, graphdef, micro: dict, counts, cfg: CriticStepConfig, mesh: Optional[Mesh]):

@@ -33,7 +33,7 @@ from rljax.trace import MetricsWriter, Tracer, plot_report
 from rljax.trainer.checkpoint import Checkpointer
 from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, StopRequested, StopSignals,
                                  cut_metrics, wait_for_save)
-from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic
+from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, make_packed_values_fn
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
 from rljax.trainer.runner import StepRunner
 from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
@@ -215,17 +215,6 @@ class Trainer:
             use_kl_in_reward=al.use_kl_in_reward, kl_penalty=al.kl_penalty, correction=r.correction,
             correction_threshold=r.correction_threshold,
             behaviour_logp="rollout_logp" if al.bypass_mode else "old_logp")
-        critic = critic_step = values_fn = None
-        if al.adv_estimator == "gae":  # PPO: a value model beside the policy
-            cc = cfg.critic
-            critic_cfg = CriticStepConfig(cliprange_value=cc.cliprange_value, loss_agg_mode=cc.loss_agg_mode,
-                                          ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
-                                          ppo_micro_batch_size=micro, shuffle=a.shuffle)
-            critic_opt = _optimizer(cc.optim, cc.grad_clip, updates)
-            critic = init_state(init_critic(base), critic_opt)
-            critic_step = make_train_step(self.graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
-            graphdef = self.graphdef
-            values_fn = jax.jit(lambda p, b: critic_values(graphdef, p, b, response_len=response_len, mesh=mesh))
         needs_ref = a.use_kl_loss or al.use_kl_in_reward
         # packing configuration (validated for every run; used with actor.use_remove_padding)
         mesh_sizes = dict(mesh.shape)
@@ -247,6 +236,28 @@ class Trainer:
                 train_step, logprob_fn = AutoPacking(padded_step, train_step), AutoPacking(padded_logprob, logprob_fn)
             else:
                 train_step, logprob_fn = padded_step, padded_logprob
+        critic = critic_step = values_fn = None
+        if al.adv_estimator == "gae":  # PPO: a value model beside the policy, packed like the actor
+            cc = cfg.critic
+            critic_cfg = CriticStepConfig(cliprange_value=cc.cliprange_value, loss_agg_mode=cc.loss_agg_mode,
+                                          ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=self.step_config.ppo_mini_batch_size,
+                                          ppo_micro_batch_size=micro, shuffle=a.shuffle)
+            critic_opt = _optimizer(cc.optim, cc.grad_clip, updates)
+            critic = init_state(init_critic(base), critic_opt)
+            graphdef = self.graphdef
+            if packing:
+                critic_step = PackedTrainStep(graphdef, critic_opt, critic_cfg, update_pack, mesh,
+                                              response_len=response_len, loss_fn=critic_loss)
+                values_fn = PackedLogprob(graphdef, logprob_pack, response_len=response_len, mesh=mesh,
+                                          packed_fn=make_packed_values_fn(graphdef, mesh=mesh))
+            if packing is not True:
+                padded_critic = make_train_step(graphdef, critic_opt, critic_cfg, mesh=mesh, loss_fn=critic_loss)
+                padded_values = jax.jit(lambda p, b: critic_values(graphdef, p, b, response_len=response_len, mesh=mesh))
+                if packing == "auto":
+                    critic_step = AutoPacking(padded_critic, critic_step)
+                    values_fn = AutoPacking(padded_values, values_fn)
+                else:
+                    critic_step, values_fn = padded_critic, padded_values
 
         eos = (self.tokenizer.eos_id,)
         decode = DecodeParams(max_new_tokens=d.max_response_length, temperature=r.temperature, top_k=max(r.top_k, 0),

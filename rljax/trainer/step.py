@@ -448,8 +448,8 @@ class PackedTrainStep:
     """
 
     def __init__(self, graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig, pack_cfg,
-                 mesh: Optional[Mesh] = None, *, response_len: int):
-        self._step = make_train_step(graphdef, optimizer, cfg, mesh, packed=True)
+                 mesh: Optional[Mesh] = None, *, response_len: int, loss_fn: Optional[Callable] = None):
+        self._step = make_train_step(graphdef, optimizer, cfg, mesh, loss_fn=loss_fn, packed=True)
         self.cfg, self.pack_cfg, self.mesh, self.response_len = cfg, pack_cfg, mesh, response_len
         self.shapes: set = set()
         self.stats: dict = {}
@@ -480,11 +480,13 @@ class PackedTrainStep:
 
 class PackedLogprob:
     """Packed old / reference log-probs behind the padded signature ``(params, inputs) ->
-    (logp, entropy) [B, T]`` (``inputs``: ``input_ids, attention_mask, positions``)."""
+    (logp, entropy) [B, T]`` (``inputs``: ``input_ids, attention_mask, positions``); with
+    ``packed_fn`` any such packed pass, e.g. the critic's values (``V [B, T]``)."""
 
-    def __init__(self, graphdef, pack_cfg, *, response_len: int, temperature: float, impl: str = "auto",
-                 mesh: Optional[Mesh] = None):
-        self._fn = make_packed_logprob_fn(graphdef, temperature=temperature, impl=impl, mesh=mesh)
+    def __init__(self, graphdef, pack_cfg, *, response_len: int, temperature: float = 1.0, impl: str = "auto",
+                 mesh: Optional[Mesh] = None, packed_fn: Optional[Callable] = None):
+        # packed_fn: another jitted (params, packed, batch_size) pass, e.g. the critic's values
+        self._fn = packed_fn or make_packed_logprob_fn(graphdef, temperature=temperature, impl=impl, mesh=mesh)
         self.pack_cfg, self.mesh, self.response_len = pack_cfg, mesh, response_len
         self.shapes: set = set()
         self.stats: dict = {}
