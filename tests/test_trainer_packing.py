@@ -282,6 +282,7 @@ def critic_setup(model, batch):
     return graphdef, cp, fields
 
 
+@pytest.mark.slow  # two programs to compile (~5 s)
 def test_packed_critic_values_equal_padded(critic_setup):
     from rljax.trainer.critic import critic_values, make_packed_values_fn
 
