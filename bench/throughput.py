@@ -139,8 +139,9 @@ def update_rows(config, args, dist, rng):
         mem = compiled.memory_analysis()
 
         def run(compiled=compiled, box=box, feed=feed):
-            box[0], m = compiled(box[0], batch, feed())
-            return m
+            out = compiled(box[0], batch, feed())  # (state, metrics, on-policy rows)
+            box[0] = out[0]
+            return out[1]
 
         runs[("update", name)] = run
         rows[("update", name)] = dict(temp=mem.temp_size_in_bytes, pad=1 - real / slots, compiles=compiles,
