@@ -137,6 +137,7 @@ def update_rows(config, args, dist, rng):
             compiles = len(plan_shapes(config, args, dist, pcfg, mini, rng))
         compile_s = time.perf_counter() - t0
         mem = compiled.memory_analysis()
+        print(f"  compiled update {name} in {compile_s:.0f} s", flush=True)
 
         def run(compiled=compiled, box=box, feed=feed):
             out = compiled(box[0], batch, feed())  # (state, metrics, on-policy rows)
@@ -147,7 +148,7 @@ def update_rows(config, args, dist, rng):
         rows[("update", name)] = dict(temp=mem.temp_size_in_bytes, pad=1 - real / slots, compiles=compiles,
                                       compile_s=compile_s)
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "positions")}
-    for name, pcfg in lp_variants.items():
+    for name, pcfg in ({} if args.skip_logprob else lp_variants).items():
         t0 = time.perf_counter()
         if pcfg is None:
             fn = make_logprob_fn(graphdef, response_len=t, temperature=1.0, impl="chunked", mesh=mesh,
@@ -173,6 +174,7 @@ def update_rows(config, args, dist, rng):
             jax.block_until_ready(run())
             wall[k].append(time.perf_counter() - w0)
             cpu[k].append(time.process_time() - c0)
+            print(f"  {k[0]} {k[1]}: {wall[k][-1]:.2f} s wall, {cpu[k][-1]:.2f} s cpu", flush=True)
     for k in runs:
         rows[k].update(time=float(np.median(wall[k])), cpu=float(np.median(cpu[k])))
     return rows, (plen, rlen)
@@ -239,6 +241,7 @@ def main():
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--skip-update", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-logprob", action="store_true", help="no old-log-prob pass rows")
     args = ap.parse_args()
     if args.preset:
         config = get_config(args.preset)
