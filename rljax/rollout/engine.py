@@ -8,6 +8,7 @@ Lifecycle (the JetStream contract, plus the batched calls the RL sampler uses)::
     prefix = engine.prefill_batch(params, [[5, 6, 7], [8, 9]])     # one call for many prompts
     state = engine.insert_many(prefix, state, rows=[0, 0, 1], slots=[0, 1, 2], keys=keys)
     state, steps = engine.generate_chunk(params, state, num_steps=16)  # device-side loop
+    state, logits = engine.extend_many(params, state, slots=[2], tokens=[obs_ids], keys=turn_keys)  # multi-turn
 
 The single-request JetStream calls (``prefill`` / ``insert`` / ``generate``) are thin
 wrappers over the same jitted functions. As in JetStream 0.2's contract, ``prefill``
@@ -22,6 +23,14 @@ bucket and a power-of-two batch bucket, so few shapes are compiled. A :class:`Pr
 holds the K/V of every prompt row, the logits at its last real token and its length; the
 first response token is sampled at *insert* time with the slot's own key, so one prefix
 serves the ``n`` samples of a group (insert the same row into ``n`` slots).
+
+Extend (multi-turn). A slot whose turn ended (its decode is done) keeps its KV cache;
+``extend_many`` appends the slot's pending token and an observation to that cache at the
+slot's length in one chunked forward pass (rotary positions continue; the earlier context
+is attended to, not recomputed), then samples the slot's next token as ``insert_many``
+does, and the slot decodes on. Like JetStream / MaxText chunked prefill the new tokens are
+a chunk at an offset, but written straight into the live decode slot rather than into a
+prefix that ``insert`` copies back.
 
 Decode state. Per slot: the last sampled token (not yet in the cache), its cache index,
 the number of tokens generated, ``active`` / ``done`` flags, the trajectory key, and the
@@ -54,7 +63,7 @@ from rljax.models.config import ModelConfig
 from rljax.rollout._jetstream import jetstream_api
 from rljax.rollout.sampling import DecodeParams, sample_tokens
 from rljax.rollout.tokenizer import CHAR_TOKENIZER_PATH, build_jetstream_tokenizer
-from rljax.sharding import kv_cache_sharding, reshard
+from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, reshard, with_logical_constraint
 
 _api = jetstream_api()
 engine_api = _api.engine_api
@@ -193,6 +202,37 @@ def _first_token_impl(state: DecodeState, logits, slots):
     )
 
 
+def _extend_impl(graphdef, mesh, attention, params, state: DecodeState, tokens, lengths, slots, keys):
+    """Appends to live slots' caches in place and resumes them (see :meth:`RljaxEngine.extend_many`).
+
+    Row ``r`` writes, at the cache index of slot ``slots[r]``'s pending token, that token
+    followed by ``tokens[r, 1:1 + lengths[r]]`` (column 0 is filled here from
+    ``state.tokens``); queries attend to the slot's whole cache, so the earlier context is
+    read, never recomputed. The rows' cache slices are gathered, extended by the model's
+    chunked decode (positions continue at the slot's length) and scattered back; entries
+    with slot ``S`` are padding and are dropped. Returns the state with each slot's first
+    resumed token sampled (as after an insert) and the logits it was sampled from.
+    """
+    s = state.tokens.shape[0]
+    safe = jnp.minimum(slots, s - 1)
+    real = slots < s
+    tokens = tokens.at[:, 0].set(state.tokens[safe])
+    start = state.index[safe]
+    sub = F.KVCache(k=state.cache.k[:, safe], v=state.cache.v[:, safe])
+    hidden, sub = F.decode(graphdef, params, sub, tokens, cache_index=start, attention=attention, live=real)
+    last = jnp.take_along_axis(hidden, lengths[:, None, None], axis=1)[:, 0]
+    logits = F.compute_logits(params, last)
+    k = state.cache.k.at[:, slots].set(sub.k, mode="drop")
+    v = state.cache.v.at[:, slots].set(sub.v, mode="drop")
+    if mesh is not None:
+        k = with_logical_constraint(k, KV_CACHE_AXES, mesh)
+        v = with_logical_constraint(v, KV_CACHE_AXES, mesh)
+    put = lambda a, x: a.at[slots].set(x, mode="drop")
+    state = state.replace(cache=F.KVCache(k=k, v=v), index=put(state.index, start + 1 + lengths),
+                          keys=put(state.keys, keys.astype(jnp.uint32)))
+    return _first_token_impl(state, logits, slots), logits
+
+
 def _step_impl(graphdef, mesh, params, state: DecodeState, attention="live"):
     """One decode step for every slot; returns ``(state, tokens, logp, live, finished)``.
 
@@ -301,13 +341,15 @@ class RljaxEngine(engine_api.Engine):
         self._mesh = mesh
         self.tokenizer_path = tokenizer_path
         self.graphdef, _ = F.abstract_params(config)
-        #: Calls made and rows processed, for tests and metrics (prefill_calls,
-        #: prefill_rows, insert_calls, inserted_slots, generate_calls, decode_chunks).
+        #: Calls made and rows processed, for tests and metrics (prefill_calls, prefill_rows,
+        #: prefill_tokens, insert_calls, inserted_slots, extend_calls, extended_slots,
+        #: extended_tokens, generate_calls, decode_chunks).
         self.stats: Counter = Counter()
         g, m = self.graphdef, mesh
         self._prefill_fn = jax.jit(functools.partial(_prefill_impl, g, m))
         self._insert_fn = jax.jit(_insert_impl, donate_argnums=0)
         self._first_token_fn = jax.jit(_first_token_impl, donate_argnums=0)
+        self._extend_fn = jax.jit(functools.partial(_extend_impl, g, m, decode_attention), donate_argnums=1)
         self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m, decode_attention), donate_argnums=1)
         self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m, decode_attention), donate_argnums=1)
 
@@ -431,6 +473,7 @@ class RljaxEngine(engine_api.Engine):
             keys = np.concatenate([np.asarray(keys, np.uint32).reshape(b, 2), np.zeros((bp - b, 2), np.uint32)])
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += b
+        self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
         return Prefix(kv=kv, logits=logits, lengths=jnp.asarray(lengths), keys=jnp.asarray(keys))
 
     def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int, rng=None) -> Prefix:
@@ -529,6 +572,71 @@ class RljaxEngine(engine_api.Engine):
         Samples the request's first token (``decode_state.out_tokens[slot, 0]``).
         """
         return self.insert_many(prefix, decode_state, rows=[0], slots=[slot], keys=np.asarray(prefix.keys)[:1])
+
+    def extend_many(self, params, decode_state: DecodeState, *, slots, tokens, keys) -> tuple[DecodeState, jax.Array]:
+        """Appends tokens to live slots' KV caches in place and resumes their decoding (multi-turn).
+
+        A slot whose decode ended (e.g. on a tool-call stop token) keeps its cache; its last
+        sampled token is *pending* (sampled, not yet written). For each ``slots[i]`` this
+        writes the pending token and then ``tokens[i]`` (e.g. a tool's observation) into the
+        slot's cache from its current length on -- rotary positions continue there -- with
+        one chunked forward pass that attends to the cached context (nothing earlier is
+        recomputed), sets the slot's key to ``keys[i]`` (the resumed turn's random stream)
+        and samples the slot's next token from the logits at its last appended token, as
+        :meth:`insert_many` does for a prompt: the slot then decodes on with ``step`` 1.
+
+        Shapes are bucketed like :meth:`prefill_batch` (rows and ``1 + len(tokens)`` to
+        powers of two), so few variants compile; the slots' cache rows are gathered,
+        extended and scattered back on the donated state.
+
+        Args:
+          slots: distinct slots holding a trajectory (inserted before).
+          tokens: one 1-D sequence of token ids per slot (may be empty: only the pending
+            token is written).
+          keys: ``uint32 [R, 2]`` trajectory keys of the resumed turns.
+
+        Returns:
+          ``(state, logits [R, V])``: the logits each slot's first resumed token was sampled from.
+        """
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        keys = np.asarray(keys, np.uint32).reshape(-1, 2)
+        r, s = slots.size, self._num_slots
+        if isinstance(tokens, (str, bytes)) or len(tokens) != r or keys.shape[0] != r or not 1 <= r <= s:
+            raise ValueError(f"extend_many: slots, tokens and keys must have the same length in [1, {s}], "
+                             f"got {r}, {len(tokens) if not isinstance(tokens, (str, bytes)) else 'a string'}, "
+                             f"{keys.shape[0]}")
+        if slots.min() < 0 or slots.max() >= s or len(set(slots.tolist())) != r:
+            raise ValueError(f"extend_many: slots must be distinct and in [0, {s}), got {slots.tolist()}")
+        rows = []
+        for i, t in enumerate(tokens):
+            arr = np.asarray(t).reshape(-1) if np.size(t) else np.zeros(0, np.int32)
+            if arr.size and not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"extend_many: tokens {i} must be integer token ids, got dtype {arr.dtype}")
+            if arr.size and (arr.min() < 0 or arr.max() >= self.config.vocab_size):
+                raise ValueError(f"extend_many: tokens {i} has an id outside the vocabulary [0, {self.config.vocab_size})")
+            rows.append(arr.astype(np.int32))
+        index, active = jax.device_get((decode_state.index, decode_state.active))
+        for slot, arr in zip(slots, rows):
+            if not active[slot]:
+                raise ValueError(f"extend_many: slot {int(slot)} holds no trajectory; insert a prompt first")
+            if index[slot] + 1 + arr.size >= self.max_len:
+                raise ValueError(f"extend_many: slot {int(slot)} holds {int(index[slot]) + 1} tokens; {arr.size} more "
+                                 f"leave no room for the next token in its cache of {self.max_len}")
+        t = _bucket(1 + max(a.size for a in rows), 8, self.max_len)
+        rb = _bucket(r, 1, s)
+        ids = np.zeros((rb, t), np.int32)
+        lengths = np.zeros(rb, np.int32)
+        for i, arr in enumerate(rows):
+            ids[i, 1 : 1 + arr.size] = arr
+            lengths[i] = arr.size
+        slot_ids = np.concatenate([slots, np.full(rb - r, s)]).astype(np.int32)
+        keys = np.concatenate([keys, np.zeros((rb - r, 2), np.uint32)])
+        self.stats["extend_calls"] += 1
+        self.stats["extended_slots"] += r
+        self.stats["extended_tokens"] += int(sum(1 + a.size for a in rows))
+        state, logits = self._extend_fn(params, decode_state, jnp.asarray(ids), jnp.asarray(lengths),
+                                        jnp.asarray(slot_ids), jnp.asarray(keys))
+        return state, logits[:r]
 
     def generate(self, params, decode_state: DecodeState) -> tuple[DecodeState, RljaxResultTokens]:
         """One decode step for every slot (JetStream ``generate``).

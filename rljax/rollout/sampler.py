@@ -158,9 +158,12 @@ class Sampler:
             self.total_weight_sync_s += elapsed
         return elapsed
 
-    def _snapshot(self):
+    def snapshot(self) -> tuple[Any, int]:
+        """``(params, version)`` installed now, read together (a weight push may run in another thread)."""
         with self._lock:
             return self._params, self._version
+
+    _snapshot = snapshot
 
     # ----------------------------------------------------------------- input checks
 
