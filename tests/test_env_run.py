@@ -49,7 +49,8 @@ def test_multi_turn_run_passes_the_trace_check_with_observations(tmp_path):
     t = roll["trajectories"][0]
     assert t["num_turns"] == 2 and t["observation_tokens"] == 2 and t["obs_mask_sum"] == 0
     assert [s[2] for s in t["role_spans"]][1] == 2  # the observation span (Role.TOOL_RESULT)
-    assert roll["episode"]["context"].startswith("re-prefill")
+    assert roll["episode"]["context"].startswith("kv: sessions keep their slot")  # env.continuation=kv (default)
+    assert roll["episode"]["prefill_tokens"] > 0 and t["tool_s"] >= 0 and t["env_wait_s"] > 0
     # The check can fail: an observation token recorded with mask 1 is reported.
     for r in recs:
         if r["stage"] == "rollout_sessions":

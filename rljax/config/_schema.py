@@ -234,6 +234,9 @@ class EnvConfig:
                                         ge=1)
     timeout_s: float = _f(5.0, "python tool: wall-clock limit per call", gt=0.0)
     memory_mb: int = _f(256, "python tool: address-space limit per call", ge=64)
+    continuation: Literal["kv", "reprefill"] = _f(
+        "kv", "how a turn continues the context: kv (the session keeps its slot and KV cache; observations are "
+              "appended by an extend prefill) | reprefill (each turn re-prefills the whole context; the reference)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,24 +1,35 @@
-"""Multi-turn rollouts: an episode loop over :class:`rljax.rollout.Sampler`.
+"""Multi-turn rollouts: an episode loop over :class:`rljax.rollout.Sampler`'s engine.
 
-Per turn, every unfinished session decodes one turn (until the tool stop token, EOS, or its
-token budget); the environments answer all turns at once (:meth:`Environment.step_many`,
-tools of many sessions concurrently); each observation is tokenized, cut to
-``max_obs_tokens``, and appended to the session's context; the next turn decodes from the
-whole context. A session stays one session: one trajectory keyed ``{uid}_{session}_0``
-whatever its number of turns (the seed's rule: turns do not create sessions; ``index`` 0
-because an episode returns one output).
+A session (episode) starts from a prompt and alternates model turns and observations: a turn
+decodes until the tool stop token, EOS, or its token budget; the environment answers the turn
+(:meth:`Environment.step_many`); an observation is tokenized, cut to ``max_obs_tokens``, and
+appended to the session's context; the next turn decodes from there. A session stays one
+session: one trajectory keyed ``{uid}_{session}_0`` whatever its number of turns (the seed's
+rule: turns do not create sessions; ``index`` 0 because an episode returns one output).
 
-**Context continuation: re-prefill, not in-place KV append.** Each turn is a
-``Sampler.generate`` call whose prompt is the session's whole context so far (prompt, model
-turns, observations): the sampler prefills it (one prefill for all the sessions of the
-turn, batched) and decodes the next turn with continuous batching. The earlier context is
-recomputed once per turn. Why: the engine's prefill writes a fresh cache row from position
-0, and extending a live slot's cache by an observation needs a new engine entry point (a
-prefill that starts at the slot's cache index and keeps the slot between turns) in code two
-other helpers are changing now; the re-prefill costs ``O(context)`` per turn, which is
-small next to the decode for short observations, and it computes exactly what the learner
-recomputes (the same positions and tokens), so ``rollout_logp`` needs no special care.
-The in-place continuation is the follow-up named in the README.
+**Context continuation** (``continuation``, config ``env.continuation``):
+
+``"kv"`` (default): a session keeps its decode slot and KV cache for the whole episode.
+Sessions enter free slots as in the single-turn sampler (each prompt prefilled once, inserted
+into its ``n`` sessions' slots). When a slot's turn ends, the slot is *parked* (its cache
+kept, nothing decoded for it) and the turn goes to the environment on a thread pool -- the
+turns that finished in one decode chunk are one :meth:`Environment.step_many` call, and
+several such calls run at once -- while the other slots keep decoding. When an observation
+is ready, :meth:`RljaxEngine.extend_many` writes the turn's last token and the observation
+into the slot's cache at its current length (one chunked forward pass over the new tokens
+only; the earlier context is attended to, never recomputed), samples the next turn's first
+token, and the slot decodes on. Freed slots (ended episodes) take waiting sessions: continuous
+batching across turns. Per turn the prefilled tokens are the observation plus one.
+
+``"reprefill"`` (the reference): each turn is a ``Sampler.generate`` call over all unfinished
+sessions whose prompt is the session's whole context so far; every turn recomputes the
+earlier context (``O(context)`` per turn), and all sessions wait for the slowest tool.
+
+Both paths compute the same numbers: turn ``k`` of session ``(uid, s)`` samples from the
+random stream of ``({uid}_{s}_t{k}, 0)``, and greedy decoding gives the same tokens (and
+``rollout_logp`` to float rounding) on either path (``tests/test_env_kv.py``). A turn that
+would pass the session's response budget is cut to it on the host (and ends the session) in
+both paths.
 
 Data contract (``T`` = ``data.max_response_length``): the response region holds the model
 turns and the observations in order. ``response_mask`` and ``loss_mask`` are 1 only on
@@ -26,13 +37,17 @@ policy tokens (verl's convention: the response mask is the action mask), observa
 ``response_attention`` is 1 on every token present; ``rollout_logp`` is 0 on observations;
 ``roles`` holds :class:`rljax.loss.Role` per token. Observations count against ``T`` (they
 occupy the context), not against the policy's tokens: the response budget is ``T`` tokens
-of context, of which the policy wrote ``response_mask.sum()``.
+of context, of which the policy wrote ``response_mask.sum()``. Versions: a trajectory's
+``min_version`` / ``max_version`` are the oldest / newest weight versions any of its turns
+decoded with.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Optional
 
@@ -43,6 +58,8 @@ from rljax.env._protocol import Example, Step, Turn, env_metrics
 from rljax.loss import Role
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
+CONTINUATIONS = ("kv", "reprefill")
+
 
 @flax.struct.dataclass
 class EpisodeTrajectories(Trajectories):
@@ -52,11 +69,14 @@ class EpisodeTrajectories(Trajectories):
     roles ``[B,T]`` int8: :class:`rljax.loss.Role` per response token (``PADDING`` after).
     num_turns ``[B]`` int32: model turns. obs_tokens ``[B]`` int32: observation tokens.
     tool_calls ``[B]`` int32. env_reward ``[B]`` float32: the environment's final reward,
-    NaN where ``reward.function`` scores the final turn.
+    NaN where ``reward.function`` scores the final turn. tool_s ``[B]`` float32: the
+    session's tool latency (the tools' own seconds, :attr:`Step.seconds`, summed).
+    env_wait_s ``[B]`` float32: wall seconds the session waited on its environment (turn end
+    to answer, summed over turns; with ``continuation="kv"`` other sessions decode meanwhile).
 
     Host fields: final_text (the final turn's text per row), turn_spans (per row, the
     ``(start, end, role)`` spans of the response), episode (totals: tool calls, errors,
-    timeouts, tool seconds, turns).
+    timeouts, tool seconds, turns, the continuation and its prefill counts).
     """
 
     response_attention: np.ndarray = None
@@ -65,6 +85,8 @@ class EpisodeTrajectories(Trajectories):
     obs_tokens: np.ndarray = None
     tool_calls: np.ndarray = None
     env_reward: np.ndarray = None
+    tool_s: np.ndarray = None
+    env_wait_s: np.ndarray = None
     final_text: tuple = flax.struct.field(pytree_node=False, default=())
     turn_spans: tuple = flax.struct.field(pytree_node=False, default=())
     episode: tuple = flax.struct.field(pytree_node=False, default=())  # sorted (name, value) items
@@ -92,16 +114,85 @@ class _Session:
     final_text: str = ""
     min_version: int = 1 << 30
     max_version: int = 0
+    tool_s: float = 0.0
+    env_wait_s: float = 0.0
+    queue_s: float = 0.0  # seconds from the call's start to the session's first decode
+    decode_s: float = 0.0  # seconds from its first decode to its end
+
+
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    stop_id: int
+    eos: tuple
+    max_turns: int
+    max_response_tokens: int
+    max_obs_tokens: int
+
+
+def _take_turn(s: _Session, ids, lps, lim: _Limits, tokenizer) -> Turn:
+    """Records a decoded turn in its session (cut to the session's response budget)."""
+    budget = lim.max_response_tokens - len(s.resp)
+    ids, lps = [int(t) for t in ids[:budget]], [float(x) for x in lps[:budget]]
+    last = ids[-1] if ids else -1
+    stopped = "tool" if last == lim.stop_id else ("eos" if last in lim.eos else "length")
+    role = Role.AGENT_CALL if stopped == "tool" else Role.AGENT_ANSWER
+    start = len(s.resp)
+    s.resp += ids
+    s.action += [1] * len(ids)
+    s.logp += lps
+    s.roles += [int(role)] * len(ids)
+    s.context += ids
+    s.spans.append((start, len(s.resp), int(role)))
+    body = ids[:-1] if stopped != "length" else ids
+    turn = Turn(text=tokenizer.decode(body), token_ids=tuple(ids), stopped=stopped, index=s.turns)
+    s.turns += 1
+    return turn
+
+
+def _take_step(s: _Session, turn: Turn, step: Step, lim: _Limits, tokenizer) -> Optional[list]:
+    """Applies the environment's answer; returns the observation tokens the session continues
+    with, or ``None`` when the episode ended (a cut observation that fills the budget is
+    recorded, and ends it)."""
+    s.final_text = turn.text
+    s.tool_s += float(step.seconds)
+    if step.tool is not None or step.error:
+        s.calls += 1
+    if step.observation is None or turn.index == lim.max_turns - 1:
+        s.done, s.reward = True, step.reward
+        s.truncated = s.truncated or turn.stopped != "eos"
+        return None
+    obs = [int(x) for x in tokenizer.encode(step.observation)][: lim.max_obs_tokens]
+    room = lim.max_response_tokens - len(s.resp)
+    if len(obs) >= room:  # no room for the observation and another turn
+        s.done = s.truncated = True
+        obs = obs[:room]
+    start = len(s.resp)
+    s.resp += obs
+    s.action += [0] * len(obs)
+    s.logp += [0.0] * len(obs)
+    s.roles += [int(Role.TOOL_RESULT)] * len(obs)
+    s.context += obs
+    s.obs += len(obs)
+    if obs:
+        s.spans.append((start, len(s.resp), int(Role.TOOL_RESULT)))
+    return None if s.done else obs
+
+
+def _turn_uid(uids, n, r, turn) -> str:
+    """The random-stream uid of session ``r``'s turn (stream ``(uid, 0)``), the same on both paths."""
+    return f"{uids[r // n]}_{r % n}_t{turn}"
 
 
 def run_episodes(sampler, prompts: Sequence, *, uids: Sequence[str], n: int, decode, env_cls, tokenizer,
                  stop_id: int, max_turns: int, max_response_tokens: int, max_obs_tokens: int,
-                 pad_to_multiple: int = 1) -> EpisodeTrajectories:
+                 pad_to_multiple: int = 1, continuation: str = "kv", max_env_workers: int = 16) -> EpisodeTrajectories:
     """Runs ``n`` episodes (sessions) per prompt; returns one trajectory per session.
 
     Args:
-      sampler: the :class:`rljax.rollout.Sampler` (its engine's ``max_prefill_length`` must
-        hold a prompt plus ``max_response_tokens``).
+      sampler: the :class:`rljax.rollout.Sampler` (its weights, engine and decode chunking).
+        ``continuation="kv"``: the engine's cache must hold a prompt, ``max_response_tokens``
+        and one turn (``max_len >= prompt + T + decode.max_new_tokens``); ``"reprefill"``: its
+        ``max_prefill_length`` must hold a prompt plus ``max_response_tokens``.
       prompts: objects with ``ids``, ``prompt`` and ``answer`` (:class:`rljax.data.Prompt`).
       uids: one group key per prompt. decode: training / validation ``DecodeParams``
         (``max_new_tokens`` caps one turn).
@@ -109,10 +200,17 @@ def run_episodes(sampler, prompts: Sequence, *, uids: Sequence[str], n: int, dec
       stop_id: the token that ends a turn as a tool call. max_turns: model turns per
         episode. max_response_tokens: ``T``, turns plus observations. max_obs_tokens: an
         observation is cut to this many tokens.
+      continuation: ``"kv"`` (sessions keep their slot and KV cache across turns) or
+        ``"reprefill"`` (each turn re-prefills the whole context); see the module docstring.
+      max_env_workers: threads answering turns concurrently (``"kv"``).
     """
+    if continuation not in CONTINUATIONS:
+        raise ValueError(f"continuation is {continuation!r}; accepted: {', '.join(CONTINUATIONS)}")
     t0 = time.perf_counter()
     eos = tuple(sampler.engine.eos_ids(decode))
     turn_decode = dataclasses.replace(decode, eos_ids=eos + (int(stop_id),))
+    lim = _Limits(stop_id=int(stop_id), eos=eos, max_turns=int(max_turns), max_response_tokens=int(max_response_tokens),
+                  max_obs_tokens=int(max_obs_tokens))
     total = len(prompts) * n
     sessions = []
     for r in range(total):
@@ -120,26 +218,40 @@ def run_episodes(sampler, prompts: Sequence, *, uids: Sequence[str], n: int, dec
         ex = Example(prompt=str(getattr(p, "prompt", "")), answer=str(getattr(p, "answer", "")),
                      index=int(getattr(p, "index", r // n)), uid=str(uids[r // n]), session=s)
         sessions.append(_Session(env=env_cls(ex), context=list(int(t) for t in p.ids)))
+    before = dict(sampler.engine.stats)
+    if continuation == "kv":
+        stats, steps_all, episode = _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim, tokenizer, t0,
+                                             max_env_workers)
+    else:
+        stats, steps_all, episode = _reprefill_loop(sampler, uids, n, sessions, turn_decode, lim, tokenizer, t0)
+    after = sampler.engine.stats
+    for s in sessions:
+        s.done = True
+    ep = env_metrics(steps_all)
+    ep.update(episode, continuation=continuation, turns=sum(s.turns for s in sessions),
+              **{k: after.get(k, 0) - before.get(k, 0) for k in ("prefill_tokens", "extend_calls", "extended_tokens")})
+    return _assemble(sampler, prompts, n, uids, decode, sessions, stats, ep, max_response_tokens, pad_to_multiple)
+
+
+def _reprefill_loop(sampler, uids, n, sessions, turn_decode, lim: _Limits, tokenizer, t0):
+    """Turn by turn: one ``Sampler.generate`` over every unfinished session's whole context."""
     steps_all: list[Step] = []
     gen_s = env_s = prefill_s = decode_s = sync_s = 0.0
     gen_tokens = prefill_calls = prefill_rows = chunks = 0
     version_start = version_end = None
-    for turn in range(max_turns):
+    for turn in range(lim.max_turns):
         live = [r for r, s in enumerate(sessions) if not s.done]
-        if not live:
-            break
-        budget = {r: max_response_tokens - len(sessions[r].resp) for r in live}
+        budget = {r: lim.max_response_tokens - len(sessions[r].resp) for r in live}
         for r in live:
             if budget[r] <= 0:
                 sessions[r].done = sessions[r].truncated = True
         live = [r for r in live if budget[r] > 0]
         if not live:
             break
-        cap = min(max(budget[r] for r in live), decode.max_new_tokens)
+        cap = min(max(budget[r] for r in live), turn_decode.max_new_tokens)
         tg = time.perf_counter()
-        out = sampler.generate([sessions[r].context for r in live],
-                               uids=[f"{uids[r // n]}_{r % n}_t{turn}" for r in live], n=1,
-                               decode=dataclasses.replace(turn_decode, max_new_tokens=cap))
+        out = sampler.generate([sessions[r].context for r in live], uids=[_turn_uid(uids, n, r, turn) for r in live],
+                               n=1, decode=dataclasses.replace(turn_decode, max_new_tokens=cap))
         gen_s += time.perf_counter() - tg
         st = out.stats
         prefill_s, decode_s, sync_s = prefill_s + st.prefill_s, decode_s + st.decode_s, sync_s + st.weight_sync_s
@@ -151,64 +263,157 @@ def run_episodes(sampler, prompts: Sequence, *, uids: Sequence[str], n: int, dec
         for j, r in enumerate(live):
             s = sessions[r]
             length = int(out.response_length[j])
-            ids = [int(t) for t in out.response_ids[j, :length]]
-            lps = [float(x) for x in out.rollout_logp[j, :length]]
-            if length > budget[r]:
-                ids, lps = ids[: budget[r]], lps[: budget[r]]
-            last = ids[-1] if ids else -1
-            stopped = "tool" if last == stop_id else ("eos" if last in eos else "length")
-            role = Role.AGENT_CALL if stopped == "tool" else Role.AGENT_ANSWER
-            start = len(s.resp)
-            s.resp += ids
-            s.action += [1] * len(ids)
-            s.logp += lps
-            s.roles += [int(role)] * len(ids)
-            s.context += ids
-            s.spans.append((start, len(s.resp), int(role)))
-            s.turns += 1
+            turns.append(_take_turn(s, out.response_ids[j, :length], out.rollout_logp[j, :length], lim, tokenizer))
             s.min_version = min(s.min_version, int(out.min_version[j]))
             s.max_version = max(s.max_version, int(out.max_version[j]))
-            body = ids[:-1] if stopped != "length" else ids
-            turns.append(Turn(text=tokenizer.decode(body), token_ids=tuple(ids), stopped=stopped, index=turn))
         te = time.perf_counter()
         envs = [sessions[r].env for r in live]
         steps = type(envs[0]).step_many(envs, turns)
-        env_s += time.perf_counter() - te
+        waited = time.perf_counter() - te
+        env_s += waited
         steps_all += steps
         for r, t, step in zip(live, turns, steps):
-            s = sessions[r]
-            s.final_text = t.text
-            if step.tool is not None or step.error:
-                s.calls += 1
-            if step.observation is None or turn == max_turns - 1:
-                s.done, s.reward = True, step.reward
-                s.truncated = s.truncated or t.stopped != "eos"
-                continue
-            obs = [int(x) for x in tokenizer.encode(step.observation)][:max_obs_tokens]
-            room = max_response_tokens - len(s.resp)
-            if len(obs) >= room:  # no room for the observation and another turn
-                s.done = s.truncated = True
-                obs = obs[:room]
-            start = len(s.resp)
-            s.resp += obs
-            s.action += [0] * len(obs)
-            s.logp += [0.0] * len(obs)
-            s.roles += [int(Role.TOOL_RESULT)] * len(obs)
-            s.context += obs
-            s.obs += len(obs)
-            if obs:
-                s.spans.append((start, len(s.resp), int(Role.TOOL_RESULT)))
-    for s in sessions:
-        s.done = True
-    wall = time.perf_counter() - t0
-    stats = RolloutStats(wall_s=wall, prefill_s=prefill_s, decode_s=decode_s, weight_sync_s=sync_s,
+            sessions[r].env_wait_s += waited
+            _take_step(sessions[r], t, step, lim, tokenizer)
+    stats = RolloutStats(wall_s=time.perf_counter() - t0, prefill_s=prefill_s, decode_s=decode_s, weight_sync_s=sync_s,
                          generated_tokens=gen_tokens, prefill_calls=prefill_calls, prefill_rows=prefill_rows,
                          decode_chunks=chunks, num_slots=sampler.engine.num_slots,
                          version_start=int(version_start or 0), version_end=int(version_end or 0))
-    episode = env_metrics(steps_all)
-    episode.update(gen_s=gen_s, env_s=env_s, turns=sum(s.turns for s in sessions))
-    return _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, max_response_tokens,
-                     pad_to_multiple)
+    return stats, steps_all, {"gen_s": gen_s, "env_s": env_s}
+
+
+def _env_answer(envs, turns):
+    return type(envs[0]).step_many(envs, turns)
+
+
+def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tokenizer, t0, max_env_workers):
+    """Sessions keep their slots across turns; see the module docstring."""
+    import jax
+
+    from rljax.rollout.sampling import trajectory_keys
+
+    eng = sampler.engine
+    num_slots, total = eng.num_slots, len(sessions)
+    need = max(len(p.ids) for p in prompts) + lim.max_response_tokens + turn_decode.max_new_tokens
+    if need > eng.max_len:
+        raise ValueError(f"continuation='kv' needs a cache of prompt + max_response_tokens + max_new_tokens = {need} "
+                         f"entries per slot; the engine holds {eng.max_len} (max_prefill_length + max_decode_length)")
+    for i, p in enumerate(prompts):
+        eng.check_prompt(p.ids, name=f"prompt {i} (uid {uids[i]!r})")
+
+    def keys(rows):
+        return trajectory_keys(turn_decode.seed, [_turn_uid(uids, n, r, sessions[r].turns) for r in rows],
+                               [0] * len(rows))
+
+    sync_before, stats_before = sampler.total_weight_sync_s, dict(eng.stats)
+    params, version = sampler.snapshot()
+    version_start = version
+    state = eng.init_decode_state(turn_decode)
+    slot_row = np.full(num_slots, -1, np.int64)
+    slot_of = np.full(total, -1, np.int64)
+    free = deque(range(num_slots))
+    waiting = deque(range(total))  # sessions not yet in a slot
+    decoding: set = set()  # slots decoding a turn
+    ready: list = []  # (row, observation tokens) to append
+    prefixes: dict = {}  # prompt -> (Prefix, its row, version): prompts with sessions still to insert
+    inflight: dict = {}  # future -> (rows, turns, submitted at)
+    steps_all: list[Step] = []
+    prefill_s = decode_s = env_s = 0.0
+    gen_tokens = chunks = 0
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(max_env_workers, total)),
+                                                 thread_name_prefix="rljax-env")
+    try:
+        while decoding or inflight or ready or waiting:
+            latest, latest_version = sampler.snapshot()
+            if latest_version != version:  # new weights apply to every slot from here on
+                params, version = latest, latest_version
+                for r in slot_row[slot_row >= 0]:
+                    sessions[r].max_version = version
+            tp = time.perf_counter()
+            for i in range(0, len(ready), num_slots):  # observations into their slots' caches
+                part = ready[i : i + num_slots]
+                rows = [r for r, _ in part]
+                slots = [int(slot_of[r]) for r in rows]
+                state, logits = eng.extend_many(params, state, slots=slots, tokens=[o for _, o in part], keys=keys(rows))
+                jax.block_until_ready(logits)
+                decoding.update(slots)
+                for r in rows:
+                    sessions[r].max_version = max(sessions[r].max_version, version)
+            ready = []
+            if free and waiting:  # new sessions into free slots: each prompt prefilled once for its n sessions
+                rows = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
+                todo = [g for g in dict.fromkeys(r // n for r in rows) if g not in prefixes]
+                for g0 in range(0, len(todo), eng.prefill_batch_size):
+                    batch = todo[g0 : g0 + eng.prefill_batch_size]
+                    prefix = eng.prefill_batch(params, [prompts[g].ids for g in batch])
+                    prefixes.update({g: (prefix, j, version) for j, g in enumerate(batch)})
+                by_prefix: dict = {}
+                for r in rows:
+                    prefix, j, pversion = prefixes[r // n]
+                    by_prefix.setdefault(id(prefix), (prefix, []))[1].append((r, j, pversion))
+                    if r % n == n - 1 or r == total - 1:  # the prompt's last session: drop its prefix
+                        del prefixes[r // n]
+                for prefix, mine in by_prefix.values():
+                    slots = [free.popleft() for _ in mine]
+                    state = eng.insert_many(prefix, state, rows=[j for _, j, _ in mine], slots=slots,
+                                            keys=keys([r for r, _, _ in mine]))
+                    now = time.perf_counter()
+                    for (r, _, pversion), slot in zip(mine, slots):
+                        slot_row[slot], slot_of[r] = r, slot
+                        s = sessions[r]
+                        s.min_version, s.max_version, s.queue_s = min(pversion, version), version, now - t0
+                    decoding.update(slots)
+                jax.block_until_ready(state.tokens)
+            prefill_s += time.perf_counter() - tp
+            if decoding:
+                tc = time.perf_counter()
+                state, _ = eng.generate_chunk(params, state, num_steps=sampler.steps_per_sync,
+                                              exit_after=min(len(decoding), sampler.refill_batch))
+                done, step = jax.device_get((state.done, state.step))
+                chunks += 1
+                fin = sorted(slot for slot in decoding if done[slot])
+                if fin:
+                    out_tokens, out_logp = jax.device_get((state.out_tokens, state.out_logp))
+                    decoding.difference_update(fin)
+                    rows = [int(slot_row[slot]) for slot in fin]
+                    turns = []
+                    for slot, r in zip(fin, rows):
+                        length = int(step[slot])
+                        gen_tokens += length
+                        turns.append(_take_turn(sessions[r], out_tokens[slot, :length], out_logp[slot, :length], lim,
+                                                tokenizer))
+                    envs = [sessions[r].env for r in rows]
+                    inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, time.perf_counter())
+                decode_s += time.perf_counter() - tc
+            elif inflight:  # every session in a slot waits on its environment
+                tw = time.perf_counter()
+                concurrent.futures.wait(list(inflight), return_when=concurrent.futures.FIRST_COMPLETED)
+                env_s += time.perf_counter() - tw
+            for fut in [f for f in inflight if f.done()]:
+                rows, turns, submitted = inflight.pop(fut)
+                steps = fut.result()
+                steps_all += steps
+                now = time.perf_counter()
+                for r, turn, st in zip(rows, turns, steps):
+                    s = sessions[r]
+                    s.env_wait_s += now - submitted
+                    obs = _take_step(s, turn, st, lim, tokenizer)
+                    if obs is not None:
+                        ready.append((r, obs))
+                        continue
+                    slot = int(slot_of[r])  # the episode ended: its slot takes a waiting session
+                    slot_row[slot], slot_of[r] = -1, -1
+                    free.append(slot)
+                    s.decode_s = now - t0 - s.queue_s
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    stats = RolloutStats(wall_s=time.perf_counter() - t0, prefill_s=prefill_s, decode_s=decode_s,
+                         weight_sync_s=sampler.total_weight_sync_s - sync_before, generated_tokens=gen_tokens,
+                         prefill_calls=eng.stats["prefill_calls"] - stats_before.get("prefill_calls", 0),
+                         prefill_rows=eng.stats["prefill_rows"] - stats_before.get("prefill_rows", 0),
+                         decode_chunks=chunks, num_slots=num_slots,
+                         version_start=int(version_start), version_end=int(version))
+    return stats, steps_all, {"gen_s": prefill_s + decode_s, "env_s": env_s}
 
 
 def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pad_to_multiple):
@@ -246,7 +451,8 @@ def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pa
         group_id=col([r // n for r in range(total)], np.int32),
         min_version=col([s.min_version for s in sessions], np.int32),
         max_version=col([s.max_version for s in sessions], np.int32),
-        is_padding=is_padding, queue_s=zeros, prefill_s=zeros.copy(), decode_s=zeros.copy(),
+        is_padding=is_padding, queue_s=col([s.queue_s for s in sessions], np.float32), prefill_s=zeros,
+        decode_s=col([s.decode_s for s in sessions], np.float32),
         uid=tuple(str(uids[r // n]) for r in range(total)) + ("",) * (padded - total),
         session=tuple(r % n for r in range(total)) + (-1,) * (padded - total),
         index=(0,) * total + (-1,) * (padded - total),
@@ -254,6 +460,8 @@ def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pa
         response_attention=present, roles=roles, num_turns=col([s.turns for s in sessions], np.int32),
         obs_tokens=col([s.obs for s in sessions], np.int32), tool_calls=col([s.calls for s in sessions], np.int32),
         env_reward=col([np.nan if s.reward is None else s.reward for s in sessions], np.float32, np.nan),
+        tool_s=col([s.tool_s for s in sessions], np.float32),
+        env_wait_s=col([s.env_wait_s for s in sessions], np.float32),
         final_text=tuple(s.final_text for s in sessions) + ("",) * (padded - total),
         turn_spans=tuple(tuple(s.spans) for s in sessions) + ((),) * (padded - total),
         episode=tuple(sorted(episode.items())),

@@ -26,6 +26,7 @@ class EnvRuntime:
     max_turns: int
     max_obs_tokens: int
     max_response_tokens: int  # T: model turns + observations
+    continuation: str = "kv"  # env.continuation: "kv" (slots keep their KV cache) or "reprefill"
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> "EnvRuntime":
@@ -42,12 +43,13 @@ class EnvRuntime:
             env_cls = type(env_cls.__name__, (env_cls,), {
                 "sandbox": PythonSandbox(timeout_s=e.timeout_s, memory_mb=e.memory_mb)})
         return cls(env_cls=env_cls, stop_id=int(ids[0]), max_turns=e.max_turns, max_obs_tokens=e.max_obs_tokens,
-                   max_response_tokens=cfg.data.max_response_length)
+                   max_response_tokens=cfg.data.max_response_length, continuation=e.continuation)
 
     def run(self, sampler, prompts, uids, *, n: int, decode, tokenizer):
         return run_episodes(sampler, prompts, uids=uids, n=n, decode=decode, env_cls=self.env_cls,
                             tokenizer=tokenizer, stop_id=self.stop_id, max_turns=self.max_turns,
-                            max_response_tokens=self.max_response_tokens, max_obs_tokens=self.max_obs_tokens)
+                            max_response_tokens=self.max_response_tokens, max_obs_tokens=self.max_obs_tokens,
+                            continuation=self.continuation)
 
 
 def rollout_episodes(c, b) -> dict:

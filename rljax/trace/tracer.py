@@ -532,10 +532,16 @@ class Tracer:
                     t.update(num_turns=int(traj.num_turns[i]), observation_tokens=int(traj.obs_tokens[i]),
                              tool_calls=int(traj.tool_calls[i]),
                              role_spans=[list(sp) for sp in traj.turn_spans[i]])
+                    if getattr(traj, "tool_s", None) is not None:  # tool latency, and the wait on the env
+                        t.update(tool_s=round(float(traj.tool_s[i]), 6), env_wait_s=round(float(traj.env_wait_s[i]), 6))
                 episode = {"tool_calls": ep.get("tool_calls"), "tool_errors": ep.get("tool_errors"),
                            "tool_timeouts": ep.get("tool_timeouts"), "tool_s": round(float(ep.get("tool_s", 0.0)), 6),
                            "env_s": round(float(ep.get("env_s", 0.0)), 6), "turns": ep.get("turns"),
-                           "context": "re-prefill per turn (observations appended to the context, not the KV cache)"}
+                           "context": ("kv: sessions keep their slot and KV cache; observations appended by an "
+                                       f"extend prefill ({ep.get('extended_tokens', 0)} tokens in "
+                                       f"{ep.get('extend_calls', 0)} calls)" if ep.get("continuation") == "kv" else
+                                       "re-prefill per turn (observations appended to the context, not the KV cache)"),
+                           "prefill_tokens": ep.get("prefill_tokens")}
             else:
                 episode = None
             return dict(sessions=sorted({t["session"] for t in trajs}), n=int(cfg.rollout.n), trajectories=trajs,
