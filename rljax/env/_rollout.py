@@ -330,8 +330,8 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
                 for r in slot_row[slot_row >= 0]:
                     sessions[r].max_version = version
             tp = time.perf_counter()
-            for i in range(0, len(ready), num_slots):  # observations into their slots' caches
-                part = ready[i : i + num_slots]
+            for i in range(0, len(ready), eng.prefill_batch_size):  # observations into their slots' caches
+                part = ready[i : i + eng.prefill_batch_size]
                 rows = [r for r, _ in part]
                 slots = [int(slot_of[r]) for r in rows]
                 state, logits = eng.extend_many(params, state, slots=slots, tokens=[o for _, o in part], keys=keys(rows))

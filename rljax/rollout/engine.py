@@ -586,8 +586,10 @@ class RljaxEngine(engine_api.Engine):
         :meth:`insert_many` does for a prompt: the slot then decodes on with ``step`` 1.
 
         Shapes are bucketed like :meth:`prefill_batch` (rows and ``1 + len(tokens)`` to
-        powers of two), so few variants compile; the slots' cache rows are gathered,
-        extended and scattered back on the donated state.
+        powers of two), so few variants compile (callers keep rows per call at most
+        ``prefill_batch_size``, as the episode loop does, to bound them); the slots' whole
+        cache rows are gathered, extended and scattered back on the donated state, so a
+        call moves ``2 x rows x max_len`` cache entries per layer besides its compute.
 
         Args:
           slots: distinct slots holding a trajectory (inserted before).
