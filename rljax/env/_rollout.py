@@ -12,9 +12,11 @@ rule: turns do not create sessions; ``index`` 0 because an episode returns one o
 ``"kv"`` (default): a session keeps its decode slot and KV cache for the whole episode.
 Sessions enter free slots as in the single-turn sampler (each prompt prefilled once, inserted
 into its ``n`` sessions' slots). When a slot's turn ends, the slot is *parked* (its cache
-kept, nothing decoded for it) and the turn goes to the environment on a thread pool -- the
-turns that finished in one decode chunk are one :meth:`Environment.step_many` call, and
-several such calls run at once -- while the other slots keep decoding. When an observation
+kept, nothing decoded for it) and the turn goes to the environment on a thread pool while
+the other slots keep decoding: each session's :meth:`Environment.step` on its own worker, or,
+for an environment that overrides :meth:`Environment.step_many` (e.g. :class:`ToolEnv`, whose
+sandbox runs a batch concurrently), one ``step_many`` call per decode chunk's finished turns,
+several such calls at once. When an observation
 is ready, :meth:`RljaxEngine.extend_many` writes the turn's last token and the observation
 into the slot's cache at its current length (one chunked forward pass over the new tokens
 only; the earlier context is attended to, never recomputed), samples the next turn's first
@@ -54,7 +56,7 @@ from typing import Optional
 import flax
 import numpy as np
 
-from rljax.env._protocol import Example, Step, Turn, env_metrics
+from rljax.env._protocol import Environment, Example, Step, Turn, env_metrics
 from rljax.loss import Role
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
@@ -305,6 +307,8 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
         return trajectory_keys(turn_decode.seed, [_turn_uid(uids, n, r, sessions[r].turns) for r in rows],
                                [0] * len(rows))
 
+    env_cls = type(sessions[0].env)
+    one_by_one = getattr(env_cls.step_many, "__func__", None) is Environment.step_many.__func__
     sync_before, stats_before = sampler.total_weight_sync_s, dict(eng.stats)
     params, version = sampler.snapshot()
     version_start = version
@@ -382,8 +386,13 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
                         gen_tokens += length
                         turns.append(_take_turn(sessions[r], out_tokens[slot, :length], out_logp[slot, :length], lim,
                                                 tokenizer))
-                    envs = [sessions[r].env for r in rows]
-                    inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, time.perf_counter())
+                    now = time.perf_counter()
+                    if one_by_one:  # each session's turn on its own worker
+                        for r, turn in zip(rows, turns):
+                            inflight[pool.submit(_env_answer, [sessions[r].env], [turn])] = ([r], [turn], now)
+                    else:  # the environment answers the chunk's turns together (its step_many batches them)
+                        envs = [sessions[r].env for r in rows]
+                        inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, now)
                 decode_s += time.perf_counter() - tc
             elif inflight:  # every session in a slot waits on its environment
                 tw = time.perf_counter()

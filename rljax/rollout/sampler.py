@@ -163,8 +163,6 @@ class Sampler:
         with self._lock:
             return self._params, self._version
 
-    _snapshot = snapshot
-
     # ----------------------------------------------------------------- input checks
 
     def _prepare(self, prompts, uids, n, decode, pad_to_multiple):
@@ -249,7 +247,7 @@ class Sampler:
         t0 = time.perf_counter()
         sync_before = self.total_weight_sync_s
         stats_before = dict(eng.stats)
-        params, version = self._snapshot()
+        params, version = self.snapshot()
         version_start = version
         state = eng.init_decode_state(decode)
         rep = eng._replicated()  # pylint: disable=protected-access
@@ -272,7 +270,7 @@ class Sampler:
         chunk = total_steps = 0
 
         while finished < total:
-            latest_params, latest_version = self._snapshot()
+            latest_params, latest_version = self.snapshot()
             if latest_version != version:
                 params, version = latest_params, latest_version
                 occupied = slot_row[slot_row >= 0]
