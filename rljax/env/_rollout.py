@@ -303,9 +303,12 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
     for i, p in enumerate(prompts):
         eng.check_prompt(p.ids, name=f"prompt {i} (uid {uids[i]!r})")
 
+    # every turn's key at once (one compiled shape per call size, not one per count of rows)
+    all_keys = trajectory_keys(turn_decode.seed, [_turn_uid(uids, n, r, k) for r in range(total)
+                                                  for k in range(lim.max_turns)], [0] * (total * lim.max_turns))
+
     def keys(rows):
-        return trajectory_keys(turn_decode.seed, [_turn_uid(uids, n, r, sessions[r].turns) for r in rows],
-                               [0] * len(rows))
+        return all_keys[[r * lim.max_turns + sessions[r].turns for r in rows]]
 
     env_cls = type(sessions[0].env)
     one_by_one = getattr(env_cls.step_many, "__func__", None) is Environment.step_many.__func__

@@ -585,8 +585,8 @@ class RljaxEngine(engine_api.Engine):
         and samples the slot's next token from the logits at its last appended token, as
         :meth:`insert_many` does for a prompt: the slot then decodes on with ``step`` 1.
 
-        Shapes are bucketed like :meth:`prefill_batch` (rows and ``1 + len(tokens)`` to
-        powers of two), so few variants compile (callers keep rows per call at most
+        Shapes are bucketed like :meth:`prefill_batch` (rows to powers of two from 8, and
+        ``1 + len(tokens)`` to powers of two from 8), so few variants compile (callers keep rows per call at most
         ``prefill_batch_size``, as the episode loop does, to bound them); the slots' whole
         cache rows are gathered, extended and scattered back on the donated state, so a
         call moves ``2 x rows x max_len`` cache entries per layer besides its compute.
@@ -598,7 +598,9 @@ class RljaxEngine(engine_api.Engine):
           keys: ``uint32 [R, 2]`` trajectory keys of the resumed turns.
 
         Returns:
-          ``(state, logits [R, V])``: the logits each slot's first resumed token was sampled from.
+          ``(state, logits [Rb, V])``: rows ``0..R-1`` are the logits each slot's first resumed
+          token was sampled from (``Rb >= R`` is the row bucket; slicing on the host side would
+          compile a slice per ``R``).
         """
         slots = np.asarray(slots, np.int64).reshape(-1)
         keys = np.asarray(keys, np.uint32).reshape(-1, 2)
@@ -625,7 +627,7 @@ class RljaxEngine(engine_api.Engine):
                 raise ValueError(f"extend_many: slot {int(slot)} holds {int(index[slot]) + 1} tokens; {arr.size} more "
                                  f"leave no room for the next token in its cache of {self.max_len}")
         t = _bucket(1 + max(a.size for a in rows), 8, self.max_len)
-        rb = _bucket(r, 1, s)
+        rb = _bucket(r, min(8, s), s)  # at least 8 rows: observations arrive a few at a time, in every count
         ids = np.zeros((rb, t), np.int32)
         lengths = np.zeros(rb, np.int32)
         for i, arr in enumerate(rows):
@@ -638,7 +640,7 @@ class RljaxEngine(engine_api.Engine):
         self.stats["extended_tokens"] += int(sum(1 + a.size for a in rows))
         state, logits = self._extend_fn(params, decode_state, jnp.asarray(ids), jnp.asarray(lengths),
                                         jnp.asarray(slot_ids), jnp.asarray(keys))
-        return state, logits[:r]
+        return state, logits
 
     def generate(self, params, decode_state: DecodeState) -> tuple[DecodeState, RljaxResultTokens]:
         """One decode step for every slot (JetStream ``generate``).
