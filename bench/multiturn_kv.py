@@ -113,7 +113,7 @@ def main() -> int:
     TURNS = args.turns
     rng = np.random.default_rng(0)
     print(f"{args.prompts} prompts x {args.n} sessions, prompt <= {args.prompt_len} tokens, {args.turns} turns x "
-          f"{args.turn_tokens} tokens, {args.obs_tokens}-token observations; median of {args.repeats} after a warm-up")
+          f"{args.turn_tokens} tokens, {args.obs_tokens}-token observations; median of {args.repeats} after two warm-ups")
     print(f"{'config':7s} {'tool ms':>7s} {'path':10s} {'wall s':>8s} {'s/turn':>8s} {'prefilled':>9s} "
           f"{'prefill+ext calls':>17s} {'reprefill/kv':>12s} {'same tokens':>11s}")
     for name in args.configs.split(","):
