@@ -16,7 +16,9 @@ kept, nothing decoded for it) and the turn goes to the environment on a thread p
 the other slots keep decoding: each session's :meth:`Environment.step` on its own worker, or,
 for an environment that overrides :meth:`Environment.step_many` (e.g. :class:`ToolEnv`, whose
 sandbox runs a batch concurrently), one ``step_many`` call per decode chunk's finished turns,
-several such calls at once. When an observation
+several such calls at once. After each chunk the host waits at most one decode step's time
+for answers still running, so tools that answer at once resume together (one decode wave,
+not two) while a slow tool holds up nobody for longer than a step. When an observation
 is ready, :meth:`RljaxEngine.extend_many` writes the turn's last token and the observation
 into the slot's cache at its current length (one chunked forward pass over the new tokens
 only; the earlier context is attended to, never recomputed), samples the next turn's first
@@ -325,7 +327,7 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
     prefixes: dict = {}  # prompt -> (Prefix, its row, version): prompts with sessions still to insert
     inflight: dict = {}  # future -> (rows, turns, submitted at)
     steps_all: list[Step] = []
-    prefill_s = decode_s = env_s = 0.0
+    prefill_s = decode_s = env_s = step_s = 0.0
     gen_tokens = chunks = 0
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(max_env_workers, total)),
                                                  thread_name_prefix="rljax-env")
@@ -374,9 +376,9 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
             prefill_s += time.perf_counter() - tp
             if decoding:
                 tc = time.perf_counter()
-                state, _ = eng.generate_chunk(params, state, num_steps=sampler.steps_per_sync,
+                state, steps = eng.generate_chunk(params, state, num_steps=sampler.steps_per_sync,
                                               exit_after=min(len(decoding), sampler.refill_batch))
-                done, step = jax.device_get((state.done, state.step))
+                done, step, steps = jax.device_get((state.done, state.step, steps))
                 chunks += 1
                 fin = sorted(slot for slot in decoding if done[slot])
                 if fin:
@@ -396,10 +398,16 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
                     else:  # the environment answers the chunk's turns together (its step_many batches them)
                         envs = [sessions[r].env for r in rows]
                         inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, now)
-                decode_s += time.perf_counter() - tc
+                took = time.perf_counter() - tc
+                decode_s += took
+                step_s = took / max(1, int(steps))
             elif inflight:  # every session in a slot waits on its environment
                 tw = time.perf_counter()
                 concurrent.futures.wait(list(inflight), return_when=concurrent.futures.FIRST_COMPLETED)
+                env_s += time.perf_counter() - tw
+            if inflight:  # grace of one decode step: answers that come at once join the next chunk together
+                tw = time.perf_counter()
+                concurrent.futures.wait(list(inflight), timeout=step_s)
                 env_s += time.perf_counter() - tw
             for fut in [f for f in inflight if f.done()]:
                 rows, turns, submitted = inflight.pop(fut)
