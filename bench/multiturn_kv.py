@@ -19,6 +19,17 @@ Reported per path, after two untimed warm-up calls that compile (median of ``--r
 wall seconds of the whole rollout, seconds per turn (wall / turns), tokens prefilled (prompt
 prefills + extends: the recompute the KV path avoids), the engine's prefill/extend calls, and
 the ratio re-prefill / kv. Both paths give the same tokens (greedy; the last column).
+
+Measured on this project's 2-core CPU machine, shared (load average ~15), ``python
+bench/multiturn_kv.py --configs tiny`` and ``--configs 31m --tool-ms 0 --repeats 1``::
+
+    config  tool ms path         wall s   s/turn prefilled prefill+ext calls reprefill/kv same tokens
+    tiny          0 kv            0.397    0.099      2046        1+4               0.81x       1.000
+    tiny          0 reprefill     0.320    0.080     12768        4+0               1.00x       1.000
+    tiny         20 kv            0.373    0.093      2046        1+7               9.40x       1.000
+    tiny         20 reprefill     3.504    0.876     12768        4+0               1.00x       1.000
+    31m           0 kv           25.482    6.370      2046        1+3               3.07x       1.000
+    31m           0 reprefill    78.147   19.537     12768        4+0               1.00x       1.000
 """
 
 from __future__ import annotations
