@@ -21,7 +21,7 @@ prefills + extends: the recompute the KV path avoids), the engine's prefill/exte
 the ratio re-prefill / kv. Both paths give the same tokens (greedy; the last column).
 
 Measured on this project's 2-core CPU machine, shared (load average ~15), ``python
-bench/multiturn_kv.py --configs tiny`` and ``--configs 31m --tool-ms 0 --repeats 1``::
+bench/multiturn_kv.py --configs tiny`` and ``--configs 31m --repeats 1``::
 
     config  tool ms path         wall s   s/turn prefilled prefill+ext calls reprefill/kv same tokens
     tiny          0 kv            0.397    0.099      2046        1+4               0.81x       1.000
@@ -30,6 +30,10 @@ bench/multiturn_kv.py --configs tiny`` and ``--configs 31m --tool-ms 0 --repeats
     tiny         20 reprefill     3.504    0.876     12768        4+0               1.00x       1.000
     31m           0 kv           25.482    6.370      2046        1+3               3.07x       1.000
     31m           0 reprefill    78.147   19.537     12768        4+0               1.00x       1.000
+    31m          20 kv           18.570    4.643      2046        1+3               1.68x       1.000
+    31m          20 reprefill    31.273    7.818     12768        4+0               1.00x       1.000
+
+(31m: one run each while the load swung -- the same re-prefill rollout took 78 s and 31 s.)
 """
 
 from __future__ import annotations
