@@ -221,7 +221,7 @@ def test_smoke_dp2_tp2_sp2(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_gives_the_uninterruptedmetrics(tmp_path):
+def test_resume_gives_the_uninterrupted_metrics(tmp_path):
     base = ["--mesh=dp2", *SMALL, "trainer.save_freq=2"]
     full = launch("--run-dir", str(tmp_path / "full"), *base, "trainer.total_steps=4")
     assert full.returncode == 0, full.stderr[-3000:]
