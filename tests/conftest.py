@@ -32,3 +32,16 @@ def devices():
     devs = jax.devices()
     assert len(devs) == 8, f"tests expect 8 CPU devices, found {len(devs)}: set XLA_FLAGS before JAX initialises"
     return devs
+
+
+@pytest.fixture(scope="session")
+def small_dp8_run(tmp_path_factory):
+    """One small embedded run, ``python -m rljax.launch --mesh=dp8`` for 2 steps with a checkpoint
+    each step, shared (read-only) by the end-to-end tests: ``(run_dir, completed process)``."""
+    from launching import launch
+    from test_launch import SMALL
+
+    run_dir = tmp_path_factory.mktemp("small_dp8") / "run"
+    out = launch("--mesh=dp8", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return run_dir, out

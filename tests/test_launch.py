@@ -187,6 +187,10 @@ def _smoke(tmp_path, mesh):
     run_dir = tmp_path / "run"
     out = launch(f"--mesh={mesh}", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return _check_smoke(run_dir, out)
+
+
+def _check_smoke(run_dir, out):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]  # data counts at 0; one record per step
     assert "val/score/mean" in rows[2] and "val/score/mean" not in rows[1]  # the final validation in step 2's record
@@ -211,8 +215,8 @@ def _smoke(tmp_path, mesh):
     return rows
 
 
-def test_smoke_dp8(tmp_path):
-    _smoke(tmp_path, "dp8")
+def test_smoke_dp8(small_dp8_run):
+    _check_smoke(*small_dp8_run)  # the run test_trace_run also reads
 
 
 @pytest.mark.slow

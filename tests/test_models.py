@@ -333,7 +333,8 @@ def test_sequence_parallel_attention_is_a_shard_map(devices):
 
 # --------------------------------------------------------------------------- mesh invariance
 
-MESHES = ["dp8", "dp2,tp2,sp2", "tp2,sp4", "dp4,sp2", "tp4,dp2"]
+# dp8 and dp2,tp2,sp2 in the default run; the other layouts with the slow tests.
+MESHES = ["dp8", "dp2,tp2,sp2", *(pytest.param(m, marks=pytest.mark.slow) for m in ("tp2,sp4", "dp4,sp2", "tp4,dp2"))]
 
 
 @pytest.fixture(scope="module")

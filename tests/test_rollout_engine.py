@@ -107,6 +107,7 @@ def test_importing_rollout_data_types_does_not_import_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow  # the engine path is in the default run (test_prefill_insert_generate_loop_...)
 def test_live_length_decode_gives_todays_greedy_tokens():
     """Decode attention that stops at the longest live slot (blocks of 4 here, so most
     steps skip cache blocks) gives the same greedy tokens and log-probs as attending over

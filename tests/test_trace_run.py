@@ -22,10 +22,8 @@ NOT_APPLICABLE = ("response_mask.sum()",)  # no tool observations in the embedde
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("trace") / "run"
-    out = launch("--mesh=dp8", "--run-dir", str(d), *SMALL, "trainer.total_steps=2")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+def run_dir(small_dp8_run):
+    d, out = small_dp8_run  # shared with test_launch's smoke test: copy before breaking anything
     assert "tracing overhead" in out.stdout
     return d
 
