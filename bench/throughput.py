@@ -117,6 +117,9 @@ def update_rows(config, args, dist, rng):
         "packed+budget+balance": P.PackConfig(row_len=s + t, use_dynamic_bsz=True, max_token_len_per_device=budget,
                                               balance=True),
     }
+    if args.half_budget:  # half the padded micro-batch's activations
+        variants["packed+budget/2+balance"] = P.PackConfig(row_len=s + t, use_dynamic_bsz=True,
+                                                           max_token_len_per_device=budget // 2, balance=True)
     # the trainer's log-prob pass: padded in micro-batches, packed in token-budget chunks
     lp_variants = {"padded": None, "packed": P.PackConfig(row_len=s + t, use_dynamic_bsz=True,
                                                           max_token_len_per_device=budget)}
@@ -241,6 +244,7 @@ def main():
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--skip-update", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--half-budget", action="store_true", help="also packed+budget+balance at --token-budget / 2")
     ap.add_argument("--skip-logprob", action="store_true", help="no old-log-prob pass rows")
     args = ap.parse_args()
     if args.preset:
@@ -261,11 +265,11 @@ def main():
             print(f"\n{dist}: {args.batch} trajectories (prompt mean {plen.mean():.0f}, response mean "
                   f"{rlen.mean():.0f} / max {rlen.max()}), mini-batch {mini}, micro-batch {args.micro or mini} "
                   f"trajectories or {args.token_budget} tokens; median of {args.reps} interleaved rounds")
-            print(f"{'pass':<9}{'variant':<24}{'wall s':>9}{'speedup':>9}{'cpu s':>9}{'cpu x':>7}{'temp MiB':>10}"
+            print(f"{'pass':<9}{'variant':<26}{'wall s':>9}{'speedup':>9}{'cpu s':>9}{'cpu x':>7}{'temp MiB':>10}"
                   f"{'temp/pad':>10}{'padding':>9}{'compiles':>10}{'compile s':>11}")
             for (kind, name), r in rows.items():
                 base = rows[(kind, "padded")]
-                print(f"{kind:<9}{name:<24}{r['time']:>9.3f}{base['time'] / r['time']:>9.2f}{r['cpu']:>9.3f}"
+                print(f"{kind:<9}{name:<26}{r['time']:>9.3f}{base['time'] / r['time']:>9.2f}{r['cpu']:>9.3f}"
                       f"{base['cpu'] / r['cpu']:>7.2f}{r['temp'] / 2**20:>10.1f}{r['temp'] / base['temp']:>10.2f}"
                       f"{r['pad']:>9.2f}{r['compiles']:>10}{r['compile_s']:>11.1f}", flush=True)
     if not args.skip_decode:
