@@ -160,9 +160,13 @@ def test_use_remove_padding_accepts_auto_and_bools():
 
 
 def test_default_token_budget_is_the_padded_micro_batch():
-    from rljax.config import resolve
+    from rljax.config import ConfigError, resolve
 
-    cfg = resolve(None, ["actor.use_dynamic_bsz=true"])[0]
+    cfg = resolve()[0]
+    assert cfg.actor.use_dynamic_bsz  # the default: packed micro-batches by tokens (README: 2.3x vs 1.2x fixed)
+    with pytest.raises(ConfigError, match="ppo_max_token_len_per_device=64 sizes packed micro-batches; it needs"):
+        resolve(None, ["actor.use_remove_padding=false", "actor.ppo_max_token_len_per_device=64"])
+    resolve(None, ["actor.use_remove_padding=false"])  # use_dynamic_bsz=true (default) only applies when packed
     update, logprob = P.pack_configs(cfg, dp=2, sp=2, row_len=24, micro_batch_size=8)
     assert update.max_token_len_per_device == logprob.max_token_len_per_device == 4 * 12  # 8/2 rows of 24/2
     assert update.rows_per_device == 4

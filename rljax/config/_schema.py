@@ -167,7 +167,8 @@ class ActorConfig:
         "auto", "pack trajectories' real tokens into rows with segment ids for the learner passes (no padding); "
         "auto: per batch, packed when its real tokens fill at most half of the padded [B, S+T] layout")
     use_dynamic_bsz: bool = _f(
-        False, "packed update micro-batches by token budget (ppo_max_token_len_per_device) instead of trajectory count")
+        True, "packed update micro-batches by token budget (ppo_max_token_len_per_device) instead of trajectory count "
+        "(packed passes only; false: ppo_micro_batch_size trajectories per packed micro-batch)")
     ppo_max_token_len_per_device: Optional[int] = _f(
         None, "tokens per device per packed update micro-batch (null: the padded micro-batch's, "
         "ppo_micro_batch_size / dp rows of S+T / sp tokens)", ge=1)

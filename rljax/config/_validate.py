@@ -99,9 +99,9 @@ def validate(config) -> None:
             f"actor.ppo_micro_batch_size={a.ppo_micro_batch_size} (trajectories) must divide "
             f"actor.ppo_mini_batch_size*rollout.n={a.ppo_mini_batch_size}*{r.n}={mini_traj}"
         )
-    if (a.use_dynamic_bsz or a.ppo_max_token_len_per_device) and a.use_remove_padding == "false":
-        raise ConfigError("actor.use_dynamic_bsz / actor.ppo_max_token_len_per_device form packed micro-batches; "
-                          "they need actor.use_remove_padding=true or auto")
+    if a.ppo_max_token_len_per_device and a.use_remove_padding == "false":
+        raise ConfigError(f"actor.ppo_max_token_len_per_device={a.ppo_max_token_len_per_device} sizes packed "
+                          "micro-batches; it needs actor.use_remove_padding=true or auto (or null)")
     if a.use_remove_padding == "true" and a.lora.rank > 0 and a.lora.dropout > 0:
         raise ConfigError(f"actor.use_remove_padding=true does not apply LoRA dropout (actor.lora.dropout="
                           f"{a.lora.dropout}); accepted: actor.lora.dropout=0, or use_remove_padding=auto / false "
