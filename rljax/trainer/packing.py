@@ -412,4 +412,8 @@ class AutoPacking:
         return self.choose(fields)(first, fields, *rest)
 
     def lower(self, first, fields: dict, *rest):
-        return self.choose(fields).lower(first, fields, *rest)
+        """Lowers the version the last call ran (choosing reads the batch: with several
+        processes a collective, and the ledgers lower on the main process only)."""
+        if self.last_packed is None:
+            return self.choose(fields).lower(first, fields, *rest)
+        return (self.packed if self.last_packed else self.padded).lower(first, fields, *rest)

@@ -472,10 +472,15 @@ class PackedTrainStep:
         return packing.place_packed(arrays, self.mesh)
 
     def __call__(self, state, batch: dict, key):
-        return self._step(state, batch, self._packed(batch, key))
+        packed = self._packed(batch, key)
+        self._last_abstract = _abstract(packed)
+        return self._step(state, batch, packed)
 
     def lower(self, state, batch: dict, key):
-        return self._step.lower(state, batch, self._packed(batch, key))
+        # The program the last call ran: packing again would read the batch back to the host,
+        # a collective with several processes, and the ledgers lower on the main process only.
+        packed = getattr(self, "_last_abstract", None) or self._packed(batch, key)
+        return self._step.lower(state, batch, packed)
 
 
 class PackedLogprob:
@@ -508,11 +513,17 @@ class PackedLogprob:
 
     def __call__(self, params, inputs: dict):
         packed, b = self._packed(inputs)
+        self._last_abstract = (_abstract(packed), b)
         return self._fn(params, packed, b)
 
     def lower(self, params, inputs: dict):
-        packed, b = self._packed(inputs)
+        packed, b = getattr(self, "_last_abstract", None) or self._packed(inputs)  # see PackedTrainStep.lower
         return self._fn.lower(params, packed, b)
+
+
+def _abstract(tree):
+    """Shapes, dtypes and shardings of ``tree``'s arrays (enough to lower a program; holds no memory)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 def _gather_host(tree):
