@@ -6,21 +6,14 @@ Prints the XLA thunks that took the most time in one update step (ynn_fusion = Y
 dots; copy_bitcast_fusion = materialised transposes). Set RLJAX_XLA_CPU_DEFAULTS=1 to
 profile XLA's default options.
 """
-import os, sys, time, glob, gzip, json, collections, tempfile
-import numpy as np
+import os, time, glob, gzip, json, collections, tempfile
 import jax, jax.numpy as jnp
-from rljax.models.config import get_config
 from rljax.models import functional as F
 from rljax.trainer import step as S
-T = int(os.environ.get("T", 32)); Sp = 8; B = int(os.environ.get("B", 64))
-cfg = get_config("tiny").replace(vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64)
-g, p = F.init_params(cfg, seed=0)
-rng = np.random.default_rng(0)
-ids = rng.integers(3, 88, (B, Sp + T)).astype(np.int32)
-mask = np.ones((B, Sp + T), bool); mask[:, :2] = False
-pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-adv = rng.normal(size=(B, 1)).astype(np.float32) * np.ones((B, T), np.float32)
-batch = jax.tree.map(jnp.asarray, dict(input_ids=ids, attention_mask=mask, positions=pos, loss_mask=np.ones((B, T), np.float32), advantages=adv, old_logp=np.zeros((B,T),np.float32)))
+from _peer_update import actor_batch, model_31m
+T = int(os.environ.get("T", 32)); B = int(os.environ.get("B", 64))
+g, p = F.init_params(model_31m(), seed=0)
+batch = actor_batch(B, T, old_logp=True)
 sc = S.StepConfig(ppo_mini_batch_size=B, ppo_micro_batch_size=B, on_policy=True)
 opt = S.make_optimizer(lr=1e-5)
 step = S.make_train_step(g, opt, sc)

@@ -1,0 +1,59 @@
+"""Shared by the update benches of the TRL comparison (``peer_xla_options``, ``peer_remat``,
+``peer_profile``): the 31.6M Qwen2 of ``bench/peer_trl.py``'s ``31m`` case, a synthetic
+on-policy actor batch, and interleaved timing of compiled variants."""
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.models.config import get_config
+
+PROMPT = 8  # prompt tokens per trajectory (the first 2 are left padding)
+
+
+def model_31m(**changes):
+    """The 31.6M Qwen2-shaped config (hidden 512, 8 layers, 8 / 4 heads, MLP 2048, vocab 88)."""
+    return get_config("tiny").replace(vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8,
+                                      num_heads=8, num_kv_heads=4, head_dim=64, pad_token_id=0, bos_token_id=1,
+                                      eos_token_id=2, **changes)
+
+
+def actor_batch(b: int, t: int, *, old_logp: bool = False) -> dict:
+    """``b`` trajectories of ``PROMPT`` + ``t`` tokens, random ids, advantages per row."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 88, (b, PROMPT + t)).astype(np.int32)
+    mask = np.ones((b, PROMPT + t), bool)
+    mask[:, :2] = False
+    pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+    adv = rng.normal(size=(b, 1)).astype(np.float32) * np.ones((b, t), np.float32)
+    batch = dict(input_ids=ids, attention_mask=mask, positions=pos, loss_mask=np.ones((b, t), np.float32),
+                 advantages=adv)
+    if old_logp:
+        batch["old_logp"] = np.zeros((b, t), np.float32)
+    return jax.tree.map(jnp.asarray, batch)
+
+
+def max_rel_diff(out, ref) -> float:
+    """The largest relative difference between two pytrees of arrays."""
+    return max(float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12))
+               for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+
+
+def time_interleaved(compiled: dict, args: tuple, rounds: int, *, base: str, label: str = "") -> None:
+    """Runs every compiled variant once per round, in turn (so machine load hits them alike),
+    and prints wall and process-CPU medians relative to ``base``."""
+    times = {k: [] for k in compiled}
+    for _ in range(rounds):
+        for k, c in compiled.items():
+            t, ct = time.perf_counter(), time.process_time()
+            jax.block_until_ready(c(*args))
+            times[k].append((time.perf_counter() - t, time.process_time() - ct))
+    w0 = np.median([w for w, _ in times[base]])
+    c0 = np.median([c for _, c in times[base]])
+    for k, v in times.items():
+        w, c = np.median([x for x, _ in v]), np.median([y for _, y in v])
+        print(f"{label}{k:<10} wall {w:.3f} s ({w / w0:.2f}x {base})  cpu {c:.3f} s ({c / c0:.2f}x {base})  "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
