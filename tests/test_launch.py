@@ -381,7 +381,7 @@ def test_async_over_processes_without_dp_across_them_is_a_usage_error(tmp_path):
     asynchronous rollout threads must not communicate."""
     two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "--mesh=tp4",
                           "--run-dir", str(tmp_path / "run"), *SMALL, "trainer.mode=async"],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
     assert two.returncode == 2, two.stdout[-2000:] + two.stderr[-2000:]
     assert "trainer.mode=async over 2 processes needs dp across the processes" in two.stderr
     assert not (tmp_path / "run" / "topology.json").exists()
@@ -394,7 +394,7 @@ def test_reward_errors_over_the_limit_stop_every_process(tmp_path):
     two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "--mesh=dp4",
                           "--run-dir", str(tmp_path / "run"), *SMALL, _plugin(tmp_path),
                           "reward.max_error_fraction=0.0", "trainer.total_steps=2"],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600)
     assert two.returncode == 1, two.stdout[-2000:] + two.stderr[-3000:]
     errors = [line for line in two.stderr.splitlines() if line.startswith("rljax.reward.") and "RewardError" in line]
     assert len(errors) == 2, two.stderr[-3000:]  # one per process
