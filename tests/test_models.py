@@ -431,7 +431,7 @@ def test_live_decode_attention_equals_dense_over_the_whole_cache():
     assert rel_err(out[mask], dense[mask]) < 1e-6 and bool(jnp.all(jnp.isfinite(out)))
 
 
-@pytest.mark.parametrize("mesh_spec", [None, "dp2,tp2,sp2"])
+@pytest.mark.parametrize("mesh_spec", [None, pytest.param("dp2,tp2,sp2", marks=pytest.mark.slow)])
 def test_greedy_decode_with_cache_equals_full_recompute(tiny, mesh_spec, devices):
     graphdef, params = tiny
     mesh = None if mesh_spec is None else sh.make_mesh(mesh_spec)
