@@ -54,8 +54,10 @@ def test_tp_does_not_raise_activation_bytes(memory):
     assert temp["tp8"] < 1.1 * temp["dp8"], temp
 
 
-def test_activation_bytes_fall_with_sp(memory):
+def test_activation_bytes_split_over_every_mesh_axis(memory):
+    # Activations are split over dp x tp x sp (Megatron-SP shards the residual stream over tp
+    # as well as sp), so on 8 devices every layout holds about dp8's temporaries. Without the
+    # sp split tp2,sp4 would hold ~4x, without Megatron-SP tp8 ~1.65x (measured before it).
     temp = {spec: m[1] for spec, m in memory.items()}
-    # at a fixed tp*sp, moving devices from tp to sp splits the activations further
-    assert temp["tp2,sp4"] < 0.8 * temp["tp8"], temp
-    assert temp["dp2,tp2,sp2"] < temp["dp2,tp4"], temp
+    for spec, t in temp.items():
+        assert 0.9 < t / temp["dp8"] < 1.15, (spec, temp)
