@@ -4,7 +4,6 @@ reference (``continuation="reprefill"``): greedy episodes equal token for token,
 cache equals a full prefill of the concatenated context, and the earlier context is never
 prefilled again (prefilled tokens counted)."""
 
-import dataclasses
 import functools
 
 import numpy as np
@@ -14,6 +13,7 @@ from rljax.env import Environment, Step, run_episodes
 from rljax.models import functional as F
 from rljax.models.config import get_config
 from rljax.tokenizer import CharTokenizer
+from test_env_rollout import P  # a dataset example: prompt ids, text, answer
 
 TOK = CharTokenizer()
 CFG = get_config("tiny", vocab_size=TOK.vocab_size, num_layers=1)
@@ -36,14 +36,6 @@ def _sampler(num_slots):
     from rljax.rollout import Sampler
 
     return Sampler(_engine(num_slots), _params()[1], steps_per_sync=4, refill_batch=1)
-
-
-@dataclasses.dataclass(frozen=True)
-class P:
-    ids: tuple
-    prompt: str
-    answer: str
-    index: int = 0
 
 
 class Ragged(Environment):
