@@ -16,9 +16,9 @@ PROMPT = 8  # prompt tokens per trajectory (the first 2 are left padding)
 
 def model_31m(**changes):
     """The 31.6M Qwen2-shaped config (hidden 512, 8 layers, 8 / 4 heads, MLP 2048, vocab 88)."""
-    return get_config("tiny").replace(vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8,
-                                      num_heads=8, num_kv_heads=4, head_dim=64, pad_token_id=0, bos_token_id=1,
-                                      eos_token_id=2, **changes)
+    shape = dict(vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8, num_heads=8, num_kv_heads=4,
+                 head_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return get_config("tiny").replace(**{**shape, **changes})
 
 
 def actor_batch(b: int, t: int, *, old_logp: bool = False) -> dict:

@@ -53,11 +53,12 @@ from rljax.models import functional as F  # noqa: E402
 from rljax.models.config import get_config  # noqa: E402
 from rljax.rollout import DecodeParams, RljaxEngine, Sampler  # noqa: E402
 
+from _peer_update import model_31m  # noqa: E402
+
 CONFIGS = {
     "tiny": lambda: get_config("tiny"),
     # bench/peer_trl.py's 31.6M Qwen2 (hidden 512, 8 layers, 8 / 4 heads, MLP 2048).
-    "31m": lambda: get_config("tiny").replace(vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8,
-                                              num_heads=8, num_kv_heads=4, head_dim=64, max_position_embeddings=2048),
+    "31m": lambda: model_31m(max_position_embeddings=2048, pad_token_id=None, bos_token_id=None, eos_token_id=None),
 }
 
 

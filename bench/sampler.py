@@ -65,6 +65,8 @@ import numpy as np
 from rljax.models import functional as F
 from rljax.models.config import get_config
 
+from _peer_update import model_31m
+
 CONFIGS = {
     "tiny": lambda: get_config("tiny"),
     # ~93M parameters: Qwen2-style (GQA, QKV bias), 12 layers, 32k vocabulary.
@@ -73,10 +75,7 @@ CONFIGS = {
         head_dim=64, max_position_embeddings=2048,
     ),
     # bench/peer_trl.py's 31.6M Qwen2 (hidden 512, 8 layers, 8 / 4 heads, MLP 2048, character vocabulary).
-    "31m": lambda: get_config("tiny").replace(
-        vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    ),
+    "31m": model_31m,
 }
 RL_SHAPES = "8x8x32,8x8x256,64x8x32,64x8x256"  # prompts x n x new tokens
 
