@@ -86,6 +86,7 @@ def _mistakes(tmp):
         ("model.path missing", [f"model.path={tmp}/no_ckpt"], "is not a directory"),
         ("tp3 vs char vocabulary", ["--mesh=tp3"], "tp=3 must divide the vocabulary size 88"),
         ("tp16 vs char vocabulary", ["--mesh=tp16"], "tp=16 must divide the vocabulary size 88"),
+        ("resume from a checkpoint that is not there", ["--resume=7"], "no checkpoint 7 in"),
         ("tp vs config.json vocabulary", ["--mesh=tp8", f"model.path={ckpt_odd_vocab}", "model.tokenizer=char"],
          "tp=8 must divide the vocabulary size 100 (model.path's config.json"),
     ]
