@@ -204,6 +204,30 @@ def test_remat_same_values_and_gradients(tiny):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g0)
 
 
+def test_flattened_token_dots_equal_einsums(tiny, monkeypatch):
+    """The projections as 2-D dots over flattened tokens (single device, the default) give the
+    einsum's values and gradients; dense() contracts one axis (q/k/v, MLP) or two (o_proj)."""
+    from rljax.models import transformer
+
+    x = jax.random.normal(jax.random.key(1), (2, 3, 4, 5))
+    w = jax.random.normal(jax.random.key(2), (4, 5, 6))
+    np.testing.assert_allclose(transformer.dense(x, w, None, 2), jnp.einsum("btnd,ndh->bth", x, w), rtol=1e-5)
+    np.testing.assert_allclose(transformer.dense(x[..., 0], w[:, 0], None), jnp.einsum("btn,nh->bth", x[..., 0], w[:, 0]),
+                               rtol=1e-5)
+    graphdef, params = tiny
+    toks = tokens_for(TINY, 2, 8)
+
+    def value_and_grad():
+        loss = lambda p: jnp.mean(models.compute_logits(p, models.forward(graphdef, p, toks)) ** 2)  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    v0, g0 = value_and_grad()
+    monkeypatch.setattr(transformer, "FLATTEN_TOKEN_DOTS", False)
+    v1, g1 = value_and_grad()
+    assert rel_err(v0, v1) < 1e-6
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g0, g1)
+
+
 def test_rope_llama3_scaling_changes_only_long_wavelengths():
     from rljax.models.transformer import rope_inv_freq
 
