@@ -66,6 +66,17 @@ def _describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} (started {when})"
 
 
+def _ancestors(path: str) -> list[str]:
+    """``path`` and its parents, outermost first."""
+    out = []
+    while True:
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return out[::-1]
+        path = parent
+
+
 class RunDirLock:
     """Exclusive lock on a run directory for this process's life. Use as a context manager, or
     :meth:`acquire` / :meth:`release`.
@@ -80,6 +91,7 @@ class RunDirLock:
         self.path = os.path.join(self.run_dir, LOCK_FILE)
         self.echo = echo
         self._fd: Optional[int] = None
+        self._created: list[str] = []  # what acquire() created, newest last (undone by release(undo=True))
 
     def holder(self) -> dict:
         """The record of the last holder (empty when none or unreadable)."""
@@ -93,9 +105,12 @@ class RunDirLock:
     def acquire(self) -> "RunDirLock":
         """Takes the lock or raises :class:`RunDirError` naming the process that holds it."""
         check_run_dir(self.run_dir)
+        missing = [d for d in _ancestors(self.run_dir) if not os.path.exists(d)]
+        lock_existed = os.path.exists(self.path)
         try:
             os.makedirs(self.run_dir, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._created = missing + ([] if lock_existed else [self.path])
         except OSError as e:
             raise RunDirError(f"run directory {self.run_dir} is not usable: {e.strerror}") from None
         try:
@@ -117,10 +132,20 @@ class RunDirLock:
         self._fd = fd
         return self
 
-    def release(self) -> None:
-        """Clears the record and drops the lock (the kernel drops it anyway when the process ends)."""
+    def release(self, undo: bool = False) -> None:
+        """Clears the record and drops the lock (the kernel drops it anyway when the process ends).
+
+        ``undo``: also removes what :meth:`acquire` created (the lock file, and the run directory
+        and its parents when they were made for it and are still empty), for a launch refused
+        before it wrote anything."""
         if self._fd is None:
             return
+        if undo:
+            for path in reversed(self._created):
+                try:
+                    os.unlink(path) if path == self.path else os.rmdir(path)
+                except OSError:
+                    break  # not empty: something else was written there
         try:
             os.ftruncate(self._fd, 0)
         except OSError:

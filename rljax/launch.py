@@ -123,6 +123,15 @@ def check_process_split(cfg, processes) -> None:
                          f"of {processes}")
 
 
+def check_cpu_placement(cfg) -> None:
+    """On a CPU host the launcher creates the mesh's devices (plus the sampler's), so a
+    disaggregated placement needs the mesh spelled out; refused before the run directory."""
+    if cfg.rollout.placement == "disaggregated" and cfg.trainer.mesh is None and not _accelerator_present():
+        raise UsageError(f"rollout.placement=disaggregated on a CPU host needs --mesh (trainer.mesh) for the "
+                         f"learner: the launcher then creates mesh + rollout.num_devices={cfg.rollout.num_devices} "
+                         "virtual CPU devices (e.g. --mesh=dp4)")
+
+
 def setup_devices(args, spec, rollout_devices: int = 0) -> None:
     """Multi-host initialisation, then the CPU host device count; both before JAX's backends start.
 
@@ -231,6 +240,7 @@ def main(argv=None) -> int:
         check_run_dir(run_dir)
         check_inputs(cfg)  # before the lock creates the run directory
         check_process_split(cfg, args.num_processes)
+        check_cpu_placement(cfg)
         if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
             lock = RunDirLock(run_dir).acquire()
         ckpt_dir = os.path.join(run_dir, "checkpoints")
@@ -246,7 +256,7 @@ def main(argv=None) -> int:
                 lock = RunDirLock(run_dir).acquire()
     except (UsageError, RunDirError) as e:
         if lock is not None:
-            lock.release()
+            lock.release(undo=True)  # a refused launch leaves nothing behind
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
     try:

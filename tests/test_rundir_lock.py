@@ -49,6 +49,20 @@ def test_lock_is_exclusive_within_one_process_too(tmp_path):
     RunDirLock(str(tmp_path)).acquire().release()
 
 
+def test_release_undo_removes_only_what_acquire_created(tmp_path):
+    RunDirLock(str(tmp_path / "new" / "run")).acquire().release(undo=True)  # a refused launch
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "metrics.jsonl").write_text("{}\n")
+    RunDirLock(str(existing)).acquire().release(undo=True)
+    assert sorted(p.name for p in existing.iterdir()) == ["metrics.jsonl"]  # the user's directory stays
+    lock = RunDirLock(str(tmp_path / "made" / "run")).acquire()
+    (tmp_path / "made" / "run" / "written.txt").write_text("x")  # written after acquire: the directory stays
+    lock.release(undo=True)
+    assert (tmp_path / "made" / "run" / "written.txt").exists()
+
+
 def test_run_dir_checks(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
