@@ -118,6 +118,33 @@ def test_adapters_shard_with_the_base_on_a_mesh(base, devices):
     assert all(x.sharding == s for x, s in zip(jax.tree.leaves(ad), jax.tree.leaves(shard)))
 
 
+def test_modules_to_save_config_is_validated(tmp_path):
+    from rljax.config import ConfigError, check_inputs, resolve
+
+    assert L.LoRAConfig(rank=2, modules_to_save=("embed_tokens", "lm_head")).modules_to_save == ("lm_head", "embed_tokens")
+    with pytest.raises(ValueError, match="LoRAConfig.modules_to_save is .*accepted: a set of lm_head, embed_tokens"):
+        L.LoRAConfig(rank=2, modules_to_save=("q_proj",))
+    with pytest.raises(ConfigError, match="actor.lora.modules_to_save.*accepted.*lm_head.*embed_tokens"):
+        resolve("default", ["actor.lora.rank=4", "actor.lora.modules_to_save=[norm]"])
+    with pytest.raises(ConfigError, match=r"modules_to_save=\['lm_head'\] needs LoRA: set actor.lora.rank > 0"):
+        resolve("default", ["actor.lora.modules_to_save=[lm_head]"])
+    cfg, _ = resolve("default", ["actor.lora.rank=4", "actor.lora.modules_to_save=[lm_head]", "model.tie_embeddings=true"])
+    with pytest.raises(ConfigError, match="needs untied embeddings, but model.name=tiny"):
+        check_inputs(cfg)
+    check_inputs(resolve("default", ["actor.lora.rank=4", "actor.lora.modules_to_save=[lm_head,embed_tokens]"])[0])
+    with pytest.raises(ValueError, match="needs untied embeddings"):
+        L.abstract_adapters(CFG.replace(tie_embeddings=True), L.LoRAConfig(rank=2, modules_to_save=("embed_tokens",)))
+
+
+def test_modules_to_save_cli_error_is_one_line_exit_2(tmp_path, capsys):
+    from rljax.launch import main
+
+    assert main(["--run-dir", str(tmp_path / "run"), "actor.lora.rank=4", "actor.lora.modules_to_save=[q_proj]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "actor.lora.modules_to_save" in err[0] and "lm_head" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 # --------------------------------------------------------------------------- the update
 
 
@@ -149,6 +176,40 @@ def test_only_adapters_train_and_the_base_stays_bfloat16(base):
     # and the step did what PPO asks: positive-advantage tokens became likelier
     new = _logp(state.params, batch)[0]
     assert float(jnp.sum((new - batch["old_logp"]) * batch["advantages"] * batch["loss_mask"])) > 0
+
+
+SAVE_LCFG = L.LoRAConfig(rank=4, alpha=8.0, modules_to_save=("lm_head", "embed_tokens"))
+
+
+def test_modules_to_save_start_as_the_base_and_merge_into_the_sampler_weights(base):
+    graphdef, params = base
+    p = L.LoRAParams(base=params, adapters=L.init_adapters(CFG, SAVE_LCFG, seed=1, base=params), config=SAVE_LCFG)
+    chex.assert_trees_all_equal(p.adapters["modules_to_save"], {"lm_head": params["lm_head"], "embed_tokens": params["embed"]})
+    batch = _batch(4, seed=6)
+    np.testing.assert_array_equal(_logp(p, batch)[0], _logp(params, batch)[0])  # init: the base exactly
+    moved = p.replace(adapters=dict(p.adapters, modules_to_save=jax.tree.map(
+        lambda x: x + 0.05 * jax.random.normal(jax.random.key(4), x.shape), p.adapters["modules_to_save"])))
+    out = _logp(moved, batch)[0]
+    assert float(jnp.abs(out - _logp(params, batch)[0]).max()) > 1e-2  # the forward uses the copies
+    merged = L.merge(moved)
+    np.testing.assert_allclose(_logp(merged, batch)[0], out, atol=2e-5)  # the sampler's weights
+    np.testing.assert_array_equal(merged["lm_head"], moved.adapters["modules_to_save"]["lm_head"])
+    np.testing.assert_array_equal(_logp(L.disable(moved), batch)[0], _logp(params, batch)[0])  # the reference
+
+
+@pytest.mark.slow
+def test_modules_to_save_train_in_full_beside_the_adapters(base):
+    graphdef, params = base
+    p = L.LoRAParams(base=params, adapters=L.init_adapters(CFG, SAVE_LCFG, seed=1, base=params), config=SAVE_LCFG)
+    (state, _), batch = _step(p, _batch(8, seed=6))
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(p.adapters))  # the copies' too
+    new = state.params.adapters["modules_to_save"]
+    assert float(jnp.abs(new["lm_head"] - params["lm_head"]).max()) > 0
+    assert float(jnp.abs(new["embed_tokens"] - params["embed"]).max()) > 0
+    chex.assert_trees_all_equal(state.params.base, params)  # the frozen base's own modules stay
+    new_lp = _logp(state.params, batch)[0]
+    assert float(jnp.sum((new_lp - batch["old_logp"]) * batch["advantages"] * batch["loss_mask"])) > 0
 
 
 @pytest.mark.slow
@@ -231,7 +292,7 @@ def test_lora_run_resumes_from_adapters_and_refuses_another_base(tmp_path):
     assert main(run + ["trainer.total_steps=2"]) == 0
     assert main(run + ["--resume", "trainer.total_steps=3"]) == 0
     # another base (the preset initialised from another seed), another rank, no LoRA: refused
-    for other in ("trainer.seed=1", "actor.lora.rank=8", "actor.lora.rank=0"):
+    for other in ("trainer.seed=1", "actor.lora.rank=8", "actor.lora.rank=0", "actor.lora.modules_to_save=[lm_head]"):
         assert main(run + ["--resume", "trainer.total_steps=4", other]) != 0, other
     import json
 

@@ -42,6 +42,7 @@ def check_inputs(config) -> None:
     _check_estimator(config)
     tokenizer, vocab, vocab_from = _check_model(config.model)
     _check_tp(config, vocab, vocab_from)
+    _check_lora_saved_modules(config)
     _check_data(config, tokenizer)
 
 
@@ -114,6 +115,24 @@ def _check_model(m):
         return tokenizer, hf_vocab, f"model.path's config.json vocab_size"
     # A preset trained from scratch takes the tokenizer's vocabulary (rljax.trainer.loop._model).
     return tokenizer, tokenizer.vocab_size, f"{where} vocabulary; a preset takes its tokenizer's"
+
+
+def _check_lora_saved_modules(config) -> None:
+    """``actor.lora.modules_to_save`` trains a copy of ``lm_head`` / ``embed_tokens``: untied embeddings only."""
+    lora, m = config.actor.lora, config.model
+    if lora.rank == 0 or not lora.modules_to_save:
+        return
+    if m.path:
+        hf = json.loads((Path(m.path).expanduser() / "config.json").read_text())
+        tied, where = bool(hf.get("tie_word_embeddings", False)), f"model.path={m.path!r} (tie_word_embeddings: true)"
+    else:
+        from rljax.config._validate import apply_model_overrides
+        from rljax.models.config import PRESETS
+
+        tied, where = apply_model_overrides(PRESETS[m.name], m).tie_embeddings, f"model.name={m.name} (tie_embeddings)"
+    if tied:
+        raise ConfigError(f"actor.lora.modules_to_save={list(lora.modules_to_save)} needs untied embeddings, but "
+                          f"{where} ties lm_head to embed_tokens; accepted: [] for this model")
 
 
 def _check_tp(config, vocab: int, vocab_from: str) -> None:

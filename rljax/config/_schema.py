@@ -37,6 +37,8 @@ EMBEDDED_TASKS = ("add", "reverse", "lookup")
 DTYPES = ("float32", "bfloat16")
 #: Projections that may carry LoRA adapters (rljax.models.lora.TARGETS; HF / PEFT names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: Modules a LoRA run may train in full beside the adapters (rljax.models.lora.SAVE_MODULES).
+LORA_SAVE_MODULES = ("lm_head", "embed_tokens")
 #: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
 #: that validating a config does not import JAX).
 MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b")
@@ -135,6 +137,8 @@ class LoraConfig:
     alpha: float = _f(16.0, "LoRA alpha: the adapters' update is scaled by alpha / rank", gt=0.0)
     target_modules: tuple[Literal[LORA_TARGETS], ...] = _f(LORA_TARGETS, "projections that get adapters")
     dropout: float = _f(0.0, "dropout on the adapters' input, in the update pass only", ge=0.0, lt=1.0)
+    modules_to_save: tuple[Literal[LORA_SAVE_MODULES], ...] = _f(
+        (), "modules trained in full beside the adapters (PEFT's modules_to_save; untied embeddings only)")
 
 
 @dataclasses.dataclass(frozen=True)

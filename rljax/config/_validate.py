@@ -161,6 +161,10 @@ def _validate_lora(config) -> None:
         raise ConfigError("actor.lora.target_modules is empty; name at least one projection (e.g. [q_proj,v_proj])")
     if lora.rank > 0 and len(set(lora.target_modules)) != len(lora.target_modules):
         raise ConfigError(f"actor.lora.target_modules={list(lora.target_modules)} names a projection twice")
+    if lora.modules_to_save and lora.rank == 0:
+        raise ConfigError(f"actor.lora.modules_to_save={list(lora.modules_to_save)} needs LoRA: set actor.lora.rank > 0")
+    if len(set(lora.modules_to_save)) != len(lora.modules_to_save):
+        raise ConfigError(f"actor.lora.modules_to_save={list(lora.modules_to_save)} names a module twice")
 
 
 def check_async(config) -> None:

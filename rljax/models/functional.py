@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.models.config import ModelConfig
-from rljax.models.lora import LoRAParams
+from rljax.models.lora import LoRAParams, effective_base
 from rljax.models.transformer import Transformer
 from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, tree_logical_shardings, with_logical_constraint
 
@@ -144,8 +144,9 @@ def default_positions(mask: jax.Array) -> jax.Array:
 
 
 def _split_lora(params):
-    """``(base params, LoRAParams or None)``: a :class:`LoRAParams` runs its adapters in each layer."""
-    return (params.base, params) if isinstance(params, LoRAParams) else (params, None)
+    """``(base params, LoRAParams or None)``: a :class:`LoRAParams` runs its adapters in each layer
+    (on its base with the trained ``modules_to_save`` in place)."""
+    return (effective_base(params), params) if isinstance(params, LoRAParams) else (params, None)
 
 
 def _inputs(tokens, positions, mask):
@@ -282,7 +283,8 @@ def insert_kv(cache: KVCache, kv: KVCache, slots) -> KVCache:
 
 
 def unembedding(params: dict) -> jax.Array:
-    """The unembedding matrix ``[H, V]`` (the transposed token embedding when tied; never adapted)."""
+    """The unembedding matrix ``[H, V]`` (the transposed token embedding when tied; LoRA's trained
+    copy when ``modules_to_save`` holds ``lm_head``)."""
     params = _split_lora(params)[0]
     return params["lm_head"] if "lm_head" in params else params["embed"].T
 

@@ -54,6 +54,9 @@ TARGETS: dict[str, tuple[str, int]] = {
     "down_proj": ("mlp", 1),
 }
 ALL_LINEAR = tuple(TARGETS)
+#: Modules that may be trained in full beside the adapters (PEFT's ``modules_to_save``):
+#: HF / PEFT name -> the key of our params tree.
+SAVE_MODULES: dict[str, str] = {"lm_head": "lm_head", "embed_tokens": "embed"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +64,15 @@ class LoRAConfig:
     """Rank, scaling, target projections and dropout of the adapters (hashable, static).
 
     ``scale = alpha / rank`` (PEFT's default, not rsLoRA). ``target_modules`` are names of
-    :data:`TARGETS` (HF / PEFT names: ``q_proj`` ... ``down_proj``).
+    :data:`TARGETS` (HF / PEFT names: ``q_proj`` ... ``down_proj``). ``modules_to_save`` are
+    names of :data:`SAVE_MODULES` trained in full beside the adapters (PEFT's option).
     """
 
     rank: int
     alpha: float = 16.0
     target_modules: tuple[str, ...] = ALL_LINEAR
     dropout: float = 0.0
+    modules_to_save: tuple[str, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -81,6 +86,10 @@ class LoRAConfig:
         object.__setattr__(self, "target_modules", tuple(t for t in TARGETS if t in targets))  # canonical order
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LoRAConfig.dropout is {self.dropout!r}; accepted: 0 <= dropout < 1")
+        saved = tuple(self.modules_to_save)
+        if any(m not in SAVE_MODULES for m in saved) or len(set(saved)) != len(saved):
+            raise ValueError(f"LoRAConfig.modules_to_save is {saved!r}; accepted: a set of {', '.join(SAVE_MODULES)}")
+        object.__setattr__(self, "modules_to_save", tuple(m for m in SAVE_MODULES if m in saved))
 
     @property
     def scale(self) -> float:
@@ -101,8 +110,24 @@ class LoRAParams:
 
 
 def disable(params):
-    """The same parameters with the adapters off: the base model (a plain params dict)."""
+    """The same parameters with the adapters off: the base model (a plain params dict).
+
+    As in PEFT, the modules in ``modules_to_save`` are the base's originals then.
+    """
     return params.base if isinstance(params, LoRAParams) else params
+
+
+def effective_base(params: LoRAParams) -> dict:
+    """The base with the trained copies of ``modules_to_save`` in place of the originals (each
+    in the original's dtype); what the model runs its adapted layers on."""
+    saved = params.adapters.get("modules_to_save")
+    if not saved:
+        return params.base
+    out = dict(params.base)
+    for name, value in saved.items():
+        key = SAVE_MODULES[name]
+        out[key] = value.astype(params.base[key].dtype)
+    return out
 
 
 # --------------------------------------------------------------------------- shapes / axes
@@ -130,6 +155,13 @@ def _abstract(model_config: ModelConfig, lora_config: LoRAConfig, dtype) -> tupl
         shapes.setdefault("layers", {}).setdefault(module, {})[name] = {
             "a": jax.ShapeDtypeStruct(layers + ins + (r,), dtype), "b": jax.ShapeDtypeStruct(layers + (r,) + outs, dtype)}
         axes.setdefault("layers", {}).setdefault(module, {})[name] = {"a": a_ax, "b": b_ax}
+    if lora_config.modules_to_save and model_config.tie_embeddings:
+        raise ValueError(f"LoRA modules_to_save={list(lora_config.modules_to_save)} needs untied embeddings; this model "
+                         "ties lm_head to embed_tokens (tie_word_embeddings: true)")
+    for name in lora_config.modules_to_save:
+        key = SAVE_MODULES[name]
+        shapes.setdefault("modules_to_save", {})[name] = jax.ShapeDtypeStruct(base_shapes[key].shape, dtype)
+        axes.setdefault("modules_to_save", {})[name] = base_axes[key]
     return shapes, axes
 
 
@@ -151,14 +183,30 @@ def adapter_shardings(model_config: ModelConfig, lora_config: LoRAConfig, mesh: 
 
 
 def init_adapters(model_config: ModelConfig, lora_config: LoRAConfig, *, seed: int = 0, mesh: Mesh | None = None,
-                  rules=None, dtype=jnp.float32) -> dict:
+                  rules=None, dtype=jnp.float32, base: dict | None = None) -> dict:
     """Fresh adapters in their sharded layout: ``A`` uniform ``±1/sqrt(fan_in)``, ``B = 0``.
 
     With ``B = 0`` the adapted model equals the base exactly. The values do not depend on
-    the mesh.
+    the mesh. With ``modules_to_save``, ``adapters["modules_to_save"][name]`` starts as a copy
+    of ``base``'s module in ``dtype`` (``base`` is then required).
     """
     rules = tuple(rules.items()) if isinstance(rules, dict) else (None if rules is None else tuple(rules))
-    return _jitted_init(model_config, lora_config, jnp.dtype(dtype), mesh, rules)(jnp.asarray(seed, jnp.uint32))
+    out = _jitted_init(model_config, lora_config, jnp.dtype(dtype), mesh, rules)(jnp.asarray(seed, jnp.uint32))
+    if lora_config.modules_to_save:
+        if base is None:
+            raise ValueError(f"init_adapters: modules_to_save={list(lora_config.modules_to_save)} copies the base's "
+                             "modules; pass base=")
+        shardings = None if mesh is None else adapter_shardings(model_config, lora_config, mesh, rules=rules, dtype=dtype)
+        out["modules_to_save"] = {
+            name: _copy(base[SAVE_MODULES[name]], jnp.dtype(dtype),
+                        None if shardings is None else shardings["modules_to_save"][name])
+            for name in lora_config.modules_to_save}
+    return out
+
+
+def _copy(x, dtype, sharding):
+    """A new array equal to ``x`` in ``dtype`` (never an alias of the frozen base's buffer)."""
+    return jax.jit(lambda v: v.astype(dtype) + jnp.zeros((), dtype), out_shardings=sharding)(x)
 
 
 @functools.lru_cache(maxsize=16)
@@ -177,6 +225,7 @@ def _jitted_init(model_config, lora_config, dtype, mesh, rules):
                 "b": jnp.zeros(b.shape, dtype)}
         return out
 
+    shapes, axes = {"layers": shapes["layers"]}, {"layers": axes["layers"]}  # modules_to_save: copied by the caller
     shardings = None if mesh is None else tree_logical_shardings(axes, shapes, mesh, rules=rules)
     return jax.jit(init, out_shardings=shardings)
 
@@ -205,13 +254,14 @@ def delta(a: jax.Array, b: jax.Array, n_in: int, scale: float) -> jax.Array:
 def merge(params: LoRAParams) -> dict:
     """Plain params with every adapted weight replaced by ``W + scale * A @ B`` (jit-able).
 
-    The sum is formed in float32 and stored in ``W``'s dtype (a bfloat16 base rounds it).
-    What the sampler decodes with, and what :func:`rljax.models.save_hf_checkpoint` exports.
+    The sum is formed in float32 and stored in ``W``'s dtype (a bfloat16 base rounds it);
+    ``modules_to_save`` replace the base's modules (in their dtype). What the sampler decodes
+    with, and what :func:`rljax.models.save_hf_checkpoint` exports.
     """
     if not isinstance(params, LoRAParams):
         raise ValueError(f"merge takes LoRAParams, got {type(params).__name__}")
     lcfg = params.config
-    out = jax.tree.map(lambda x: x, params.base)
+    out = jax.tree.map(lambda x: x, effective_base(params))
     for name in lcfg.target_modules:
         module, n_in = TARGETS[name]
         w = params.base["layers"][module][name]

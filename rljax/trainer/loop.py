@@ -94,8 +94,9 @@ def _lora(cfg: Config, mcfg, params, mesh):
     lc = cfg.actor.lora
     if lc.rank == 0:
         return params, None
-    lcfg = L.LoRAConfig(rank=lc.rank, alpha=lc.alpha, target_modules=tuple(lc.target_modules), dropout=lc.dropout)
-    adapters = L.init_adapters(mcfg, lcfg, seed=cfg.trainer.seed, mesh=mesh)
+    lcfg = L.LoRAConfig(rank=lc.rank, alpha=lc.alpha, target_modules=tuple(lc.target_modules), dropout=lc.dropout,
+                        modules_to_save=tuple(lc.modules_to_save))
+    adapters = L.init_adapters(mcfg, lcfg, seed=cfg.trainer.seed, mesh=mesh, base=params)
     name = cfg.model.path or f"{cfg.model.name} (seed {cfg.trainer.seed})"
     return L.LoRAParams(base=params, adapters=adapters, config=lcfg), L.base_signature(params, name=name)
 
@@ -388,6 +389,7 @@ class Trainer:
             raise CheckpointError(f"checkpoint {step} holds {'every parameter' if saved is None else 'LoRA adapters'}; "
                                   f"this run has actor.lora.rank={rank}")
         have = dataclasses.asdict(self.c.actor.params.config)
+        saved = {"modules_to_save": [], **saved}  # checkpoints from before modules_to_save existed
         diff = [f"{k}={saved.get(k)!r} (now {v!r})" for k, v in have.items() if k != "dropout"
                 and (list(v) if isinstance(v, tuple) else v) != saved.get(k)]
         if diff:
