@@ -14,9 +14,9 @@ will need, so this script first pretrains one, the way such a base is made:
    Exported with ``save_hf_checkpoint``, loaded with ``model.path``.
 2. **RL** on the default preset (GRPO, addition of 0..4, 300 steps, held-out reward every 50)
    from that base: LoRA (rank / alpha / lr below) and full fine-tuning (the preset's lr),
-   plus LoRA from the random base for contrast, alone and with ``modules_to_save=[lm_head]``
-   (PEFT's option: the unembedding trains in full beside the adapters). One training at a
-   time, ``--mesh=dp8``.
+   plus, from the random base for contrast, full fine-tuning and LoRA alone and with
+   ``modules_to_save=[lm_head]`` (PEFT's option: the unembedding trains in full beside the
+   adapters). One training at a time, ``--mesh=dp8``.
 
 Prints a Markdown table (the README's)::
 
@@ -38,6 +38,7 @@ RUNS = [
      ["actor.lora.rank=16", "actor.lora.alpha=32", "actor.optim.lr=3e-3"]),
     ("random-lora-r16-lm_head", "random base, LoRA rank 16, alpha 32, lr 3e-3, modules_to_save=[lm_head]", False,
      ["actor.lora.rank=16", "actor.lora.alpha=32", "actor.optim.lr=3e-3", "actor.lora.modules_to_save=[lm_head]"]),
+    ("random-full", "random base, full fine-tuning, lr 3e-4 (the preset)", False, []),
     ("pretrained-lora-r16", "pretrained base, LoRA rank 16, alpha 32, lr 3e-3", True,
      ["actor.lora.rank=16", "actor.lora.alpha=32", "actor.optim.lr=3e-3"]),
     ("pretrained-lora-r8", "pretrained base, LoRA rank 8, alpha 16, lr 1e-3", True,
