@@ -204,6 +204,20 @@ def test_remat_same_values_and_gradients(tiny):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g0)
 
 
+def test_unrolled_layers_same_values_and_gradients(tiny):
+    graphdef, params = tiny
+    unrolled, _ = models.abstract_params(TINY.replace(scan_layers=False))
+    toks = tokens_for(TINY, 2, 8)
+
+    def loss(gd):
+        return lambda p: jnp.mean(models.compute_logits(p, models.forward(gd, p, toks)) ** 2)
+
+    v0, g0 = jax.jit(jax.value_and_grad(loss(graphdef)))(params)
+    v1, g1 = jax.jit(jax.value_and_grad(loss(unrolled)))(params)
+    assert rel_err(v1, v0) < 1e-6
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g0)
+
+
 def test_flattened_token_dots_equal_einsums(tiny, monkeypatch):
     """The projections as 2-D dots over flattened tokens (single device, the default) give the
     einsum's values and gradients; dense() contracts one axis (q/k/v, MLP) or two (o_proj)."""

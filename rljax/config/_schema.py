@@ -252,6 +252,8 @@ class ModelConfig:
     dtype: Literal[DTYPES] = _f("float32", "compute dtype")
     param_dtype: Literal[DTYPES] = _f("float32", "parameter storage dtype")
     remat: bool = _f(False, "rematerialise each layer in the backward pass (less activation memory, ~1/3 more compute)")
+    scan_layers: bool = _f(True, "run the layers as one scanned body (compile time independent of depth); false: "
+                            "unrolled (fewer update temporaries: no stacked per-layer residuals; longer compiles)")
     # Shape overrides of the preset named by model.name (null: the preset's value). With
     # hidden_size or num_heads set and head_dim null, head_dim = hidden_size / num_heads.
     hidden_size: Optional[int] = _f(None, "override the preset's hidden size", ge=1)

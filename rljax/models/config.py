@@ -35,7 +35,9 @@ class ModelConfig:
     ``(("rope_type", "llama3"), ("factor", 32.0), ("low_freq_factor", 1.0),
     ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))``; a dict is
     accepted and stored as sorted pairs. ``remat`` rematerialises each layer in the
-    backward pass. ``attn_block_size``: attention over more keys than this runs blockwise
+    backward pass. ``scan_layers``: the layers run as one ``jax.lax.scan`` body (compile
+    time independent of depth); ``False`` unrolls them (no stacked per-layer residual buffers
+    in the backward pass: 25% fewer update temporaries at 31.6M, see the README). ``attn_block_size``: attention over more keys than this runs blockwise
     (flash-style, never materialising ``[T, T]`` scores); ``None`` always uses dense.
     ``decode_block_size``: the KV-cache block of live-length decode attention (a decode
     step reads the cache up to the longest live slot, rounded up to this).
@@ -57,6 +59,7 @@ class ModelConfig:
     dtype: Any = "float32"
     param_dtype: Any = "float32"
     remat: bool = False
+    scan_layers: bool = True
     attn_block_size: int | None = 512
     decode_block_size: int = 256
     architecture: str = "llama"

@@ -351,7 +351,8 @@ class Transformer(nnx.Module):
 
         if self.config.remat:
             body = jax.checkpoint(body, prevent_cse=False)
-        x, kv = jax.lax.scan(body, x, (block_state, lora_xs))
+        unroll = 1 if self.config.scan_layers else self.config.num_layers
+        x, kv = jax.lax.scan(body, x, (block_state, lora_xs), unroll=unroll)
         # leave the Megatron-SP layout: the unembedding (vocab on tp) needs every token's hidden state
         hidden = with_logical_constraint(self.final_norm(x), ("batch", "length", "embed"), mesh)
         return (hidden, kv) if return_kv else hidden

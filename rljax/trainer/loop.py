@@ -71,10 +71,11 @@ def _model(cfg: Config, mesh, tokenizer):
         from rljax.models.hf import load_hf_checkpoint
 
         mcfg, params = load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)
-        mcfg = mcfg.replace(remat=cfg.model.remat)  # a training choice, not the checkpoint's
+        mcfg = mcfg.replace(remat=cfg.model.remat, scan_layers=cfg.model.scan_layers)  # training choices, not the checkpoint's
         graphdef, _ = F.abstract_params(mcfg)
         return mcfg, graphdef, params
-    overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat=cfg.model.remat)
+    overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat=cfg.model.remat,
+                     scan_layers=cfg.model.scan_layers)
     base = apply_model_overrides(get_config(cfg.model.name), cfg.model)  # model.hidden_size=... etc.
     if tokenizer.vocab_size != base.vocab_size:
         # A preset trained from scratch takes the tokenizer's vocabulary (the embedded task's
