@@ -109,6 +109,20 @@ def test_trajectory_keys_are_stable_and_distinct():
     assert not np.array_equal(trajectory_key(1, "a", 0), k[0])
 
 
+def test_trajectory_keys_compile_per_size_bucket_not_per_row_count():
+    """Multi-turn rounds and async batches ask for many row counts: keys compile once per
+    power-of-two bucket, and a row's key does not depend on the others or on the padding."""
+    from rljax.rollout import sampling
+
+    before = sampling._keys._cache_size()
+    ks = {n: trajectory_keys(5, list(range(n)), [2] * n) for n in range(1, 34)}
+    assert sampling._keys._cache_size() - before <= 4  # buckets 8, 16, 32, 64
+    for n, k in ks.items():
+        assert k.shape == (n, 2)
+        np.testing.assert_array_equal(k, ks[33][:n])
+    np.testing.assert_array_equal(ks[33][20], trajectory_key(5, 20, 2))
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [

@@ -114,7 +114,13 @@ def trajectory_keys(seed: int, uids: Sequence, sessions: Sequence[int]) -> np.nd
     """Raw threefry keys ``uint32 [N, 2]``, one per ``(uid, session)``, from decode ``seed``."""
     words = np.asarray([uid_hash(u) for u in uids], np.uint32).reshape(-1, 2)
     sessions = np.asarray(sessions, np.uint32).reshape(-1)
-    return np.asarray(_keys(np.uint32(seed), words, sessions))
+    n = len(sessions)
+    # rows padded to a power of two: one compile per size bucket, not per row count (multi-turn
+    # rounds, async batches and validation ask for many different counts); each key is per row
+    size = 1 << max(3, (n - 1).bit_length())
+    words = np.pad(words, ((0, size - n), (0, 0)))
+    sessions = np.pad(sessions, (0, size - n))
+    return np.asarray(_keys(np.uint32(seed), words, sessions))[:n]
 
 
 def trajectory_key(seed: int, uid, session: int) -> np.ndarray:
