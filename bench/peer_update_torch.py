@@ -3,6 +3,7 @@
     python bench/peer_update_torch.py                 # B=64 trajectories of 8 + 32 tokens, 5 rounds
     PROFILE=1 python bench/peer_update_torch.py       # + where each side's update time goes, by category
     GC=0 python bench/peer_update_torch.py            # torch without gradient checkpointing
+    ONLY=torch python bench/peer_update_torch.py      # torch alone in the process
     OLD=1 python bench/peer_update_torch.py           # + rljax with its projections as 3-D einsums (before)
     THREADS=1 taskset -c 1 python bench/peer_update_torch.py   # one core each (robust to load)
     T=256 B=64 R=1 python bench/peer_update_torch.py  # the 31m-256 case's update
@@ -217,8 +218,11 @@ def main():
 
         return run, box
 
-    runs["rljax"], box = rljax_runner("rljax", jstep, True)
-    if os.environ.get("OLD"):
+    only = os.environ.get("ONLY")  # "torch": time torch alone (no XLA thread pool in the process's way)
+    box = [None]
+    if only != "torch":
+        runs["rljax"], box = rljax_runner("rljax", jstep, True)
+    if os.environ.get("OLD") and only != "torch":
         runs["rljax-einsum"], _ = rljax_runner("rljax-einsum", rljax_step(cfg, g, p)[2], False)
     loss, norm = tstep()
     print(f"torch first step: loss {loss:.6f}, grad norm {norm:.6f}  (gradient checkpointing {'on' if GC else 'off'}, "
@@ -239,7 +243,7 @@ def main():
     print(f"load {os.getloadavg()[0]:.1f}", flush=True)
     state = box[0]
 
-    if os.environ.get("PROFILE"):
+    if os.environ.get("PROFILE") and only != "torch":
         hlo = jstep.lower(state, batch, key).compile().as_text()
         jc, state = jax_profile(jstep, state, batch, key, hlo)
         tc, top = torch_profile(tstep)
