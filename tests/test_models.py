@@ -190,30 +190,18 @@ def test_bfloat16_params_and_compute():
     assert rel_err(hidden.astype(jnp.float32), ref) < 5e-2
 
 
-def test_remat_same_values_and_gradients(tiny):
+@pytest.mark.parametrize("variant", [dict(remat=True), dict(scan_layers=False)], ids=["remat", "unrolled"])
+def test_layer_variants_same_values_and_gradients(tiny, variant):
+    """Rematerialised and unrolled layers compute what the scanned default does."""
     graphdef, params = tiny
-    remat_graphdef, _ = models.abstract_params(TINY.replace(remat=True))
+    other, _ = models.abstract_params(TINY.replace(**variant))
     toks = tokens_for(TINY, 2, 8)
 
     def loss(gd):
         return lambda p: jnp.mean(models.compute_logits(p, models.forward(gd, p, toks)) ** 2)
 
     v0, g0 = jax.jit(jax.value_and_grad(loss(graphdef)))(params)
-    v1, g1 = jax.jit(jax.value_and_grad(loss(remat_graphdef)))(params)
-    assert rel_err(v1, v0) < 1e-6
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g0)
-
-
-def test_unrolled_layers_same_values_and_gradients(tiny):
-    graphdef, params = tiny
-    unrolled, _ = models.abstract_params(TINY.replace(scan_layers=False))
-    toks = tokens_for(TINY, 2, 8)
-
-    def loss(gd):
-        return lambda p: jnp.mean(models.compute_logits(p, models.forward(gd, p, toks)) ** 2)
-
-    v0, g0 = jax.jit(jax.value_and_grad(loss(graphdef)))(params)
-    v1, g1 = jax.jit(jax.value_and_grad(loss(unrolled)))(params)
+    v1, g1 = jax.jit(jax.value_and_grad(loss(other)))(params)
     assert rel_err(v1, v0) < 1e-6
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g0)
 
