@@ -50,6 +50,26 @@ def check_run_dir(run_dir: str) -> None:
         raise RunDirError(f"run directory {run_dir} {what}; pass --run-dir to a writable directory")
 
 
+def committed_checkpoints(directory: str) -> list[int]:
+    """Steps of the committed checkpoints in ``directory`` (``<run_dir>/checkpoints``), oldest
+    first: the all-digit subdirectories (orbax writes ``N.orbax-checkpoint-tmp-*`` until it commits)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def check_resume_from(run_dir: str, resume_from: Optional[int]) -> None:
+    """Raises :class:`RunDirError` (one line) when ``resume_from`` names no committed checkpoint
+    of ``run_dir``; creates nothing. (Whether the checkpoint is intact is checked at restore.)"""
+    if resume_from is None:
+        return
+    directory = os.path.join(os.path.abspath(run_dir), "checkpoints")
+    steps = committed_checkpoints(directory)
+    if resume_from not in steps:
+        raise RunDirError(f"trainer.resume_from={resume_from} (--resume={resume_from}): no checkpoint {resume_from} "
+                          f"in {directory}; available: {', '.join(map(str, steps)) or 'none'}")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -223,7 +223,7 @@ def _resume_arg(argv: list) -> list:
 
 
 def main(argv=None) -> int:
-    from rljax._rundir import RunDirError, RunDirLock, check_run_dir
+    from rljax._rundir import RunDirError, RunDirLock, check_resume_from, check_run_dir
 
     # intermixed: overrides may come before and after options (`... rollout.n=4 --resume trainer.total_steps=8`)
     args = _parser().parse_intermixed_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
@@ -238,6 +238,7 @@ def main(argv=None) -> int:
         args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
         run_dir = os.path.abspath(run_directory(cfg))
         check_run_dir(run_dir)
+        check_resume_from(run_dir, cfg.trainer.resume_from)
         check_inputs(cfg)  # before the lock creates the run directory
         check_process_split(cfg, args.num_processes)
         check_cpu_placement(cfg)

@@ -27,6 +27,12 @@ import pytest  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (the default run, pyproject.toml): one worker per core, at most 4. Each worker
+    compiles its own programs, and past a few workers memory grows faster than the run shrinks."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
 @pytest.fixture(scope="session")
 def devices():
     devs = jax.devices()
@@ -37,11 +43,31 @@ def devices():
 @pytest.fixture(scope="session")
 def small_dp8_run(tmp_path_factory):
     """One small embedded run, ``python -m rljax.launch --mesh=dp8`` for 2 steps with a checkpoint
-    each step, shared (read-only) by the end-to-end tests: ``(run_dir, completed process)``."""
+    each step, shared (read-only) by the end-to-end tests: ``(run_dir, completed process)``.
+
+    Under pytest-xdist the run is shared by every worker too: the first to get here launches it
+    under a file lock in the session's common temporary directory, the others wait and read it.
+    """
+    import fcntl
+    import json
+    import subprocess
+
     from launching import launch
     from test_launch import SMALL
 
-    run_dir = tmp_path_factory.mktemp("small_dp8") / "run"
-    out = launch("--mesh=dp8", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        base = tmp_path_factory.mktemp("small_dp8")
+    else:
+        base = tmp_path_factory.getbasetemp().parent / "small_dp8_shared"
+        base.mkdir(exist_ok=True)
+    run_dir, record = base / "run", base / "completed.json"
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            out = launch("--mesh=dp8", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2",
+                         "trainer.save_freq=1")
+            record.write_text(json.dumps({"args": out.args, "returncode": out.returncode,
+                                          "stdout": out.stdout, "stderr": out.stderr}))
+    out = subprocess.CompletedProcess(**json.loads(record.read_text()))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run_dir, out

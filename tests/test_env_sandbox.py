@@ -105,3 +105,40 @@ def test_bad_arguments():
         PythonSandbox(memory_mb=8)
     r = PythonSandbox().run_many([b"print(1)"])[0]
     assert r.error and "code must be a string" in r.output
+
+
+def test_uid_leases_are_host_wide(monkeypatch):
+    """A uid leased by another process (another trainer, another test worker) is never handed
+    out here, even when this process's round-robin cursor points at it; released leases are
+    reused."""
+    import subprocess
+    import sys
+
+    from rljax.env import _sandbox
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom rljax.env._sandbox import _UidLease\n"
+         "lease = _UidLease()\nprint(lease.uid, flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = int(holder.stdout.readline())
+        monkeypatch.setattr(_sandbox._UidLease, "_cursor", held - _sandbox.UID_BASE)
+        mine = _sandbox._UidLease()
+        other = _sandbox._UidLease()
+        assert len({held, mine.uid, other.uid}) == 3
+        after_held = _sandbox.UID_BASE + (held - _sandbox.UID_BASE + 1) % _sandbox.UID_COUNT
+        assert mine.uid == after_held  # skipped the held one, took the next
+        mine.release()
+        monkeypatch.setattr(_sandbox._UidLease, "_cursor", held - _sandbox.UID_BASE)
+        again = _sandbox._UidLease()
+        assert again.uid == after_held  # released: free again
+        again.release()
+        other.release()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    # the holder exited without releasing: the kernel dropped its lock
+    monkeypatch.setattr(_sandbox._UidLease, "_cursor", held - _sandbox.UID_BASE)
+    after = _sandbox._UidLease()
+    assert after.uid == held
+    after.release()

@@ -43,6 +43,7 @@ def _checkpoint_dir(root, *, vocab_size=96, tokenizer=False):
 def _mistakes(tmp):
     """(case id, arguments, fragment of the one-line message) for each user mistake."""
     (tmp / "wrong_sig.py").write_text("def reward(response):\n    return 1.0\n")
+    (tmp / "not_an_env.py").write_text("from rljax.env import Environment\n\ndef Echo(turn):\n    return None\n")
     gsm = ["data.dataset=gsm8k", "reward.function=exact_match", "data.train_batch_size=4",
            "actor.ppo_mini_batch_size=4", "rollout.n=2", "data.max_prompt_length=128"]
     long_dir = _gsm8k_dir(tmp / "long", ["a question far longer than the prompt limit"] * 8)
@@ -86,6 +87,12 @@ def _mistakes(tmp):
         ("model.path missing", [f"model.path={tmp}/no_ckpt"], "is not a directory"),
         ("tp3 vs char vocabulary", ["--mesh=tp3"], "tp=3 must divide the vocabulary size 88"),
         ("tp16 vs char vocabulary", ["--mesh=tp16"], "tp=16 must divide the vocabulary size 88"),
+        ("env file missing", ["env.function=no/such/env.py:Echo"], "file 'no/such/env.py' not found"),
+        ("env not a class", [f"env.function={tmp}/not_an_env.py:Echo"], "is not a class with a step(turn) method"),
+        ("env neither built-in nor file", ["env.function=lookups"], "is not a built-in environment (lookup, tools)"),
+        ("disaggregated without a mesh on CPU", ["rollout.placement=disaggregated", "rollout.num_devices=2"],
+         "rollout.placement=disaggregated on a CPU host needs --mesh"),
+        ("resume from a checkpoint that is not there", ["--resume=7"], "no checkpoint 7 in"),
         ("tp vs config.json vocabulary", ["--mesh=tp8", f"model.path={ckpt_odd_vocab}", "model.tokenizer=char"],
          "tp=8 must divide the vocabulary size 100 (model.path's config.json"),
     ]

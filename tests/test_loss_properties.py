@@ -1,5 +1,7 @@
 """Property tests (hypothesis) for rljax.loss: invariances every RL user relies on."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,34 @@ from hypothesis import strategies as st
 from rljax import loss as L
 
 SETTINGS = settings(max_examples=25, deadline=None)
+
+
+def _jitted(fn):
+    """``fn`` under ``jax.jit``, its non-array keywords static: one compile per shape and option,
+    where eager calls re-trace (``lax.scan`` in GAE, chex's value checks) on every example.
+    ``JitMatchesEagerTest`` below checks jit against eager for every function."""
+    cache = {}
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
+        static = tuple(sorted((k, v) for k, v in kwargs.items() if k not in arrays))
+        key = (static, tuple(sorted(arrays)))
+        if key not in cache:
+            cache[key] = jax.jit(functools.partial(fn, **dict(static)))
+        return cache[key](*args, **arrays)
+
+    return call
+
+
+class J:
+    """The rljax.loss functions the property tests call, jitted."""
+
+    grpo_advantages = staticmethod(_jitted(L.grpo_advantages))
+    rloo_advantages = staticmethod(_jitted(L.rloo_advantages))
+    reinforce_pp_baseline_advantages = staticmethod(_jitted(L.reinforce_pp_baseline_advantages))
+    gae_advantages = staticmethod(_jitted(L.gae_advantages))
+    kl_penalty = staticmethod(_jitted(L.kl_penalty))
 B, T = 6, 5
 seeds = st.integers(0, 2**31 - 1)
 
@@ -50,7 +80,7 @@ def _with_padding_rows(x, n_pad, rng):
 def test_padding_rows_change_no_loss(seed, n_pad, mode, agg):
     x = _batch(seed)
     y = _with_padding_rows(x, n_pad, np.random.default_rng(seed + 1))
-    adv = L.gae_advantages(x["rewards"], x["values"], x["mask"], gamma=1.0, lam=0.95)[0]
+    adv = J.gae_advantages(x["rewards"], x["values"], x["mask"], gamma=1.0, lam=0.95)[0]
     adv_pad = jnp.concatenate([adv, jnp.full((n_pad, T), 7.0)])
     a, ma = L.policy_loss(x["logp"], x["old_logp"], adv, x["mask"], mode=mode, loss_agg_mode=agg)
     b, mb = L.policy_loss(y["logp"], y["old_logp"], adv_pad, y["mask"], mode=mode, loss_agg_mode=agg)
@@ -65,15 +95,15 @@ def test_padding_rows_change_no_advantage(seed, n_pad):
     y = _with_padding_rows(x, n_pad, np.random.default_rng(seed + 1))
     row = jnp.sum(y["mask"], -1) > 0
     # Group estimators: padding rows excluded through the row mask / the token mask.
-    a = L.grpo_advantages(x["scores"], x["group_ids"], num_groups=3, row_mask=jnp.sum(x["mask"], -1) > 0)
-    b = L.grpo_advantages(y["scores"], y["group_ids"], num_groups=3, row_mask=row)
+    a = J.grpo_advantages(x["scores"], x["group_ids"], num_groups=3, row_mask=jnp.sum(x["mask"], -1) > 0)
+    b = J.grpo_advantages(y["scores"], y["group_ids"], num_groups=3, row_mask=row)
     np.testing.assert_allclose(a, b[:B], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(b[B:], 0.0)
-    a = L.reinforce_pp_baseline_advantages(x["scores"], x["group_ids"], x["mask"], num_groups=3)
-    b = L.reinforce_pp_baseline_advantages(y["scores"], y["group_ids"], y["mask"], num_groups=3)
+    a = J.reinforce_pp_baseline_advantages(x["scores"], x["group_ids"], x["mask"], num_groups=3)
+    b = J.reinforce_pp_baseline_advantages(y["scores"], y["group_ids"], y["mask"], num_groups=3)
     np.testing.assert_allclose(a, b[:B], rtol=1e-4, atol=1e-5)
-    a, ra = L.gae_advantages(x["rewards"], x["values"], x["mask"], gamma=0.99, lam=0.95)
-    b, rb = L.gae_advantages(y["rewards"], y["values"], y["mask"], gamma=0.99, lam=0.95)
+    a, ra = J.gae_advantages(x["rewards"], x["values"], x["mask"], gamma=0.99, lam=0.95)
+    b, rb = J.gae_advantages(y["rewards"], y["values"], y["mask"], gamma=0.99, lam=0.95)
     np.testing.assert_allclose(a * x["mask"], b[:B] * x["mask"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ra, rb[:B], rtol=1e-5, atol=1e-6)
 
@@ -84,9 +114,9 @@ def test_permuting_the_batch_permutes_advantages(seed, estimator):
     x = _batch(seed)
     perm = np.random.default_rng(seed).permutation(B)
     fn = {
-        "grpo": lambda s, g: L.grpo_advantages(s, g, num_groups=3),
-        "drgrpo": lambda s, g: L.grpo_advantages(s, g, num_groups=3, scale_by_std=False),
-        "rloo": lambda s, g: L.rloo_advantages(s, g, num_groups=3),
+        "grpo": lambda s, g: J.grpo_advantages(s, g, num_groups=3),
+        "drgrpo": lambda s, g: J.grpo_advantages(s, g, num_groups=3, scale_by_std=False),
+        "rloo": lambda s, g: J.rloo_advantages(s, g, num_groups=3),
     }[estimator]
     a = fn(x["scores"], x["group_ids"])
     b = fn(x["scores"][perm], x["group_ids"][perm])
@@ -163,10 +193,10 @@ class JitMatchesEagerTest(chex.TestCase):
 def test_vmap_over_a_leading_axis():
     xs = [_batch(s) for s in range(3)]
     stack = lambda k: jnp.stack([x[k] for x in xs])  # noqa: E731
-    out = jax.vmap(lambda s, g: L.grpo_advantages(s, g, num_groups=3))(stack("scores"), stack("group_ids"))
+    out = jax.jit(jax.vmap(lambda s, g: L.grpo_advantages(s, g, num_groups=3)))(stack("scores"), stack("group_ids"))
     for i, x in enumerate(xs):
-        np.testing.assert_allclose(out[i], L.grpo_advantages(x["scores"], x["group_ids"], num_groups=3), rtol=1e-6)
-    out = jax.vmap(lambda a, b, m: L.policy_loss(a, b, jnp.ones(B), m)[0])(stack("logp"), stack("old_logp"),
+        np.testing.assert_allclose(out[i], J.grpo_advantages(x["scores"], x["group_ids"], num_groups=3), rtol=1e-6)
+    out = jax.jit(jax.vmap(lambda a, b, m: L.policy_loss(a, b, jnp.ones(B), m)[0]))(stack("logp"), stack("old_logp"),
                                                                            stack("mask"))
     for i, x in enumerate(xs):
         np.testing.assert_allclose(out[i], L.policy_loss(x["logp"], x["old_logp"], jnp.ones(B), x["mask"])[0],

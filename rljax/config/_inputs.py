@@ -30,7 +30,8 @@ def check_inputs(config) -> None:
     """Checks ``config`` against the files and sizes it names; raises :class:`ConfigError`.
 
     Checks, in order: ``reward.function`` (a plugin file that exists and a function with
-    rljax's or verl's signature), ``algorithm.adv_estimator`` (a plugin file's function
+    rljax's or verl's signature), ``env.function`` (a built-in environment, or a file that
+    exists and a class with ``step(turn)``), ``algorithm.adv_estimator`` (a plugin file's function
     with the estimator registry's signature), ``model.path`` / ``model.tokenizer`` (the files exist and
     load), ``trainer.mesh``'s ``tp`` (it divides the learner's vocabulary, which the fused
     log-prob splits over ``tp``), and the dataset (``data.path``'s train and test files,
@@ -39,6 +40,7 @@ def check_inputs(config) -> None:
     ``data.train_batch_size`` train prompts kept and one test prompt).
     """
     _check_reward(config)
+    _check_env(config)
     _check_estimator(config)
     tokenizer, vocab, vocab_from = _check_model(config.model)
     _check_tp(config, vocab, vocab_from)
@@ -55,6 +57,14 @@ def _check_reward(config) -> None:
     spec = config.reward.function
     if spec != "auto" and spec not in BUILTIN_REWARDS:
         load_reward_plugin(spec, data_source=DATA_SOURCES.get(config.data.dataset))
+
+
+def _check_env(config) -> None:
+    """A user's environment file loads and names a class with ``step(turn)``."""
+    if config.env.function is not None:
+        from rljax.env._protocol import load_env
+
+        load_env(config.env.function)
 
 
 def _check_estimator(config) -> None:

@@ -4,14 +4,27 @@ convention, a safe calculator, a sandboxed Python tool, and the episode rollout.
 See :mod:`rljax.env._protocol` (the protocol a user implements, ``env.function=file.py:Name``),
 :mod:`rljax.env._sandbox` (the Python tool's limits) and :mod:`rljax.env._rollout` (the data
 contract of a multi-turn trajectory).
+
+The protocol, tools and sandbox are pure Python; the episode rollout (JAX) is imported on
+first use, so the launcher can load and check a user's ``env.function`` file (which imports
+``rljax.env``) before JAX starts.
 """
 
 from rljax.env._calculator import CalculatorError, calculate, calculator
 from rljax.env._protocol import (BUILTIN_ENVS, CalculatorPythonEnv, Environment, Example, LookupEnv, Step, Turn,
                                  ToolEnv, env_metrics, load_env, parse_tool_call, python_tool_code)
-from rljax.env._rollout import EpisodeTrajectories, episode_scores, run_episodes
 from rljax.env._sandbox import PythonSandbox, ToolResult
 
 __all__ = ["BUILTIN_ENVS", "CalculatorError", "CalculatorPythonEnv", "Environment", "EpisodeTrajectories", "Example",
            "LookupEnv", "PythonSandbox", "Step", "ToolEnv", "ToolResult", "Turn", "calculate", "calculator",
            "env_metrics", "episode_scores", "load_env", "parse_tool_call", "python_tool_code", "run_episodes"]
+
+_ROLLOUT = ("EpisodeTrajectories", "episode_scores", "run_episodes")
+
+
+def __getattr__(name):
+    if name in _ROLLOUT:
+        from rljax.env import _rollout
+
+        return getattr(_rollout, name)
+    raise AttributeError(f"module 'rljax.env' has no attribute {name!r}")

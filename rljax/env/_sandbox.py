@@ -13,7 +13,8 @@ the call) and these limits:
   fork bomb stops at a few dozen processes;
 * no inherited environment (``python -I``; ``PATH``/``HOME``/``LANG`` only), so secrets in
   the trainer's environment variables are not readable;
-* when run as root (the usual container): a private user id per concurrent call (no write
+* when run as root (the usual container): a private user id per call, leased host-wide so no
+  two live calls of any process share one (no write
   access to the project, the run directory or other sandboxes), a private network
   namespace (no network: only a down loopback) and a private mount namespace in which
   ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are the call's own directory. Not as root those
@@ -36,6 +37,7 @@ and namespaces, drops privileges, and ``exec``\\ s ``python -I main.py``.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shutil
 import signal
@@ -78,8 +80,55 @@ resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 os.execv(exe, [exe, "-I", "main.py"])
 """
 
-#: First private user id of concurrent sandbox calls (when running as root).
+#: First private user id of sandbox calls (when running as root) and how many there are.
 UID_BASE = 61000
+UID_COUNT = 4096
+#: Where uid leases are held (one ``flock``'d file per uid, shared by every process on the host).
+UID_LEASE_DIR = "/tmp/rljax-sandbox-uids"
+
+
+class _UidLease:
+    """A private uid leased host-wide: an exclusive ``flock`` on ``UID_LEASE_DIR/<uid>``.
+
+    Every sandbox in every process on the host (two trainers, test workers, a trainer and a
+    benchmark) draws from one pool, so no two live calls share a uid and one's cleanup can
+    never kill the other's processes. The kernel drops the lock when its holder dies, so a
+    crashed trainer leaves no stale lease. A uid that still has live processes (a leftover of
+    a killed holder) is skipped. Each process starts its search at its own offset and moves
+    on round-robin, so a just-released uid (whose zombies may still count against its
+    ``RLIMIT_NPROC``) is reused last.
+    """
+
+    _cursor = (os.getpid() * 2654435761) % UID_COUNT
+    _cursor_lock = threading.Lock()
+
+    def __init__(self):
+        os.makedirs(UID_LEASE_DIR, mode=0o700, exist_ok=True)
+        with _UidLease._cursor_lock:
+            start = _UidLease._cursor
+            _UidLease._cursor = (start + 1) % UID_COUNT
+        for k in range(UID_COUNT):
+            uid = UID_BASE + (start + k) % UID_COUNT
+            fd = os.open(os.path.join(UID_LEASE_DIR, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if _uid_processes(uid):
+                os.close(fd)
+                continue
+            with _UidLease._cursor_lock:
+                _UidLease._cursor = (start + k + 1) % UID_COUNT
+            self.uid, self._fd = uid, fd
+            return
+        raise RuntimeError(f"no free sandbox uid in {UID_BASE}..{UID_BASE + UID_COUNT - 1} "
+                           f"(every lease in {UID_LEASE_DIR} is held)")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +205,6 @@ class PythonSandbox:
         self.nproc = int(nproc)
         self.max_concurrent = max(1, int(max_concurrent))
         self.root = os.geteuid() == 0 and sys.platform.startswith("linux")
-        self._free_uids = list(range(UID_BASE, UID_BASE + 2 * self.max_concurrent))
-        self._lock = threading.Lock()
 
     @property
     def isolation(self) -> dict:
@@ -198,11 +245,14 @@ class PythonSandbox:
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
         work = tempfile.mkdtemp(prefix="rljax-py-")
-        uid = -1
+        uid, lease = -1, None
         if self.root:
-            with self._lock:
-                # oldest first: a uid just used may still have zombies counting against its RLIMIT_NPROC
-                uid = self._free_uids.pop(0) if self._free_uids else UID_BASE + 2 * self.max_concurrent
+            try:
+                lease = _UidLease()
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+            uid = lease.uid
             os.chown(work, uid, uid)
         os.chmod(work, 0o700)
         with open(os.path.join(work, "main.py"), "w") as f:
@@ -218,12 +268,12 @@ class PythonSandbox:
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         except Exception:
             out.close()
-            self._cleanup(work, uid)
+            self._cleanup(work, uid, lease)
             raise
-        return proc, time.monotonic(), work, uid, out
+        return proc, time.monotonic(), work, uid, lease, out
 
     def _finish(self, call, timed_out: bool) -> ToolResult:
-        proc, t0, work, uid, out = call
+        proc, t0, work, uid, lease, out = call
         if timed_out:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -237,7 +287,7 @@ class PythonSandbox:
                 text = f.read(self.max_output_chars + 1).decode("utf-8", "replace")
         except OSError:
             text = ""
-        self._cleanup(work, uid, pgid=proc.pid)
+        self._cleanup(work, uid, lease, pgid=proc.pid)
         if len(text) > self.max_output_chars:
             text = text[: self.max_output_chars] + "...[truncated]"
         if timed_out:
@@ -253,7 +303,7 @@ class PythonSandbox:
             text += f"error: exit code {rc}"
         return ToolResult(text, error=rc != 0, seconds=seconds)
 
-    def _cleanup(self, work: str, uid: int, pgid: int | None = None) -> None:
+    def _cleanup(self, work: str, uid: int, lease: _UidLease | None, pgid: int | None = None) -> None:
         if pgid is not None:
             try:
                 os.killpg(pgid, signal.SIGKILL)  # children left in the group
@@ -270,7 +320,6 @@ class PythonSandbox:
                     except (ProcessLookupError, PermissionError):
                         pass
                 time.sleep(0.002)
-            with self._lock:
-                if uid < UID_BASE + 2 * self.max_concurrent and uid not in self._free_uids:
-                    self._free_uids.append(uid)
+        if lease is not None:
+            lease.release()  # only after the uid's processes are gone
         shutil.rmtree(work, ignore_errors=True)

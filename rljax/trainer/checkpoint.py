@@ -240,10 +240,9 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         """Committed checkpoints, oldest first (read from the directory)."""
-        if not os.path.isdir(self.directory):
-            return []
-        return sorted(int(n) for n in os.listdir(self.directory)
-                      if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
+        from rljax._rundir import committed_checkpoints
+
+        return committed_checkpoints(self.directory)
 
     def latest_step(self) -> Optional[int]:
         """The newest committed checkpoint (verified or not), or None."""
