@@ -120,7 +120,8 @@ def test_permuting_the_batch_permutes_advantages(seed, estimator):
     }[estimator]
     a = fn(x["scores"], x["group_ids"])
     b = fn(x["scores"][perm], x["group_ids"][perm])
-    np.testing.assert_allclose(a[perm], b, rtol=1e-5, atol=1e-6)
+    # summation order follows the row order: reassociation moves O(1) advantages by a few ulps
+    np.testing.assert_allclose(a[perm], b, rtol=1e-5, atol=1e-5)
 
 
 @SETTINGS
