@@ -87,6 +87,11 @@ class DataConfig:
     max_response_length: int = _f(8, "generated tokens per response", ge=1)
     filter_overlong_prompts: bool = _f(False, "drop prompts longer than max_prompt_length before training")
     truncation: Literal[TRUNCATIONS] = _f("error", "what to do with an overlong prompt that was not filtered")
+    trim_prompt_padding: bool = _f(
+        True, "learner passes (old/ref log-probs, values, update) drop the prompt columns that are left padding in "
+        "every row of the step's batch: the width is the batch's longest prompt rounded up to 4 lengths per octave "
+        "(5, 6, 7, 8, 10, 12, 14, 16, 20, ...) and to a multiple of sp, at most max_prompt_length; same numbers, one "
+        "program per width (one process only; false: always max_prompt_length columns)")
     shuffle: bool = _f(True, "shuffle the train split each epoch, from (seed, epoch)")
     seed: Optional[int] = _f(None, "seed of the epoch shuffles (null: trainer.seed)")
     embedded: EmbeddedTaskConfig = _section(EmbeddedTaskConfig, "the embedded synthetic task")

@@ -380,7 +380,7 @@ class AutoPacking:
     give the same numbers to float tolerance (tests/test_trainer_packing.py), so the choice
     only moves time; it is a pure function of the batch, so a resumed run chooses the same.
     ``last_packed`` / ``fill`` describe the last call; ``compiles`` counts the programs of
-    both (a padded program counts once, after its first use).
+    both (a padded program once per batch width used: ``data.trim_prompt_padding`` varies it).
     """
 
     def __init__(self, padded, packed, *, max_fill: float = AUTO_MAX_FILL):
@@ -389,12 +389,13 @@ class AutoPacking:
         self.padded, self.packed, self.max_fill = padded, packed, max_fill
         self.last_packed: Optional[bool] = None
         self.fill: Optional[float] = None
-        self._padded_used = False
+        self._padded_widths: set = set()
 
     def choose(self, fields: dict):
         self.fill = float(jnp.mean(jnp.asarray(fields["attention_mask"], jnp.float32)))
         self.last_packed = self.fill <= self.max_fill
-        self._padded_used |= not self.last_packed
+        if not self.last_packed:
+            self._padded_widths.add(tuple(fields["attention_mask"].shape))
         return self.packed if self.last_packed else self.padded
 
     @property
@@ -406,7 +407,7 @@ class AutoPacking:
 
     @property
     def compiles(self) -> int:
-        return getattr(self.packed, "compiles", 0) + int(self._padded_used)
+        return getattr(self.packed, "compiles", 0) + len(self._padded_widths)
 
     def __call__(self, first, fields: dict, *rest):
         return self.choose(fields)(first, fields, *rest)

@@ -80,10 +80,35 @@ def place(host: Mapping[str, np.ndarray], mesh) -> dict:
     return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in host.items()}
 
 
-def learner_layout(traj, *, prompt_len: int, response_len: int) -> dict[str, np.ndarray]:
+def prompt_width(longest: int, prompt_len: int, *, multiple: int = 1) -> int:
+    """The learner's prompt columns for a batch whose longest prompt has ``longest`` tokens
+    (``data.trim_prompt_padding``): ``longest`` rounded up to four lengths per octave (5, 6, 7,
+    8, 10, 12, 14, 16, 20, ...: at most 25% padding, few compiled programs), then to a multiple
+    of ``multiple`` (``sp``), at most ``prompt_len``; at least one column."""
+    n = max(int(longest), 1)
+    q = 1 << max(0, n.bit_length() - 3)  # 2^(floor(log2 n) - 2)
+    n = -(-n // q) * q
+    n = -(-n // multiple) * multiple
+    return min(n, prompt_len)
+
+
+def learner_layout(traj, *, prompt_len: int, response_len: int, trim: bool = False,
+                   multiple: int = 1) -> dict[str, np.ndarray]:
     """The learner's ``[B, S+T]`` layout of a rollout (NumPy): left-padded prompts, right-padded
-    responses, both widened to the learner lengths (multiples of ``sp``)."""
+    responses, both widened to the learner lengths (multiples of ``sp``). With ``trim`` the
+    prompt columns are :func:`prompt_width` of the batch's longest prompt instead of
+    ``prompt_len``: the columns dropped are left padding in every row, so positions, masks and
+    the response's log-probs are the same."""
     b, s = traj.prompt_ids.shape
+    if trim:
+        used = np.asarray(traj.prompt_mask).any(axis=0)
+        longest = s - int(np.argmax(used)) if used.any() else 0  # columns from the first real one
+        if longest <= prompt_len:
+            prompt_len = prompt_width(longest, prompt_len, multiple=multiple)
+            if s > prompt_len:  # the sampler's columns beyond the width are padding in every row
+                traj = traj.replace(prompt_ids=traj.prompt_ids[:, s - prompt_len:],
+                                    prompt_mask=traj.prompt_mask[:, s - prompt_len:])
+                s = prompt_len
     left = ((0, 0), (prompt_len - s, 0))
     right = ((0, 0), (0, response_len - traj.response_ids.shape[1]))
     prompt_ids = np.pad(traj.prompt_ids, left, constant_values=traj.pad_id)
@@ -224,8 +249,11 @@ def trajectory_fields(c: Components, b) -> dict:
     global: this process's prompts start at ``share.lo``)."""
     from rljax.trainer.distribute import assemble
 
-    host = learner_layout(b["trajectories"], prompt_len=c.prompt_len, response_len=c.response_len)
     share = rollout_share(c)
+    # data.trim_prompt_padding: one process only (several would have to agree on the width)
+    host = learner_layout(b["trajectories"], prompt_len=c.prompt_len, response_len=c.response_len,
+                          trim=c.cfg.data.trim_prompt_padding and share.processes == 1,
+                          multiple=dict(c.mesh.shape).get("sp", 1))
     if share.processes > 1:
         host["group_id"] = host["group_id"] + np.int32(share.lo)
     return assemble(host, c.mesh, share)
