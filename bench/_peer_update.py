@@ -11,7 +11,10 @@ import numpy as np
 
 from rljax.models.config import get_config
 
-PROMPT = 8  # prompt tokens per trajectory (the first 2 are left padding)
+PROMPT = 8  # prompt tokens per trajectory (the first PAD are left padding in every row)
+#: Left-padding columns of every row: 3 mirrors bench/peer_trl.py's 31m case (prompts of at most 5
+#: tokens left-padded to data.max_prompt_length=8, where TRL pads to the batch's longest, 5).
+PAD = int(os.environ.get("PAD", 2))
 
 
 def model_31m(**changes):
@@ -26,7 +29,7 @@ def actor_batch(b: int, t: int, *, old_logp: bool = False) -> dict:
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 88, (b, PROMPT + t)).astype(np.int32)
     mask = np.ones((b, PROMPT + t), bool)
-    mask[:, :2] = False
+    mask[:, :PAD] = False
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
     adv = rng.normal(size=(b, 1)).astype(np.float32) * np.ones((b, t), np.float32)
     batch = dict(input_ids=ids, attention_mask=mask, positions=pos, loss_mask=np.ones((b, t), np.float32),
@@ -34,6 +37,12 @@ def actor_batch(b: int, t: int, *, old_logp: bool = False) -> dict:
     if old_logp:
         batch["old_logp"] = np.zeros((b, t), np.float32)
     return jax.tree.map(jnp.asarray, batch)
+
+
+def trimmed(batch: dict) -> dict:
+    """``batch`` without its ``PAD`` all-padding prompt columns (what ``data.trim_prompt_padding``
+    gives the learner: ``rljax.trainer.stages.learner_layout(trim=True)``)."""
+    return {k: v[:, PAD:] if k in ("input_ids", "attention_mask", "positions") else v for k, v in batch.items()}
 
 
 def max_rel_diff(out, ref) -> float:

@@ -7,6 +7,8 @@
     OLD=1 python bench/peer_update_torch.py           # + rljax with its projections as 3-D einsums (before)
     THREADS=1 taskset -c 1 python bench/peer_update_torch.py   # one core each (robust to load)
     T=256 B=64 R=1 python bench/peer_update_torch.py  # the 31m-256 case's update
+    TRIM=1 PAD=3 python bench/peer_update_torch.py    # + both on the batch without its all-padding prompt
+                                                      #   columns (data.trim_prompt_padding; TRL pads to the longest)
 
 Both sides start from the same weights (rljax's ``init_params`` written with
 ``save_hf_checkpoint``, read by ``transformers``' ``Qwen2ForCausalLM``) and take one
@@ -42,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from _peer_update import PROMPT, actor_batch, model_31m
+from _peer_update import PAD, PROMPT, actor_batch, model_31m, trimmed
 from rljax.models import functional as F
 from rljax.models.hf import save_hf_checkpoint
 from rljax.trainer import step as S
@@ -85,7 +87,7 @@ def torch_model(cfg, params):
     return model
 
 
-def torch_step_fn(model, batch):
+def torch_step_fn(model, batch, prompt=PROMPT):
     """One TRL-style update: forward with logits only at response positions, selective
     log-softmax, clipped GRPO loss (dapo = token-mean), backward, clip, AdamW."""
     import torch
@@ -99,9 +101,9 @@ def torch_step_fn(model, batch):
 
     def step():
         out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-        hidden = out.last_hidden_state[:, PROMPT - 1:-1]  # logits_to_keep: response positions only
+        hidden = out.last_hidden_state[:, prompt - 1:-1]  # logits_to_keep: response positions only
         logits = model.lm_head(hidden)
-        logp = torch.gather(torch.log_softmax(logits, -1), -1, ids[:, PROMPT:, None]).squeeze(-1)
+        logp = torch.gather(torch.log_softmax(logits, -1), -1, ids[:, prompt:, None]).squeeze(-1)
         ratio = torch.exp(logp - logp.detach())
         loss1 = ratio * adv
         loss2 = torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH) * adv
@@ -201,7 +203,7 @@ def main():
     key = jax.random.key(0)
     runs = {}
 
-    def rljax_runner(name, step, flat):
+    def rljax_runner(name, step, flat, batch=batch):
         state = S.init_state(jax.tree.map(jnp.copy, p), opt)
         transformer.FLATTEN_TOKEN_DOTS = flat  # read while tracing (the first call)
         t = time.perf_counter()
@@ -224,10 +226,17 @@ def main():
         runs["rljax"], box = rljax_runner("rljax", jstep, True)
     if os.environ.get("OLD") and only != "torch":
         runs["rljax-einsum"], _ = rljax_runner("rljax-einsum", rljax_step(cfg, g, p)[2], False)
+    if os.environ.get("TRIM") and only != "torch":  # data.trim_prompt_padding: the same update on PROMPT-PAD columns
+        runs["rljax-trim"], _ = rljax_runner("rljax-trim", rljax_step(cfg, g, p)[2], True, trimmed(batch))
     loss, norm = tstep()
     print(f"torch first step: loss {loss:.6f}, grad norm {norm:.6f}  (gradient checkpointing {'on' if GC else 'off'}, "
           f"{torch.get_num_threads()} threads)")
     runs["torch"] = tstep
+    if os.environ.get("TRIM"):  # TRL pads prompts to the batch's longest: its work is the trimmed batch's
+        ttrim = torch_step_fn(torch_model(cfg, p), trimmed(batch), PROMPT - PAD)
+        loss, norm = ttrim()
+        print(f"torch-trim first step: loss {loss:.6f}, grad norm {norm:.6f}")
+        runs["torch-trim"] = ttrim
 
     times = {k: [] for k in runs}
     for _ in range(R):
@@ -236,9 +245,10 @@ def main():
             fn()
             times[side].append((time.perf_counter() - t, time.process_time() - c))
     med = {s: (np.median([w for w, _ in v]), np.median([c for _, c in v])) for s, v in times.items()}
-    tokens = B * (PROMPT + T)
     for s, (w, c) in med.items():
-        print(f"B={B} {PROMPT}+{T} tokens  {s:<12} wall {w:.3f} s  cpu {c:.3f} s  ({tokens / w:.0f} tokens/s)  "
+        prompt = PROMPT - PAD if s.endswith("-trim") else PROMPT
+        tokens = B * (prompt + T)
+        print(f"B={B} {prompt}+{T} tokens  {s:<12} wall {w:.3f} s  cpu {c:.3f} s  ({tokens / w:.0f} tokens/s)  "
               f"/ torch: wall {w / med['torch'][0]:.2f}x  cpu {c / med['torch'][1]:.2f}x")
     print(f"load {os.getloadavg()[0]:.1f}", flush=True)
     state = box[0]

@@ -106,7 +106,7 @@ def test_yaml_scalar_semantics_of_overrides():
     assert cfg.actor.optim.lr == 1e-6 and isinstance(cfg.actor.optim.lr, float)
     assert cfg.actor.optim.betas == (0.9, 0.95)
     assert cfg.actor.grad_clip is None
-    assert cfg.model.remat is True
+    assert cfg.model.remat == "true"  # auto | true | false (YAML true -> "true")
     assert cfg.algorithm.kl_ctrl.kl_coef == 0.0 and isinstance(cfg.algorithm.kl_ctrl.kl_coef, float)
     assert cfg.model.name == "qwen2.5-0.5b"
     assert cfg.data.prompt_template == "Q: {prompt} # A:"
@@ -132,7 +132,7 @@ def test_config_is_frozen_and_hashable():
         ("actor.optim.lr=abc", ["actor.optim.lr", "'abc'", "float"]),
         ("rollout.n=two", ["rollout.n", "'two'", "int"]),
         ("trainer.total_steps=1.5", ["trainer.total_steps", "1.5", "int"]),
-        ("model.remat=2", ["model.remat", "bool"]),
+        ("model.remat=2", ["model.remat", "accepted: auto, true, false"]),
         ("actor.optim.betas=0.9", ["actor.optim.betas", "list of 2 numbers"]),
         ("actor.optim.betas=[0.9,0.9,0.9]", ["actor.optim.betas", "list of 2 numbers"]),
         ("rollout.n=null", ["rollout.n=null", "int"]),

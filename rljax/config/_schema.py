@@ -256,7 +256,11 @@ class ModelConfig:
     tokenizer: Optional[str] = _f(None, "'char', or a tokenizer.json path (null: model.path's, else 'char')")
     dtype: Literal[DTYPES] = _f("float32", "compute dtype")
     param_dtype: Literal[DTYPES] = _f("float32", "parameter storage dtype")
-    remat: bool = _f(False, "rematerialise each layer in the backward pass (less activation memory, ~1/3 more compute)")
+    remat: Literal["auto", "true", "false"] = _f(
+        "auto", "rematerialise each layer in the backward pass (less activation memory, ~1/3 more update compute); "
+        "auto: on when the update micro-batch's estimated activations per device exceed both the training state "
+        "(parameters + gradients + AdamW moments) and 1/64 of the device's memory (rljax.trainer.remat; the trainer "
+        "prints its choice)")
     scan_layers: bool = _f(True, "run the layers as one scanned body (compile time independent of depth); false: "
                             "unrolled (fewer update temporaries: no stacked per-layer residuals; longer compiles)")
     # Shape overrides of the preset named by model.name (null: the preset's value). With

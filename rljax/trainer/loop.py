@@ -35,6 +35,7 @@ from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpd
                                  cut_metrics, wait_for_save)
 from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, make_packed_values_fn
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
+from rljax.trainer.remat import for_run as remat_for_run
 from rljax.trainer.runner import StepRunner
 from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
 from rljax.models.lora import LoRAParams, disable
@@ -71,11 +72,11 @@ def _model(cfg: Config, mesh, tokenizer):
         from rljax.models.hf import load_hf_checkpoint
 
         mcfg, params = load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)
-        mcfg = mcfg.replace(remat=cfg.model.remat, scan_layers=cfg.model.scan_layers)  # training choices, not the checkpoint's
+        mcfg = mcfg.replace(remat=remat_for_run(cfg, mcfg, mesh).remat,  # training choices, not the checkpoint's
+                            scan_layers=cfg.model.scan_layers)
         graphdef, _ = F.abstract_params(mcfg)
         return mcfg, graphdef, params
-    overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat=cfg.model.remat,
-                     scan_layers=cfg.model.scan_layers)
+    overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, scan_layers=cfg.model.scan_layers)
     base = apply_model_overrides(get_config(cfg.model.name), cfg.model)  # model.hidden_size=... etc.
     if tokenizer.vocab_size != base.vocab_size:
         # A preset trained from scratch takes the tokenizer's vocabulary (the embedded task's
@@ -83,6 +84,7 @@ def _model(cfg: Config, mesh, tokenizer):
         overrides.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
                          bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
     mcfg = base.replace(**overrides)
+    mcfg = mcfg.replace(remat=remat_for_run(cfg, mcfg, mesh).remat)  # model.remat (auto: rljax.trainer.remat)
     graphdef, params = F.init_params(mcfg, seed=cfg.trainer.seed, mesh=mesh)
     return mcfg, graphdef, params
 
@@ -184,6 +186,7 @@ class Trainer:
         d, a, r = cfg.data, cfg.actor, cfg.rollout
         self.tokenizer = _tokenizer(cfg)
         self.model_config, self.graphdef, params = _model(cfg, mesh, self.tokenizer)
+        echo(remat_for_run(cfg, self.model_config, mesh).line())  # what model.remat resolved to, and why
         params, self.lora_base = _lora(cfg, self.model_config, params, mesh)
         base = disable(params)
         # Sizes in trajectories and the learner's [B, S+T] layout (S and T rounded up to

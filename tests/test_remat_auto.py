@@ -1,0 +1,69 @@
+"""model.remat=auto (rljax.trainer.remat): remat when the update's activation estimate exceeds both
+the training state and 1/64 of the device's memory; true / false force it."""
+
+import pytest
+
+from rljax.config import ConfigError, resolve
+from rljax.models.config import get_config
+from rljax.trace.ledger import ACTIVATION_FACTOR_BASE
+from rljax.trainer import remat as R
+
+#: The 31.6M model of bench/peer_trl.py, 8 prompts x 8, 8 + 32 tokens (on the command line).
+M31 = ["model.hidden_size=512", "model.intermediate_size=2048", "model.num_layers=8", "model.num_heads=8",
+       "model.num_kv_heads=4", "data.train_batch_size=8", "rollout.n=8", "actor.ppo_mini_batch_size=8",
+       "data.max_prompt_length=8", "data.max_response_length=32"]
+GiB = 2**30
+
+
+def _mc(**kw):
+    return get_config("tiny").replace(vocab_size=88, hidden_size=512, intermediate_size=2048, num_layers=8,
+                                      num_heads=8, num_kv_heads=4, head_dim=64, **kw)
+
+
+def test_estimates_are_the_ledgers():
+    mc = _mc()
+    assert R.activation_bytes(mc, 64 * 40) == int(8 * 64 * 40 * 512 * 4 * (ACTIVATION_FACTOR_BASE + 3 * 2048 / 512))
+    assert R.activation_bytes(mc.replace(dtype="bfloat16"), 100) * 2 == R.activation_bytes(mc, 100)
+    assert R.state_bytes(mc, lora=False) == 4 * 4 * mc.num_params()  # params + grads + AdamW mu, nu
+    assert R.state_bytes(mc, lora=True) == 4 * mc.num_params()  # the frozen base (adapters are small)
+    assert R.state_bytes(mc, lora=False, param_shards=4) == 4 * mc.num_params()
+
+
+def test_auto_picks_as_documented():
+    mc = _mc()
+    state = R.state_bytes(mc, lora=False)
+    per_token = R.activation_bytes(mc, 1)
+    at = lambda act_bytes, device=16 * state, setting="auto", lora=False: R.choose(  # noqa: E731
+        setting, mc, tokens_per_device=act_bytes // per_token + 1, lora=lora, device_bytes=device)
+    assert not at(state // 2).remat  # activations under the state: not worth the compute
+    assert not at(2 * state, device=1024 * state).remat  # over the state, under 1/64 of the device
+    assert at(2 * state).remat  # over both
+    assert at(2 * state, device=None).remat  # device memory unknown: the state alone decides
+    assert not at(2 * state, setting="false").remat and at(1, setting="true").remat  # forced
+    assert at(state // 2, lora=True).remat  # LoRA: the state is the base alone, the activations count more
+    line = at(2 * state).line()
+    assert line.startswith("remat: on (model.remat=auto: update activations ~") and "vs training state" in line
+    with pytest.raises(ValueError, match="accepted: auto, true, false"):
+        R.choose("yes", mc, tokens_per_device=1, lora=False)
+
+
+def test_a_run_resolves_from_its_config_and_mesh():
+    cfg, _ = resolve("default", M31)
+    mc = _mc()
+    choice = R.for_run(cfg, mc, None)
+    assert choice.setting == "auto" and choice.activation_bytes == R.activation_bytes(mc, 64 * 40)
+    device, _ = R.device_memory_bytes()
+    assert choice.remat == (choice.activation_bytes > max(choice.state_bytes, device / 64))
+    from rljax.sharding import make_mesh
+
+    dp8 = R.for_run(cfg, mc, make_mesh("dp8"))  # an eighth of the rows per device
+    assert dp8.activation_bytes == R.activation_bytes(mc, 8 * 40)
+    budget, _ = resolve("default", M31 + ["actor.ppo_max_token_len_per_device=4096"])
+    assert R.for_run(budget, mc, None).activation_bytes == R.activation_bytes(mc, 4096)  # the packed token budget
+    assert resolve("default", M31 + ["model.remat=true"])[0].model.remat == "true"
+    assert R.for_run(resolve("default", M31 + ["model.remat=false"])[0], mc, None).remat is False
+
+
+def test_bad_remat_value_is_a_config_error():
+    with pytest.raises(ConfigError, match="model.remat"):
+        resolve("default", ["model.remat=sometimes"])
