@@ -83,12 +83,15 @@ def main(argv=None) -> None:
                  f"data.max_response_length={args.new_tokens}", f"trainer.total_steps={args.steps}",
                  "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=false", *args.extra]
     cfg, _ = resolve("default", overrides)
-    trainer = Trainer(cfg, make_mesh("dp1"), tempfile.mkdtemp(prefix="peer_memory_"), echo=lambda *a: None)
+    said: list = []
+    trainer = Trainer(cfg, make_mesh("dp1"), tempfile.mkdtemp(prefix="peer_memory_"), echo=said.append)
     built = _status()
     obs = MemoryObserver()
     trainer.runner.observers.append(obs)
+    timings = []
     for _ in range(args.steps):
-        trainer.train_one_step()
+        m = trainer.train_one_step()
+        timings.append({k[len("timing_s/"):]: v for k, v in m.items() if k.startswith("timing_s/")})
     end = _status()
     print(f"RSS MB: start {start['VmRSS']:.0f}, after imports {imported['VmRSS']:.0f}, trainer built "
           f"{built['VmRSS']:.0f}, end {end['VmRSS']:.0f}; process peak {end['VmHWM']:.0f} (since the last reset); "
@@ -96,6 +99,11 @@ def main(argv=None) -> None:
     print(f"{'step':>4}  {'stage':<20}{'RSS before':>11}{'RSS after':>10}{'stage peak':>11}{'peak - before':>14}")
     for step, stage, before, after, peak in obs.rows:
         print(f"{step:>4}  {stage:<20}{before:>11.0f}{after:>10.0f}{peak:>11.0f}{peak - before:>14.0f}")
+    print("".join(f"{line}\n" for line in said if str(line).startswith("remat:")), end="")
+    for i, t in enumerate(timings, 1):  # the step's stage seconds; 'outside' = step - the stages' sum
+        stages = {k: v for k, v in t.items() if k != "step"}
+        print(f"step {i} seconds: step {t.get('step', 0):.2f} = " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+              + f", outside the stages {t.get('step', 0) - sum(stages.values()):.3f}")
     sys.stdout.flush()
 
 
