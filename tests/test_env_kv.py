@@ -130,7 +130,8 @@ def test_extend_cache_equals_a_full_prefill_of_the_concatenated_context():
     contexts = [a + [int(pending[3])] + obs[0], b + [int(pending[1])] + obs[1]]
     full = eng.prefill_batch(params, contexts)
     np.testing.assert_allclose(np.asarray(logits)[:2], np.asarray(full.logits)[:2], atol=1e-4)
-    k, v, index = jax.device_get((state.cache.k, state.cache.v, state.index))
+    kv = state.cache.stacked()
+    k, v, index = jax.device_get((kv.k, kv.v, state.index))
     for slot, row, ctx in ((3, 0, contexts[0]), (1, 1, contexts[1])):
         assert index[slot] == len(ctx)  # positions continue at the slot's length
         np.testing.assert_allclose(k[:, slot, : len(ctx)], np.asarray(full.kv.k)[:, row, : len(ctx)], atol=1e-5)

@@ -457,6 +457,30 @@ def test_live_decode_attention_equals_dense_over_the_whole_cache():
     assert rel_err(out[mask], dense[mask]) < 1e-6 and bool(jnp.all(jnp.isfinite(out)))
 
 
+def test_slot_cache_attention_equals_dense_whole_cache_or_live_blocks():
+    """The engine's per-layer ``[S,K,M,D]`` cache: read whole in place, or (live blocks under half
+    the cache) block by block. Both equal dense attention."""
+    s, m, n, kh, d, tn = 4, 21, 4, 2, 8, 2
+    ks = jax.random.split(jax.random.key(4), 3)
+    ck = jax.random.normal(ks[0], (s, kh, m, d))
+    cv = jax.random.normal(ks[1], (s, kh, m, d))
+    q = jax.random.normal(ks[2], (s, tn, n, d))
+    k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
+    attend = jax.jit(models.slot_cache_attention, static_argnames="block_size")
+    sm = lambda c: jnp.swapaxes(c, 1, 2)  # the [S,M,K,D] layout dense_attention takes
+    # [0,3,1,2] with blocks of 4: 2 live blocks (8 < 21 / 2) are read; the others read everything
+    for index in ([0, 3, 9, 1], [15, 2, 19, 7], [0, 3, 1, 2], [17, 18, 19, 17]):
+        q_index = jnp.array(index)[:, None] + jnp.arange(tn)
+        dense = models.dense_attention(q, sm(ck), sm(cv), q_index, k_index, jnp.ones((s, m), bool))
+        for block in (2, 4, 5, 256):
+            assert rel_err(attend(q, ck, cv, q_index, block_size=block), dense) < 1e-6, (index, block)
+    mask = jnp.array([True, False, True, False])  # only live slots bound the blocks read
+    q_index = jnp.array([[3], [20], [2], [20]])
+    out = attend(q[:, :1], ck, cv, q_index, live=mask, block_size=4)
+    dense = models.dense_attention(q[:, :1], sm(ck), sm(cv), q_index, k_index, jnp.ones((s, m), bool))
+    assert rel_err(out[mask], dense[mask]) < 1e-6 and bool(jnp.all(jnp.isfinite(out)))
+
+
 @pytest.mark.parametrize("mesh_spec", [None, pytest.param("dp2,tp2,sp2", marks=pytest.mark.slow)])
 def test_greedy_decode_with_cache_equals_full_recompute(tiny, mesh_spec, devices):
     graphdef, params = tiny

@@ -83,7 +83,13 @@ from rljax.models.functional import (
 )
 from rljax.models.hf import SUPPORTED_ARCHITECTURES, config_from_hf, config_to_hf, load_hf_checkpoint, save_hf_checkpoint
 from rljax.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
-from rljax.models.attention import attention, blockwise_attention, dense_attention, live_decode_attention
+from rljax.models.attention import (
+    attention,
+    blockwise_attention,
+    dense_attention,
+    live_decode_attention,
+    slot_cache_attention,
+)
 from rljax.models.transformer import Transformer, sequence_parallel_attention
 
 __all__ = [
@@ -106,6 +112,7 @@ __all__ = [
     "default_positions",
     "dense_attention",
     "live_decode_attention",
+    "slot_cache_attention",
     "forward",
     "get_config",
     "init_kv_cache",

@@ -221,3 +221,70 @@ def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, blo
     out = jnp.where(l_run[..., None] > 0, acc / jnp.maximum(l_run, 1e-30)[..., None], 0.0)
     out = out.transpose(0, 3, 1, 2, 4)  # [S,Tn,K,G,D]
     return out.reshape(s, tn, n, d).astype(q.dtype)
+
+
+def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size: int = 256) -> jax.Array:
+    """Decode attention against one layer's cache laid out ``[S,K,M,D]`` (heads before length).
+
+    ``q [S,Tn,N,D]``: query ``(s, t)`` sees cache entries ``j <= q_index[s, t]``. With the
+    length axis after the heads, a slot's keys of one head are contiguous, so both
+    ``q.k`` and ``p.v`` are batched dots over ``(slot, head)`` that read the cache in place
+    (the ``[S,M,K,D]`` layout needs a transposed copy of every block it reads). Per step it
+    reads either the whole cache in place or, when the longest live query (over ``live [S]``
+    when given) needs less than half of it, only the blocks of ``block_size`` up to that
+    query, in a loop (each block a strided copy). Equals :func:`dense_attention` over the
+    whole cache to float rounding; the softmax is float32.
+    """
+    s, tn, n, d = q.shape
+    kh, m = cache_k.shape[1], cache_k.shape[2]
+    g = n // kh
+    # [S,Tn,K,G,D] -> [S,K,G*Tn,D]: the queries of a kv head are the rows of one dot
+    qg = q.reshape(s, tn, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(s, kh, g * tn, d)
+    q_idx = jnp.broadcast_to(q_index[:, None, None, :], (s, kh, g, tn)).reshape(s, kh, g * tn)
+    scale = 1.0 / math.sqrt(d)
+    cast = lambda c: c if c.dtype == q.dtype else c.astype(q.dtype)
+
+    def scores(kc, start):
+        sc = jnp.einsum("skqd,skmd->skqm", qg, cast(kc), preferred_element_type=jnp.float32) * scale
+        k_index = start + jnp.arange(kc.shape[2])
+        return sc, k_index
+
+    def whole(_):
+        sc, k_index = scores(cache_k, 0)
+        sc = jnp.where(k_index[None, None, None, :] <= q_idx[..., None], sc, -jnp.inf)
+        mx = sc.max(-1)
+        p = jnp.exp(sc - mx[..., None])
+        l_run = p.sum(-1)
+        acc = jnp.einsum("skqm,skmd->skqd", p.astype(q.dtype), cast(cache_v), preferred_element_type=jnp.float32)
+        return l_run, acc
+
+    block = min(block_size, m)
+    bound = q_index if live is None else jnp.where(live[:, None], q_index, 0)
+    num_blocks = (jnp.max(bound) + block) // block
+
+    def blocked(_):
+        base = jnp.zeros((s, kh, g * tn), jnp.float32)
+
+        def body(i, carry):
+            m_run, l_run, acc = carry
+            start = i * block  # < m / 2: blocks never reach the end of the cache here
+            kc = jax.lax.dynamic_slice_in_dim(cache_k, start, block, axis=2)
+            vc = jax.lax.dynamic_slice_in_dim(cache_v, start, block, axis=2)
+            sc, k_index = scores(kc, start)
+            sc = jnp.where(k_index[None, None, None, :] <= q_idx[..., None], sc, -jnp.inf)
+            m_new = jnp.maximum(m_run, sc.max(-1))
+            p = jnp.exp(sc - m_new[..., None])
+            corr = jnp.exp(m_run - m_new)
+            pv = jnp.einsum("skqm,skmd->skqd", p.astype(q.dtype), cast(vc), preferred_element_type=jnp.float32)
+            return m_new, l_run * corr + p.sum(-1), acc * corr[..., None] + pv
+
+        _, l_run, acc = jax.lax.fori_loop(0, num_blocks, body, (base + _NEG, base, jnp.zeros((s, kh, g * tn, d), jnp.float32)))
+        return l_run, acc
+
+    if m <= block:
+        l_run, acc = whole(None)
+    else:  # a block is copied, then read: worth it while the live blocks are under half the cache
+        l_run, acc = jax.lax.cond(2 * num_blocks * block < m, blocked, whole, None)
+    out = jnp.where(l_run[..., None] > 0, acc / jnp.maximum(l_run, 1e-30)[..., None], 0.0)
+    out = out.reshape(s, kh, g, tn, d).transpose(0, 3, 1, 2, 4)  # [S,Tn,K,G,D]
+    return out.reshape(s, tn, n, d).astype(q.dtype)

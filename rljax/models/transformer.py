@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from rljax.models.attention import attention, dense_attention, live_decode_attention
+from rljax.models.attention import attention, dense_attention, live_decode_attention, slot_cache_attention
 from rljax.models.config import ModelConfig
 from rljax.models.lora import NO_LORA, LayerLoRA, layer_inputs
 from rljax.sharding import logical_to_spec, with_logical_constraint
@@ -260,6 +260,25 @@ class Attention(nnx.Module):
             raise ValueError(f"decode_attention={decode_attention!r}; accepted: 'live', 'dense'")
         return self.output(attn, None), cache_k, cache_v
 
+    def decode_slots(self, x, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None):
+        """:meth:`decode` against this layer's own cache ``[S,K,M,D]`` (heads before length).
+
+        Keys and values are written at ``cache_index[s] + t`` (writes past ``M`` are dropped)
+        and read in place by :func:`slot_cache_attention` (``"dense"``: always the whole cache).
+        """
+        q, k, v = self.project(x, positions, None)
+        s, tn = x.shape[:2]
+        write = cache_index[:, None] + jnp.arange(tn)[None, :]
+        rows = jnp.arange(s)[:, None]
+        # advanced indices on axes 0 and 2: the update is laid out [S, Tn, K, D], as k and v are
+        cache_k = cache_k.at[rows, :, write].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, :, write].set(v.astype(cache_v.dtype), mode="drop")
+        if decode_attention not in ("live", "dense"):
+            raise ValueError(f"decode_attention={decode_attention!r}; accepted: 'live', 'dense'")
+        block = self.config.decode_block_size if decode_attention == "live" else cache_k.shape[2]
+        attn = slot_cache_attention(q, cache_k, cache_v, write, live=live, block_size=block)
+        return self.output(attn, None), cache_k, cache_v
+
 
 class MLP(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -295,6 +314,13 @@ class Block(nnx.Module):
     def decode(self, x, positions, cache_k, cache_v, layer, cache_index, decode_attention="live", live=None):
         a, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, layer, cache_index,
                                                decode_attention, live)
+        x = x + a
+        x = x + self.mlp(self.mlp_norm(x), None)
+        return x, cache_k, cache_v
+
+    def decode_slots(self, x, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None):
+        a, cache_k, cache_v = self.attn.decode_slots(self.attn_norm(x), positions, cache_k, cache_v, cache_index,
+                                                     decode_attention, live)
         x = x + a
         x = x + self.mlp(self.mlp_norm(x), None)
         return x, cache_k, cache_v
@@ -372,6 +398,26 @@ class Transformer(nnx.Module):
         layer_ids = jnp.arange(self.config.num_layers)
         (x, cache_k, cache_v), _ = jax.lax.scan(body, (x, cache_k, cache_v), (block_state, layer_ids))
         return self.final_norm(x), cache_k, cache_v
+
+    def layer_states(self) -> tuple:
+        """``(block_def, states)``: each layer's parameters as its own arrays (sliced out of the
+        stacked ``[L, ...]`` ones), for :meth:`decode_slots`. Slicing copies the weights: do it
+        once outside a decode loop (per decode chunk), so the steps read them in place."""
+        block_def, block_state = nnx.split(self.layers)
+        return block_def, tuple(jax.tree.map(lambda a, i=i: a[i], block_state) for i in range(self.config.num_layers))
+
+    def decode_slots(self, layers, tokens, positions, cache_k, cache_v, cache_index, decode_attention="live",
+                     live=None):
+        """:meth:`decode` over per-layer caches: ``cache_k, cache_v`` are tuples of ``L`` arrays
+        ``[S,K,M,D]`` and ``layers`` is :meth:`layer_states`' result. The layer loop is unrolled
+        (static), so neither the weights nor the caches are sliced per step."""
+        x = self.embed_tokens(tokens, None)
+        block_def, states = layers
+        ks, vs = list(cache_k), list(cache_v)
+        for i, state in enumerate(states):
+            x, ks[i], vs[i] = nnx.merge(block_def, state).decode_slots(x, positions, ks[i], vs[i], cache_index,
+                                                                       decode_attention, live)
+        return self.final_norm(x), tuple(ks), tuple(vs)
 
     def unembedding(self) -> jax.Array:
         return self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]

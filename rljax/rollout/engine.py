@@ -4,7 +4,7 @@ Lifecycle (the JetStream contract, plus the batched calls the RL sampler uses)::
 
     engine = RljaxEngine(config, num_slots=32, max_prefill_length=256, max_decode_length=512, mesh=mesh)
     params = engine.load_params(params)                    # resharded to the sampler layout
-    state = engine.init_decode_state(DecodeParams(...))    # KV cache [L, slots, max_len, K, D]
+    state = engine.init_decode_state(DecodeParams(...))    # KV cache: per layer [slots, K, max_len, D]
     prefix = engine.prefill_batch(params, [[5, 6, 7], [8, 9]])     # one call for many prompts
     state = engine.insert_many(prefix, state, rows=[0, 0, 1], slots=[0, 1, 2], keys=keys)
     state, steps = engine.generate_chunk(params, state, num_steps=16)  # device-side loop
@@ -63,7 +63,8 @@ from rljax.models.config import ModelConfig
 from rljax.rollout._jetstream import jetstream_api
 from rljax.rollout.sampling import DecodeParams, sample_tokens
 from rljax.rollout.tokenizer import CHAR_TOKENIZER_PATH, build_jetstream_tokenizer
-from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, reshard, with_logical_constraint
+from rljax.sharding import kv_cache_sharding, reshard, with_logical_constraint
+from rljax.sharding.rules import logical_sharding
 
 _api = jetstream_api()
 engine_api = _api.engine_api
@@ -90,11 +91,60 @@ class Prefix:
         return self.logits.shape[0]
 
 
+#: Logical axes of one layer's decode cache ``[slots, kv_heads, max_len, head_dim]``.
+SLOT_CACHE_AXES = ("cache_batch", "kv_heads", "cache_length", "head_dim")
+
+
+@flax.struct.dataclass
+class SlotCache:
+    """The decode state's KV cache: per layer, its own ``k`` and ``v`` arrays ``[S,K,M,D]``.
+
+    One array per layer (not one stacked ``[L, ...]`` array) so the unrolled layer loop of a
+    decode step reads and writes each in place, and the length axis after the heads so
+    attention's dots read a slot's keys of a head contiguously (see
+    :func:`rljax.models.attention.slot_cache_attention`). Entry ``[s, h, j]`` of layer
+    ``l`` holds the rotated key / value of head ``h`` of the token at cache index ``j`` of
+    slot ``s``; :meth:`stacked` gives the ``KVCache [L,S,M,K,D]`` of ``rljax.models``.
+    """
+
+    k: tuple
+    v: tuple
+
+    @property
+    def num_slots(self) -> int:
+        return self.k[0].shape[0]
+
+    def stacked(self) -> F.KVCache:
+        """The same entries as a ``KVCache`` ``[L,S,M,K,D]`` (a copy)."""
+        stack = lambda xs: jnp.stack([jnp.swapaxes(x, 1, 2) for x in xs])
+        return F.KVCache(k=stack(self.k), v=stack(self.v))
+
+
+def _constrain_cache(cache: SlotCache, mesh) -> SlotCache:
+    if mesh is None:
+        return cache
+    fix = lambda xs: tuple(with_logical_constraint(x, SLOT_CACHE_AXES, mesh) for x in xs)
+    return SlotCache(k=fix(cache.k), v=fix(cache.v))
+
+
+def _decode(graphdef, params, layers, cache: SlotCache, tokens, cache_index, attention, live, mesh):
+    """``tokens [S,Tn]`` through the model against ``cache`` (see ``Transformer.decode_slots``);
+    ``layers``: the per-layer weights, sliced once per decode chunk."""
+    positions = cache_index[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
+    hidden, k, v = F.merge(graphdef, params).decode_slots(layers, tokens, positions, cache.k, cache.v, cache_index,
+                                                          attention, live)
+    return hidden, _constrain_cache(SlotCache(k=k, v=v), mesh)
+
+
+def _layers(graphdef, params):
+    return F.merge(graphdef, params).layer_states()
+
+
 @flax.struct.dataclass
 class DecodeState:
     """Everything a decode step transforms (JetStream's ``DecodeState``); see the module docstring."""
 
-    cache: F.KVCache
+    cache: SlotCache
     tokens: jax.Array  # [S] int32: last sampled token, written to the cache by the next step
     index: jax.Array  # [S] int32: cache index of `tokens` (= prompt length + generated - 1)
     step: jax.Array  # [S] int32: tokens generated so far
@@ -169,11 +219,12 @@ def _insert_impl(state: DecodeState, prefix: Prefix, rows, slots, keys, count):
     """
 
     def copy(i, cache):
-        def one(c, src):
-            row = jax.lax.dynamic_slice_in_dim(src, rows[i], 1, axis=1).astype(c.dtype)
-            return jax.lax.dynamic_update_slice_in_dim(c, row, slots[i], axis=1)
+        def one(c, src, layer):  # prefix [L,B,T,K,D] row -> [1,K,T,D] at slot, index 0
+            row = jax.lax.dynamic_slice_in_dim(src[layer], rows[i], 1, axis=0).astype(c.dtype)
+            return jax.lax.dynamic_update_slice(c, jnp.swapaxes(row, 1, 2), (slots[i], 0, 0, 0))
 
-        return F.KVCache(k=one(cache.k, prefix.kv.k), v=one(cache.v, prefix.kv.v))
+        return SlotCache(k=tuple(one(c, prefix.kv.k, l) for l, c in enumerate(cache.k)),
+                         v=tuple(one(c, prefix.kv.v, l) for l, c in enumerate(cache.v)))
 
     cache = jax.lax.fori_loop(0, count, copy, state.cache)
     put = lambda a, x: a.at[slots].set(x, mode="drop")
@@ -218,28 +269,27 @@ def _extend_impl(graphdef, mesh, attention, params, state: DecodeState, tokens, 
     real = slots < s
     tokens = tokens.at[:, 0].set(state.tokens[safe])
     start = state.index[safe]
-    sub = F.KVCache(k=state.cache.k[:, safe], v=state.cache.v[:, safe])
-    hidden, sub = F.decode(graphdef, params, sub, tokens, cache_index=start, attention=attention, live=real)
+    sub = SlotCache(k=tuple(c[safe] for c in state.cache.k), v=tuple(c[safe] for c in state.cache.v))
+    hidden, sub = _decode(graphdef, params, _layers(graphdef, params), sub, tokens, start, attention, real, None)
     last = jnp.take_along_axis(hidden, lengths[:, None, None], axis=1)[:, 0]
     logits = F.compute_logits(params, last)
-    k = state.cache.k.at[:, slots].set(sub.k, mode="drop")
-    v = state.cache.v.at[:, slots].set(sub.v, mode="drop")
-    if mesh is not None:
-        k = with_logical_constraint(k, KV_CACHE_AXES, mesh)
-        v = with_logical_constraint(v, KV_CACHE_AXES, mesh)
+    scatter = lambda full, part: tuple(c.at[slots].set(x, mode="drop") for c, x in zip(full, part))
+    cache = _constrain_cache(SlotCache(k=scatter(state.cache.k, sub.k), v=scatter(state.cache.v, sub.v)), mesh)
     put = lambda a, x: a.at[slots].set(x, mode="drop")
-    state = state.replace(cache=F.KVCache(k=k, v=v), index=put(state.index, start + 1 + lengths),
+    state = state.replace(cache=cache, index=put(state.index, start + 1 + lengths),
                           keys=put(state.keys, keys.astype(jnp.uint32)))
     return _first_token_impl(state, logits, slots), logits
 
 
-def _step_impl(graphdef, mesh, params, state: DecodeState, attention="live"):
+def _step_impl(graphdef, mesh, params, layers, state: DecodeState, attention="live"):
     """One decode step for every slot; returns ``(state, tokens, logp, live, finished)``.
 
-    The live-length attention reads only the cache blocks the unfinished slots need."""
+    ``layers``: the per-layer weights (``Transformer.layer_states``). The live-length
+    attention reads only the cache blocks the unfinished slots need."""
     live = state.active & ~state.done
-    hidden, cache = F.decode(graphdef, params, state.cache, state.tokens, cache_index=state.index, mesh=mesh,
-                             attention=attention, live=live)
+    hidden, cache = _decode(graphdef, params, layers, state.cache, state.tokens[:, None], state.index, attention, live,
+                            mesh)
+    hidden = hidden[:, 0]
     logits = F.compute_logits(params, hidden)
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.step.astype(jnp.uint32))
     tok, logp = _sample(state, logits, keys)
@@ -260,13 +310,17 @@ def _step_impl(graphdef, mesh, params, state: DecodeState, attention="live"):
 
 
 def _chunk_impl(graphdef, mesh, attention, params, state: DecodeState, num_steps, exit_after):
+    # each layer's weights sliced out of the stacked [L, ...] params once per chunk, outside the
+    # step loop: the steps read them in place (sliced inside, every step copied them)
+    layers = _layers(graphdef, params)
+
     def cond(carry):
         i, st, finished = carry
         return (i < num_steps) & jnp.any(st.active & ~st.done) & (finished < exit_after)
 
     def body(carry):
         i, st, finished = carry
-        st, _, _, _, fin = _step_impl(graphdef, mesh, params, st, attention)
+        st, _, _, _, fin = _step_impl(graphdef, mesh, params, layers, st, attention)
         return i + 1, st, finished + jnp.sum(fin, dtype=jnp.int32)
 
     steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.int32(0)))
@@ -274,7 +328,7 @@ def _chunk_impl(graphdef, mesh, attention, params, state: DecodeState, num_steps
 
 
 def _generate_impl(graphdef, mesh, attention, params, state: DecodeState):
-    state, tok, logp, live, _ = _step_impl(graphdef, mesh, params, state, attention)
+    state, tok, logp, live, _ = _step_impl(graphdef, mesh, params, _layers(graphdef, params), state, attention)
     data = jnp.stack([tok, live.astype(jnp.int32), state.step], axis=1)
     return state, RljaxResultTokens(data, (0, 1), (1, 2), (2, 3), 1, logp[:, None])
 
@@ -498,7 +552,7 @@ class RljaxEngine(engine_api.Engine):
         decode = DecodeParams() if decode is None else decode
         self.check_decode(decode)
         s, t = self._num_slots, self.max_decode_length
-        cache = F.init_kv_cache(self.config, s, self.max_len, mesh=self._mesh)
+        cache = self.init_cache(s)
         dev = self._replicated()
         put = lambda x: jax.device_put(x, dev)
         eos = self.eos_ids(decode)
@@ -519,6 +573,14 @@ class RljaxEngine(engine_api.Engine):
             eos_ids=put(_pad_eos(eos)),
             truncated_logprobs=put(np.bool_(decode.logprobs == "truncated")),
         )
+
+    def init_cache(self, num_slots: int) -> SlotCache:
+        """An all-zero :class:`SlotCache` for ``num_slots`` slots (slots on ``dp``, kv heads on ``tp``)."""
+        c = self.config
+        shape = (num_slots, c.num_kv_heads, self.max_len, c.head_dim)
+        device = self._replicated() if self._mesh is None else logical_sharding(SLOT_CACHE_AXES, self._mesh, shape=shape)
+        zeros = lambda: tuple(jnp.zeros(shape, c.jnp_dtype, device=device) for _ in range(c.num_layers))
+        return SlotCache(k=zeros(), v=zeros())
 
     def eos_ids(self, decode: DecodeParams) -> tuple[int, ...]:
         if decode.eos_ids is not None:
