@@ -306,6 +306,41 @@ def test_finished_slots_are_refilled_while_others_decode():
     assert any(i.waiting > 0 and i.active > 0 for i in infos)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_compacting_finished_rows_away_keeps_every_token(temperature):
+    """Once nothing waits and at most half of the slots decode, the live rows move into a smaller
+    decode state (16 -> 8 -> 4 -> 2 slots here): same tokens and log-probs as without."""
+    eos = tuple(range(0, CFG.vocab_size, 13))  # frequent EOS: ragged lengths, most rows end early
+    decode = DecodeParams(temperature=temperature, max_new_tokens=MAX_DECODE, eos_ids=eos, seed=3)
+    prompts, uids = PROMPTS[:4], UIDS[:4]
+    eng = engine(16)
+    before = eng.stats["compactions"]
+    on = Sampler(eng, params(), steps_per_sync=4, compact_min_slots=2).generate(prompts, uids=uids, n=4, decode=decode)
+    compactions = eng.stats["compactions"] - before
+    off = Sampler(eng, params(), steps_per_sync=4, compact=False).generate(prompts, uids=uids, n=4, decode=decode)
+    assert eng.stats["compactions"] - before == compactions >= (1 if temperature == 0 else 3)  # sampling: to 2 slots
+    assert off.response_length.min() < off.response_length.max()
+    np.testing.assert_array_equal(on.response_length, off.response_length)
+    np.testing.assert_array_equal(on.response_ids, off.response_ids)
+    np.testing.assert_allclose(on.rollout_logp, off.rollout_logp, atol=1e-6)
+
+
+def test_engine_compact_moves_slots_and_checks_them():
+    eng = engine(5)
+    state = eng.init_decode_state(DecodeParams(max_new_tokens=4, temperature=0.0))
+    prefix = eng.prefill_batch(params(), PROMPTS[:3])
+    state = eng.insert_many(prefix, state, rows=[0, 1, 2], slots=[4, 1, 2], keys=np.arange(6).reshape(3, 2))
+    small = eng.compact(state, [2, 4, 1])  # 3 slots -> a state of 4
+    assert small.tokens.shape == (4,) and small.cache.k[0].shape[0] == 4
+    np.testing.assert_array_equal(np.asarray(small.keys)[:3], np.asarray(state.keys)[[2, 4, 1]])
+    np.testing.assert_array_equal(np.asarray(small.active), [True, True, True, False])
+    np.testing.assert_array_equal(np.asarray(small.cache.v[1])[:3], np.asarray(state.cache.v[1])[[2, 4, 1]])
+    assert eng.compact(state, [2], min_slots=4).tokens.shape == (4,)
+    for bad in ([], [1, 1], [5], [-1]):
+        with pytest.raises(ValueError, match="compact: slots must be"):
+            eng.compact(state, bad)
+
+
 # --------------------------------------------------------------------------- data contract
 
 
@@ -384,6 +419,8 @@ def test_long_prompts_truncate_when_configured():
         assert traj.response_length.tolist() == [new] and traj.truncated.all()
     with pytest.raises(ValueError, match="truncation"):
         Sampler(engine(5), params(), truncation="middle")
+    with pytest.raises(ValueError, match="compact_min_slots is 0"):
+        Sampler(engine(5), params(), compact_min_slots=0)
 
 
 # --------------------------------------------------------------------------- slower checks

@@ -327,6 +327,18 @@ def _chunk_impl(graphdef, mesh, attention, params, state: DecodeState, num_steps
     return state, steps
 
 
+def _compact_impl(mesh, state: DecodeState, slots, count):
+    """A state of ``len(slots)`` slots: new slot ``i < count`` is old slot ``slots[i]``; the rest idle."""
+    real = jnp.arange(slots.shape[0]) < count
+    take = lambda a: a[slots]
+    cache = SlotCache(k=tuple(map(take, state.cache.k)), v=tuple(map(take, state.cache.v)))
+    return state.replace(
+        cache=_constrain_cache(cache, mesh), tokens=take(state.tokens), index=take(state.index), step=take(state.step),
+        active=take(state.active) & real, done=take(state.done) & real, keys=take(state.keys),
+        out_tokens=take(state.out_tokens), out_logp=take(state.out_logp),
+    )
+
+
 def _generate_impl(graphdef, mesh, attention, params, state: DecodeState):
     state, tok, logp, live, _ = _step_impl(graphdef, mesh, params, _layers(graphdef, params), state, attention)
     data = jnp.stack([tok, live.astype(jnp.int32), state.step], axis=1)
@@ -406,6 +418,7 @@ class RljaxEngine(engine_api.Engine):
         self._extend_fn = jax.jit(functools.partial(_extend_impl, g, m, decode_attention), donate_argnums=1)
         self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m, decode_attention), donate_argnums=1)
         self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m, decode_attention), donate_argnums=1)
+        self._compact_fn = jax.jit(functools.partial(_compact_impl, m))
 
     # ----------------------------------------------------------------- properties
 
@@ -703,6 +716,26 @@ class RljaxEngine(engine_api.Engine):
         state, logits = self._extend_fn(params, decode_state, jnp.asarray(ids), jnp.asarray(lengths),
                                         jnp.asarray(slot_ids), jnp.asarray(keys))
         return state, logits
+
+    def compact(self, decode_state: DecodeState, slots, *, min_slots: int = 1) -> DecodeState:
+        """A smaller decode state holding only ``slots`` (distinct), for decoding fewer rows.
+
+        New slot ``i`` is old slot ``slots[i]`` (cache, tokens, length, flags, key, outputs);
+        the state has the smallest power of two ``>= len(slots)`` slots (at least ``min_slots``,
+        at most as many as now), the extra ones idle.
+        A trajectory's tokens do not depend on its slot or on the number of slots (its key is
+        its own), so decoding the compacted state continues every trajectory as before, at
+        the cost of a step over fewer rows; each size compiles the decode chunk once. Insert
+        into and extend only the slots ``< len(slots)`` of the result.
+        """
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        s = decode_state.tokens.shape[0]
+        if not 1 <= slots.size <= s or slots.min() < 0 or slots.max() >= s or len(set(slots.tolist())) != slots.size:
+            raise ValueError(f"compact: slots must be 1 to {s} distinct slots in [0, {s}), got {slots.tolist()}")
+        size = min(s, max(int(min_slots), _bucket(slots.size, 1, s)))
+        padded = np.concatenate([slots, np.zeros(size - slots.size, np.int64)]).astype(np.int32)
+        self.stats["compactions"] += 1
+        return self._compact_fn(decode_state, jnp.asarray(padded), jnp.int32(slots.size))
 
     def generate(self, params, decode_state: DecodeState) -> tuple[DecodeState, RljaxResultTokens]:
         """One decode step for every slot (JetStream ``generate``).

@@ -84,6 +84,14 @@ class Sampler:
         (``"error"``, default), or keeps its last (``"left"``) or first (``"right"``)
         ``max_prefill_length`` tokens.
       pad_id: id written into padding positions (default the model's ``pad_token_id`` or 0).
+      compact: once no trajectory waits for a slot and at most half of the slots still
+        decode, move those into a decode state of the smallest power of two slots that holds
+        them (:meth:`RljaxEngine.compact`; at least ``compact_min_slots``), so rows that ended
+        (EOS) stop costing decode work; a chunk ends as soon as the rows fit in half the slots.
+        Tokens and log-probs are those of the uncompacted run (each trajectory's key is its
+        own); each state size compiles the decode chunk once. Default on.
+      compact_min_slots: the smallest state ``compact`` makes (default 8: below that a step
+        costs about the same, its weight reads dominate).
     """
 
     def __init__(
@@ -96,6 +104,8 @@ class Sampler:
         refill_batch: int | None = None,
         truncation: str = "error",
         pad_id: int | None = None,
+        compact: bool = True,
+        compact_min_slots: int = 8,
     ):
         if not isinstance(engine, RljaxEngine):
             raise ValueError(f"engine must be a RljaxEngine, got {type(engine).__name__}")
@@ -104,12 +114,18 @@ class Sampler:
         refill_batch = max(1, engine.num_slots // 8) if refill_batch is None else refill_batch
         if not _is_int(refill_batch) or refill_batch < 1:
             raise ValueError(f"refill_batch is {refill_batch!r}; accepted: an integer >= 1")
+        if not isinstance(compact, bool):
+            raise ValueError(f"compact is {compact!r}; accepted: True or False")
+        if not _is_int(compact_min_slots) or compact_min_slots < 1:
+            raise ValueError(f"compact_min_slots is {compact_min_slots!r}; accepted: an integer >= 1")
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation is {truncation!r}; accepted: {', '.join(TRUNCATION_MODES)}")
         self.engine = engine
         self.steps_per_sync = int(steps_per_sync)
         self.refill_batch = int(refill_batch)
         self.truncation = truncation
+        self.compact = compact
+        self.compact_min_slots = int(compact_min_slots)
         cfg_pad = engine.config.pad_token_id
         self.pad_id = int(pad_id if pad_id is not None else (cfg_pad if cfg_pad is not None else 0))
         self._lock = threading.Lock()
@@ -262,6 +278,7 @@ class Sampler:
         decode_s = np.zeros(total, np.float32)
         t_insert = np.zeros(total, np.float64)
 
+        size = num_slots  # slots of the decode state: fewer once compacted
         slot_row = np.full(num_slots, -1, np.int64)
         free = deque(range(num_slots))
         ready: deque = deque()  # [prefix, prefix_row, prompt, next_session, prefill_version, prefill_seconds]
@@ -309,7 +326,20 @@ class Sampler:
                 state = eng.insert_many(prefix, state, rows=prows, slots=slots, keys=keys[rows])
 
             waiting = total - inserted
-            exit_after = min(waiting, self.refill_batch) if waiting else num_slots + 1
+            occupied = np.nonzero(slot_row >= 0)[0]
+            if not waiting and self.compact and size > self.compact_min_slots and 0 < occupied.size <= size // 2:
+                # nothing left to insert and at most half the slots decode: move them into a
+                # smaller state, so a step computes max(compact_min_slots, 2^k) rows, not `size`
+                state = eng.compact(state, occupied, min_slots=self.compact_min_slots)
+                size = int(state.tokens.shape[0])
+                slot_row = np.concatenate([slot_row[occupied], np.full(size - occupied.size, -1, np.int64)])
+                free = deque(range(occupied.size, size))
+            if waiting:
+                exit_after = min(waiting, self.refill_batch)
+            elif self.compact and size // 2 >= self.compact_min_slots:
+                exit_after = occupied.size - size // 2  # end the chunk once the rows fit in half the slots
+            else:
+                exit_after = size + 1
             tc = time.perf_counter()
             state, steps = eng.generate_chunk(params, state, num_steps=self.steps_per_sync, exit_after=exit_after)
             done, step, steps = jax.device_get((state.done, state.step, steps))
@@ -322,7 +352,7 @@ class Sampler:
                 rows = slot_row[fin_slots]
                 length[rows] = step[fin_slots]
                 decode_s[rows] = now - t_insert[rows]
-                pad = num_slots - fin_slots.size
+                pad = size - fin_slots.size
                 res_tokens, res_logp = _collect(
                     res_tokens, res_logp, state.out_tokens, state.out_logp,
                     jnp.asarray(np.concatenate([fin_slots, np.zeros(pad, np.int64)]), jnp.int32),
