@@ -21,6 +21,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,9 @@ def load_revision(ref: str):
 
 
 def thunk_seconds(fn, top=12):
-    """Runs ``fn`` under ``jax.profiler`` and returns the ``top`` XLA thunks by summed seconds."""
+    """Runs ``fn`` under ``jax.profiler`` and returns the ``top`` XLA thunks by summed seconds
+    (``ynn_fusion``: dots; ``*copy*`` / ``*transpose*``: materialised copies; ``*dynamic-slice*``:
+    slices copied out of a bigger buffer)."""
     d = tempfile.mkdtemp(prefix="sampler_ab_")
     with jax.profiler.trace(d):
         fn()
@@ -69,7 +72,8 @@ def thunk_seconds(fn, top=12):
     agg, cnt = collections.Counter(), collections.Counter()
     for e in ev:
         name = e.get("name", "")
-        if e.get("ph") == "X" and "dur" in e and not name.startswith(("$", "Thunk", "while", "conditional")):
+        if e.get("ph") == "X" and "dur" in e and not name.startswith(("$", "Thunk", "while", "conditional", "np.")):
+            name = re.sub(r"\.\d+$", "", name)  # the unrolled layers' copies of one op: summed
             agg[name] += e["dur"] / 1e6
             cnt[name] += 1
     return [(n, s, cnt[n]) for n, s in agg.most_common(top)]
@@ -77,7 +81,8 @@ def thunk_seconds(fn, top=12):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ref", required=True, help="git revision whose engine and sampler are the baseline")
+    ap.add_argument("--ref", default=None, help="git revision whose engine and sampler are the baseline "
+                    "(none: time and profile this tree's only)")
     ap.add_argument("--shape", default="8x8x256", help="PROMPTSxNxNEW_TOKENS")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -91,9 +96,11 @@ def main(argv=None):
     prompts = make_prompts(p, args.prompt_len, config.vocab_size)
     uids = [f"p{i}" for i in range(p)]
     decode = DecodeParams(temperature=1.0, max_new_tokens=t, eos_ids=(2,), seed=0)
-    old_engine, old_sampler = load_revision(args.ref)
+    variants = [("now", RljaxEngine, Sampler)]
+    if args.ref:
+        variants.insert(0, (args.ref, *load_revision(args.ref)))
     samplers = {}
-    for label, eng_cls, smp_cls in ((args.ref, old_engine, old_sampler), ("now", RljaxEngine, Sampler)):
+    for label, eng_cls, smp_cls in variants:
         eng = eng_cls(config, num_slots=p * n, max_prefill_length=args.prompt_len, max_decode_length=t,
                       prefill_batch_size=min(p, 64))
         samplers[label] = smp_cls(eng, params)
@@ -107,15 +114,16 @@ def main(argv=None):
             t0 = time.perf_counter()
             out[k] = run(s)
             times[k].append(time.perf_counter() - t0)
-    base = float(np.median(times[args.ref]))
-    a, b = out[args.ref], out["now"]
-    same = bool((a.response_ids == b.response_ids).all() and (a.response_length == b.response_length).all())
-    dlogp = float(np.abs(a.rollout_logp - b.rollout_logp).max())
+    ref = args.ref or "now"
+    base = float(np.median(times[ref]))
     for k, v in times.items():
         med = float(np.median(v))
         tr = out[k]
-        print(f"{k:<12} {med:8.2f} s  ({med / base:.2f}x {args.ref})  tokens {int(tr.response_length.sum()):6d}  "
+        print(f"{k:<12} {med:8.2f} s  ({med / base:.2f}x {ref})  tokens {int(tr.response_length.sum()):6d}  "
               f"decode chunks {tr.stats.decode_chunks:3d}  runs {', '.join(f'{x:.2f}' for x in v)}", flush=True)
+    a, b = out[ref], out["now"]
+    same = bool((a.response_ids == b.response_ids).all() and (a.response_length == b.response_length).all())
+    dlogp = float(np.abs(a.rollout_logp - b.rollout_logp).max())
     print(f"same tokens: {same}; max |log-prob difference|: {dlogp:.2e}; load {os.getloadavg()[0]:.1f}")
     if os.environ.get("PROFILE"):
         for k, s in samplers.items():
