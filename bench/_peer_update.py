@@ -51,9 +51,9 @@ def max_rel_diff(out, ref) -> float:
                for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
 
 
-def time_interleaved(compiled: dict, args: tuple, rounds: int, *, base: str, label: str = "") -> None:
+def time_interleaved(compiled: dict, args: tuple, rounds: int, *, base: str, label: str = "") -> dict:
     """Runs every compiled variant once per round, in turn (so machine load hits them alike),
-    and prints wall and process-CPU medians relative to ``base``."""
+    and prints wall and process-CPU medians relative to ``base``; returns them, ``{name: (wall, cpu)}``."""
     times = {k: [] for k in compiled}
     for _ in range(rounds):
         for k, c in compiled.items():
@@ -62,7 +62,10 @@ def time_interleaved(compiled: dict, args: tuple, rounds: int, *, base: str, lab
             times[k].append((time.perf_counter() - t, time.process_time() - ct))
     w0 = np.median([w for w, _ in times[base]])
     c0 = np.median([c for _, c in times[base]])
+    medians = {}
     for k, v in times.items():
         w, c = np.median([x for x, _ in v]), np.median([y for _, y in v])
+        medians[k] = (w, c)
         print(f"{label}{k:<10} wall {w:.3f} s ({w / w0:.2f}x {base})  cpu {c:.3f} s ({c / c0:.2f}x {base})  "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
+    return medians

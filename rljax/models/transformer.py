@@ -38,6 +38,12 @@ RESIDUAL_AXES = ("batch", "residual_length", "embed")
 #: activations' logical axes). ``bench/peer_update_torch.py`` A/Bs it (``FLAT=0``).
 FLATTEN_TOKEN_DOTS = True
 
+#: ``jax.checkpoint`` policy of a rematerialised layer (``config.remat``): ``None`` keeps only
+#: the layer's input and recomputes the rest in the backward pass. ``bench/peer_remat.py`` A/Bs
+#: others (e.g. ``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: keep the projection
+#: outputs, recompute the norms, activations and attention).
+REMAT_POLICY = None
+
 
 def dense(x: jax.Array, w: jax.Array, mesh: Mesh | None, contract: int = 1) -> jax.Array:
     """``x [..., *in] @ w [*in, *out] -> [..., *out]`` over the last ``contract`` axes of ``x``."""
@@ -376,7 +382,7 @@ class Transformer(nnx.Module):
             return x, (kv if return_kv else None)
 
         if self.config.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+            body = jax.checkpoint(body, prevent_cse=False, policy=REMAT_POLICY)
         unroll = 1 if self.config.scan_layers else self.config.num_layers
         x, kv = jax.lax.scan(body, x, (block_state, lora_xs), unroll=unroll)
         # leave the Megatron-SP layout: the unembedding (vocab on tp) needs every token's hidden state

@@ -201,6 +201,22 @@ def _nonfinite_groups(grads) -> dict:
     return {f"nonfinite_grad/{name}": (~_all_finite(gs)).astype(jnp.float32) for name, gs in groups.items()}
 
 
+def apply_gradients(state: "TrainState", grads, loss: jax.Array, optimizer: optax.GradientTransformation):
+    """One optimizer step from a mini-batch's summed gradients, skipped (parameters and optimizer
+    state untouched, ``skipped`` counted) when the loss or any gradient is not finite. Returns
+    ``(state, {"grad_norm", "nonfinite_grad/<group>"...})``."""
+    train = trainable(state.params)
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & _all_finite(grads)
+    updates, new_opt = optimizer.update(grads, state.opt_state, train)
+    new_train = optax.apply_updates(train, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
+    state = TrainState(params=_with_trainable(state.params, keep(new_train, train)),
+                       opt_state=keep(new_opt, state.opt_state),
+                       step=state.step + ok.astype(jnp.int32), skipped=state.skipped + (~ok).astype(jnp.int32))
+    return state, dict(grad_norm=grad_norm, **_nonfinite_groups(grads))
+
+
 def _split_rows(metrics: dict) -> tuple[dict, dict]:
     """A loss function's aux metrics -> (scalar metrics, :data:`ROW_OUTPUTS` per-row arrays)."""
     return ({k: v for k, v in metrics.items() if k not in ROW_OUTPUTS},
@@ -268,15 +284,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         metric_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
         (grads, loss, metrics), rows = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
                                                     (micro_batches, micro_keys))
-        grad_norm = optax.tree.norm(grads)
-        ok = jnp.isfinite(loss) & _all_finite(grads)
-        updates, new_opt = optimizer.update(grads, state.opt_state, train)
-        new_train = optax.apply_updates(train, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-        state = TrainState(params=_with_trainable(state.params, keep(new_train, train)),
-                           opt_state=keep(new_opt, state.opt_state),
-                           step=state.step + ok.astype(jnp.int32), skipped=state.skipped + (~ok).astype(jnp.int32))
-        metrics = dict(metrics, loss=loss, grad_norm=grad_norm, **_nonfinite_groups(grads))
+        state, checks = apply_gradients(state, grads, loss, optimizer)
+        metrics = dict(metrics, loss=loss, **checks)
         return state, (metrics, rows)  # rows: [n_micro, micro, T] per ROW_OUTPUTS key
 
     def train_step(state: TrainState, batch: dict, key: jax.Array):
