@@ -9,8 +9,9 @@
     T=256 B=64 R=1 python bench/peer_update_torch.py  # the 31m-256 case's update
     TRIM=1 PAD=3 python bench/peer_update_torch.py    # + both on the batch without its all-padding prompt
                                                       #   columns (data.trim_prompt_padding; TRL pads to the longest)
-    REMAT=1 TRIM=1 PAD=3 python bench/peer_update_torch.py  # + rljax with model.remat on (trimmed batch):
-                                                      #   what the trainer now runs at 31.6M (model.remat=auto)
+    REMAT=minimal TRIM=1 PAD=3 python bench/peer_update_torch.py  # + rljax with model.remat on, policy minimal
+                                                      #   (REMAT=1: full) on the trimmed batch: what the trainer
+                                                      #   now runs at 31.6M (model.remat=auto)
 
 Both sides start from the same weights (rljax's ``init_params`` written with
 ``save_hf_checkpoint``, read by ``transformers``' ``Qwen2ForCausalLM``) and take one
@@ -231,8 +232,9 @@ def main():
     if os.environ.get("TRIM") and only != "torch":  # data.trim_prompt_padding: the same update on PROMPT-PAD columns
         runs["rljax-trim"], _ = rljax_runner("rljax-trim", rljax_step(cfg, g, p)[2], True, trimmed(batch))
     if os.environ.get("REMAT") and only != "torch":  # model.remat on (the same parameters)
-        name = "rljax-remat-trim" if os.environ.get("TRIM") else "rljax-remat"
-        rcfg = cfg.replace(remat=True)
+        policy = "minimal" if os.environ["REMAT"] == "minimal" else "full"
+        name = f"rljax-remat-{policy}" + ("-trim" if os.environ.get("TRIM") else "")
+        rcfg = cfg.replace(remat=True, remat_policy=policy)
         runs[name], _ = rljax_runner(name, rljax_step(rcfg, F.abstract_params(rcfg)[0], p)[2], True,
                                      trimmed(batch) if os.environ.get("TRIM") else batch)
     loss, norm = tstep()

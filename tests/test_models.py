@@ -190,7 +190,9 @@ def test_bfloat16_params_and_compute():
     assert rel_err(hidden.astype(jnp.float32), ref) < 5e-2
 
 
-@pytest.mark.parametrize("variant", [dict(remat=True), dict(scan_layers=False)], ids=["remat", "unrolled"])
+@pytest.mark.parametrize("variant", [dict(remat=True), dict(scan_layers=False),
+                                     pytest.param(dict(remat=True, remat_policy="minimal"), marks=pytest.mark.slow)],
+                         ids=["remat", "unrolled", "remat-minimal"])
 def test_layer_variants_same_values_and_gradients(tiny, variant):
     """Rematerialised and unrolled layers compute what the scanned default does."""
     graphdef, params = tiny

@@ -1,5 +1,6 @@
 """model.remat=auto (rljax.trainer.remat): remat when the update's activation estimate exceeds both
-the training state and 1/64 of the device's memory; true / false force it."""
+the training state and 1/64 of the device's memory; true / false force it. model.remat_policy=auto:
+minimal when what it keeps is at most twice the state, else full."""
 
 import pytest
 
@@ -12,7 +13,6 @@ from rljax.trainer import remat as R
 M31 = ["model.hidden_size=512", "model.intermediate_size=2048", "model.num_layers=8", "model.num_heads=8",
        "model.num_kv_heads=4", "data.train_batch_size=8", "rollout.n=8", "actor.ppo_mini_batch_size=8",
        "data.max_prompt_length=8", "data.max_response_length=32"]
-GiB = 2**30
 
 
 def _mc(**kw):
@@ -41,8 +41,17 @@ def test_auto_picks_as_documented():
     assert at(2 * state, device=None).remat  # device memory unknown: the state alone decides
     assert not at(2 * state, setting="false").remat and at(1, setting="true").remat  # forced
     assert at(state // 2, lora=True).remat  # LoRA: the state is the base alone, the activations count more
+    # the policy: minimal while what it keeps (layer inputs + projections) is within twice the state
+    kept_per_token = R.minimal_bytes(mc, 1)
+    assert R.choose("true", mc, tokens_per_device=2 * state // kept_per_token, lora=False).policy == "minimal"
+    assert R.choose("true", mc, tokens_per_device=2 * state // kept_per_token + 1, lora=False).policy == "full"
+    assert R.choose("true", mc, tokens_per_device=1, lora=False, policy="full").policy == "full"
+    assert R.minimal_bytes(mc, 1) == 8 * (512 + 2 * 256 + 3 * 512 + 2 * 2048) * 4
+    with pytest.raises(ValueError, match="accepted: auto, full, minimal"):
+        R.choose("true", mc, tokens_per_device=1, lora=False, policy="some")
     line = at(2 * state).line()
-    assert line.startswith("remat: on (model.remat=auto: update activations ~") and "vs training state" in line
+    assert line.startswith("remat: on, minimal (keeps ~626 MiB) (model.remat=auto: update activations ~963 MiB") \
+        and "vs training state 482 MiB" in line, line
     with pytest.raises(ValueError, match="accepted: auto, true, false"):
         R.choose("yes", mc, tokens_per_device=1, lora=False)
 
@@ -54,6 +63,9 @@ def test_a_run_resolves_from_its_config_and_mesh():
     assert choice.setting == "auto" and choice.activation_bytes == R.activation_bytes(mc, 64 * 40)
     device, _ = R.device_memory_bytes()
     assert choice.remat == (choice.activation_bytes > max(choice.state_bytes, device / 64))
+    assert choice.policy == "minimal"  # 520 MiB kept vs a 482 MiB state
+    assert R.for_run(resolve("default", M31 + ["data.max_response_length=256"])[0], mc, None).policy == "full"
+    assert R.for_run(resolve("default", M31 + ["model.remat_policy=full"])[0], mc, None).policy == "full"
     from rljax.sharding import make_mesh
 
     dp8 = R.for_run(cfg, mc, make_mesh("dp8"))  # an eighth of the rows per device
@@ -67,3 +79,34 @@ def test_a_run_resolves_from_its_config_and_mesh():
 def test_bad_remat_value_is_a_config_error():
     with pytest.raises(ConfigError, match="model.remat"):
         resolve("default", ["model.remat=sometimes"])
+    with pytest.raises(ConfigError, match="model.remat_policy"):
+        resolve("default", ["model.remat_policy=dots"])
+
+
+def test_the_trainer_builds_the_model_it_chose():
+    from rljax.trainer.loop import _model, _tokenizer
+
+    cfg, _ = resolve("default", ["model.remat=true", "model.remat_policy=minimal"])
+    mc, _, _ = _model(cfg, None, _tokenizer(cfg))
+    assert mc.remat and mc.remat_policy == "minimal"
+    cfg, _ = resolve("default")
+    mc, _, _ = _model(cfg, None, _tokenizer(cfg))
+    assert not mc.remat  # the tiny model's activations are small
+
+
+@pytest.mark.slow
+def test_the_policies_keep_what_they_say():
+    """XLA's temporaries of value_and_grad over the layers: full < minimal < no remat."""
+    import jax
+    import jax.numpy as jnp
+
+    from rljax.models import functional as F
+
+    base = get_config("tiny").replace(num_layers=2, attn_block_size=None)
+    tokens = jnp.ones((8, 64), jnp.int32)
+    temp = {}
+    for name, kw in (("off", {}), ("full", dict(remat=True)), ("minimal", dict(remat=True, remat_policy="minimal"))):
+        g, p = F.init_params(base.replace(**kw), seed=0)
+        loss = lambda q, g=g: jnp.sum(F.forward(g, q, tokens, mesh=None) ** 2)  # noqa: E731
+        temp[name] = jax.jit(jax.grad(loss)).lower(p).compile().memory_analysis().temp_size_in_bytes
+    assert temp["full"] < temp["minimal"] < temp["off"], temp

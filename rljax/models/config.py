@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _ARCHS = ("llama", "qwen2")
+#: What a rematerialised layer keeps for the backward pass (``ModelConfig.remat_policy``).
+REMAT_POLICIES = ("full", "minimal")
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -35,7 +37,9 @@ class ModelConfig:
     ``(("rope_type", "llama3"), ("factor", 32.0), ("low_freq_factor", 1.0),
     ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))``; a dict is
     accepted and stored as sorted pairs. ``remat`` rematerialises each layer in the
-    backward pass. ``scan_layers``: the layers run as one ``jax.lax.scan`` body (compile
+    backward pass, keeping (``remat_policy``) only the layer's input (``full``) or also the
+    projections' outputs (``minimal``, MaxText's name: the norms, activations and attention are
+    recomputed). ``scan_layers``: the layers run as one ``jax.lax.scan`` body (compile
     time independent of depth); ``False`` unrolls them (no stacked per-layer residual buffers
     in the backward pass: 25% fewer update temporaries at 31.6M, see the README). ``attn_block_size``: attention over more keys than this runs blockwise
     (flash-style, never materialising ``[T, T]`` scores); ``None`` always uses dense.
@@ -59,6 +63,7 @@ class ModelConfig:
     dtype: Any = "float32"
     param_dtype: Any = "float32"
     remat: bool = False
+    remat_policy: str = "full"
     scan_layers: bool = True
     attn_block_size: int | None = 512
     decode_block_size: int = 256
@@ -88,6 +93,8 @@ class ModelConfig:
         object.__setattr__(self, "head_dim", int(head_dim))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype, "dtype"))
         object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype, "param_dtype"))
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat_policy is {self.remat_policy!r}; accepted: {', '.join(REMAT_POLICIES)}")
         if self.architecture not in _ARCHS:
             raise ValueError(f"ModelConfig.architecture is {self.architecture!r}; accepted: {', '.join(_ARCHS)}")
         scaling = self.rope_scaling

@@ -38,11 +38,13 @@ RESIDUAL_AXES = ("batch", "residual_length", "embed")
 #: activations' logical axes). ``bench/peer_update_torch.py`` A/Bs it (``FLAT=0``).
 FLATTEN_TOKEN_DOTS = True
 
-#: ``jax.checkpoint`` policy of a rematerialised layer (``config.remat``): ``None`` keeps only
-#: the layer's input and recomputes the rest in the backward pass. ``bench/peer_remat.py`` A/Bs
-#: others (e.g. ``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: keep the projection
-#: outputs, recompute the norms, activations and attention).
-REMAT_POLICY = None
+
+def remat_policy(name: str):
+    """The ``jax.checkpoint`` policy of ``ModelConfig.remat_policy``: ``full`` keeps only the
+    layer's input (``None``); ``minimal`` also the outputs of the dots without batch dimensions,
+    i.e. the projections (q, k, v, o, gate, up, down), and recomputes the norms, rotary, SwiGLU
+    and attention (whose q.k / p.v dots have batch dimensions) in the backward pass."""
+    return None if name == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 def dense(x: jax.Array, w: jax.Array, mesh: Mesh | None, contract: int = 1) -> jax.Array:
@@ -382,7 +384,7 @@ class Transformer(nnx.Module):
             return x, (kv if return_kv else None)
 
         if self.config.remat:
-            body = jax.checkpoint(body, prevent_cse=False, policy=REMAT_POLICY)
+            body = jax.checkpoint(body, prevent_cse=False, policy=remat_policy(self.config.remat_policy))
         unroll = 1 if self.config.scan_layers else self.config.num_layers
         x, kv = jax.lax.scan(body, x, (block_state, lora_xs), unroll=unroll)
         # leave the Megatron-SP layout: the unembedding (vocab on tp) needs every token's hidden state

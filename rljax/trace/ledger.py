@@ -288,7 +288,11 @@ def memory_ledger(inp: LedgerInput) -> dict:
     seq = batch["input_ids"].shape[1] if "input_ids" in batch else 0
     T = inp.traj.response_ids.shape[1]
     local_tokens = math.ceil(micro / dp) * math.ceil(seq / sp)
-    factor = 1 if mc.remat else ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size
+    factor = ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size
+    if mc.remat:  # full: the layer inputs; minimal (model.remat_policy): + the projections' outputs
+        from rljax.trainer.remat import minimal_bytes
+
+        factor = 1 if mc.remat_policy == "full" else minimal_bytes(mc, 1) / (mc.num_layers * mc.hidden_size * cbytes)
     act_est = mc.num_layers * local_tokens * mc.hidden_size * cbytes * factor
     slots_local = math.ceil(eng.num_slots / max(eng.mesh.shape.get("dp", 1) if eng.mesh is not None else 1, 1))
     kv_heads_local = math.ceil(mc.num_kv_heads / (eng.mesh.shape.get("tp", 1) if eng.mesh is not None else 1))

@@ -72,8 +72,8 @@ def _model(cfg: Config, mesh, tokenizer):
         from rljax.models.hf import load_hf_checkpoint
 
         mcfg, params = load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)
-        mcfg = mcfg.replace(remat=remat_for_run(cfg, mcfg, mesh).remat,  # training choices, not the checkpoint's
-                            scan_layers=cfg.model.scan_layers)
+        remat = remat_for_run(cfg, mcfg, mesh)  # training choices, not the checkpoint's
+        mcfg = mcfg.replace(remat=remat.remat, remat_policy=remat.policy, scan_layers=cfg.model.scan_layers)
         graphdef, _ = F.abstract_params(mcfg)
         return mcfg, graphdef, params
     overrides = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, scan_layers=cfg.model.scan_layers)
@@ -84,7 +84,8 @@ def _model(cfg: Config, mesh, tokenizer):
         overrides.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
                          bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
     mcfg = base.replace(**overrides)
-    mcfg = mcfg.replace(remat=remat_for_run(cfg, mcfg, mesh).remat)  # model.remat (auto: rljax.trainer.remat)
+    remat = remat_for_run(cfg, mcfg, mesh)  # model.remat / remat_policy (auto: rljax.trainer.remat)
+    mcfg = mcfg.replace(remat=remat.remat, remat_policy=remat.policy)
     graphdef, params = F.init_params(mcfg, seed=cfg.trainer.seed, mesh=mesh)
     return mcfg, graphdef, params
 
