@@ -8,7 +8,9 @@
 trajectories at 32 and 256 new tokens on the 31.6M config of ``bench/peer_trl.py``):
 ``prompts x n`` trajectories (each prompt prefilled once and inserted into ``n`` slots),
 sampled at temperature 1 with EOS (id 2) ending rows early, beside ``transformers``
-``generate`` (sampling, the same EOS, prompts repeated ``n`` times, as TRL calls it). Rows
+``generate`` (sampling, the same EOS, prompts repeated ``n`` times, as TRL calls it);
+``--no-compact-row`` adds the engine without compacting finished rows away
+(``Sampler(compact=False)``). ``vs generate`` is generate's seconds over the row's. Rows
 end at different steps, so the table reports generated tokens and the engine's host syncs
 (decode chunks) and prefill calls as well as seconds; tokens differ (different random
 streams), so there is no agreement column.
@@ -205,15 +207,16 @@ def bench_hf(config, params, prompts, new_tokens):
 # --------------------------------------------------------------------------- main
 
 
-def bench_rl(config, params, prompts, n, new_tokens, eos=2):
-    """Engine at an RL shape (sampling, EOS): ``(seconds, generated tokens, stats)`` of the second call."""
+def bench_rl(config, params, prompts, n, new_tokens, eos=2, compact=True):
+    """Engine at an RL shape (sampling, EOS): ``(seconds, generated tokens, stats)`` of the second call.
+    ``compact=False``: finished rows keep their slots (a step computes every slot) until the call ends."""
     from rljax.rollout import DecodeParams, RljaxEngine, Sampler  # pylint: disable=import-outside-toplevel
 
     rows = len(prompts) * n
     max_prefill = 1 << math.ceil(math.log2(max(map(len, prompts))))
     engine = RljaxEngine(config, num_slots=rows, max_prefill_length=max_prefill, max_decode_length=new_tokens,
                          prefill_batch_size=min(len(prompts), 64))
-    sampler = Sampler(engine, params)  # the trainer's defaults (steps_per_sync, refill_batch)
+    sampler = Sampler(engine, params, compact=compact)  # the trainer's defaults (steps_per_sync, refill_batch)
     decode = DecodeParams(temperature=1.0, max_new_tokens=new_tokens, eos_ids=(eos,), seed=0)
     uids = [f"p{i}" for i in range(len(prompts))]
     sampler.generate(prompts, uids=uids, n=n, decode=decode)  # compile
@@ -258,15 +261,18 @@ def main_rl(args):
         for shape in args.rl_shapes.split(","):
             p, n, t = (int(x) for x in shape.split("x"))
             prompts = make_prompts(p, args.prompt_len, config.vocab_size)
-            eng_s, eng_tok, st = bench_rl(config, params, prompts, n, t)
-            hf = None if args.no_hf else bench_hf_rl(config, params, prompts, n, t)
             label = f"{p}x{n}x{t}"
-            ratio = f"{hf[0] / eng_s:>12.1f}x" if hf else f"{'-':>13}"
-            print(f"{name:<6}{label:>12}  {'engine':<24}{eng_s:>9.2f}{eng_tok:>8}{eng_tok / eng_s:>10.1f}{ratio}"
-                  f"{st.decode_chunks:>7}{st.prefill_calls:>9}", flush=True)
+            runs = [("engine", *bench_rl(config, params, prompts, n, t))]
+            if args.no_compact_row:
+                runs.append(("engine, no compaction", *bench_rl(config, params, prompts, n, t, compact=False)))
+            hf = None if args.no_hf else bench_hf_rl(config, params, prompts, n, t)
+            for method, eng_s, eng_tok, st in runs:
+                ratio = f"{hf[0] / eng_s:>12.2f}x" if hf else f"{'-':>13}"
+                print(f"{name:<6}{label:>12}  {method:<24}{eng_s:>9.2f}{eng_tok:>8}{eng_tok / eng_s:>10.1f}{ratio}"
+                      f"{st.decode_chunks:>7}{st.prefill_calls:>9}", flush=True)
             if hf:
                 print(f"{name:<6}{label:>12}  {'transformers generate':<24}{hf[0]:>9.2f}{hf[1]:>8}{hf[1] / hf[0]:>10.1f}"
-                      f"{'1.0x':>13}{t:>7}{1:>9}", flush=True)
+                      f"{'1.00x':>13}{t:>7}{1:>9}", flush=True)
         del params
 
 
@@ -289,6 +295,8 @@ def main(argv=None):
     ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     ap.add_argument("--rl", action="store_true", help="time RL shapes (prompts x n, sampling, EOS) instead")
     ap.add_argument("--rl-shapes", default=RL_SHAPES, help="comma-separated PROMPTSxNxNEW_TOKENS (with --rl)")
+    ap.add_argument("--no-compact-row", action="store_true",
+                    help="with --rl, also time the engine with Sampler(compact=False)")
     args = ap.parse_args(argv)
     if args.rl and args.configs == "tiny,100m":
         args.configs = "31m"
