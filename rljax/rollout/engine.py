@@ -41,7 +41,16 @@ the state, so changing them does not recompile.
 ``generate_chunk`` runs up to ``num_steps`` decode steps in one ``lax.while_loop`` and
 stops early once every active slot is done or ``exit_after`` slots have finished, so
 the host synchronises once per chunk, not once per token. Only active, unfinished slots
-advance; the other slots' rows are computed and discarded.
+advance; the other slots' rows are computed and discarded (``compact`` moves the live
+slots into a smaller state, so they stop costing; the :class:`Sampler` does it once no
+request waits).
+
+Layout for the decode loop. The KV cache is a :class:`SlotCache`: one ``[S,K,M,D]`` array per
+layer (not one stacked ``[L,S,M,K,D]``), and a chunk slices each layer's weights out of
+the stacked parameters once, before its step loop; the step's layer loop is unrolled.
+So a step reads weights and cache in place: XLA:CPU copied a layer's weights out of the
+stacked ``[L, ...]`` arrays and made a transposed copy of every cache block it read, every
+step (``bench/sampler_ab.py`` profiles both).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ runs decode chunks of up to ``steps_per_sync`` steps on device, and after each c
 fetches two ``[slots]`` vectors (done flags and lengths) to free finished slots. Tokens
 and log-probs stay on device until the call returns. When prompts are waiting, a chunk
 ends early as soon as ``refill_batch`` slots finish, so a freed slot is refilled while
-the others keep decoding.
+the others keep decoding. Once none waits and at most half the slots still decode, the
+live ones move into a decode state of fewer slots (``compact``), so rows that ended on EOS
+stop costing a step each.
 
 Versions. Every trajectory records the weight versions it was generated with:
 ``min_version`` (the version of its prompt's prefill) and ``max_version`` (the version
