@@ -84,6 +84,8 @@ def main(argv=None):
     ap.add_argument("--ref", default=None, help="git revision whose engine and sampler are the baseline "
                     "(none: time and profile this tree's only)")
     ap.add_argument("--shape", default="8x8x256", help="PROMPTSxNxNEW_TOKENS")
+    ap.add_argument("--ref-model", default="", help="ModelConfig fields for the --ref side only, e.g. "
+                    "decode_block_size=256 (integers; the rest of rljax is this tree's, config defaults too)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=32)
     args = ap.parse_args(argv)
@@ -92,6 +94,10 @@ def main(argv=None):
     except ValueError:
         ap.error(f"--shape {args.shape!r}; accepted: PROMPTSxNxNEW_TOKENS such as 8x8x256")
     config = model_31m()
+    try:
+        ref_changes = {k: int(v) for k, v in (kv.split("=") for kv in args.ref_model.split())}
+    except ValueError:
+        ap.error(f"--ref-model {args.ref_model!r}; accepted: space-separated FIELD=INTEGER")
     params = F.init_params(config, seed=0)[1]
     prompts = make_prompts(p, args.prompt_len, config.vocab_size)
     uids = [f"p{i}" for i in range(p)]
@@ -101,7 +107,8 @@ def main(argv=None):
         variants.insert(0, (args.ref, *load_revision(args.ref)))
     samplers = {}
     for label, eng_cls, smp_cls in variants:
-        eng = eng_cls(config, num_slots=p * n, max_prefill_length=args.prompt_len, max_decode_length=t,
+        cfg = config.replace(**ref_changes) if label != "now" else config
+        eng = eng_cls(cfg, num_slots=p * n, max_prefill_length=args.prompt_len, max_decode_length=t,
                       prefill_batch_size=min(p, 64))
         samplers[label] = smp_cls(eng, params)
     run = lambda s: s.generate(prompts, uids=uids, n=n, decode=decode)
