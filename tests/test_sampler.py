@@ -270,6 +270,20 @@ def test_weights_from_learner_layout_reshard_to_tp_sampler():
     greedy = DecodeParams(temperature=0.0, max_new_tokens=10, eos_ids=())
     traj = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
     assert responses(traj) == [list(r[:10]) for r in reference()]
+    # The memory ledger lowers the decode chunk with eng.abstract_decode_state: the engine's own
+    # layouts, so it finds the program generate compiled instead of compiling a second one.
+    layouts = lambda tree: [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree)]
+    assert layouts(eng.abstract_decode_state(greedy)) == layouts(eng.init_decode_state(greedy))
+    compiles = []
+    listener = lambda event, secs, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        lowered = eng._chunk_fn.lower(sampler.params, eng.abstract_decode_state(greedy), jnp.int32(16),
+                                      jnp.int32(eng.num_slots + 1))
+        assert lowered.compile().memory_analysis() is not None
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [], "lowering with the abstract decode state compiled a second decode program"
 
 
 # --------------------------------------------------------------------------- groups and batching

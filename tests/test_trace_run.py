@@ -58,8 +58,11 @@ def test_default_run_writes_every_file(run_dir):
     shapes = {row["tensor"] for row in json.loads((run_dir / "shape_ledger.json").read_text())}
     for t in ("prompt_ids", "response_ids", "full_sequence (input_ids)", "attention_mask", "response_mask",
               "loss_mask", "old_logp", "new_logp", "scores (rewards)", "advantages", "returns", "loss_matrix",
-              "kv_cache (k and v each)"):
+              "kv_cache (k and v each, per layer)"):
         assert t in shapes, t
+    # the engine's own cache layout: [slots, kv_heads, cache length, head_dim] per layer, slots on dp
+    kv = next(r for r in json.loads((run_dir / "shape_ledger.json").read_text()) if r["tensor"].startswith("kv_cache"))
+    assert len(kv["logical_shape"]) == 4 and kv["local_shape"] == [kv["logical_shape"][0] // 8] + kv["logical_shape"][1:], kv
     assert any(t.startswith("hidden_states") for t in shapes)
     mem = json.loads((run_dir / "memory_ledger.json").read_text())
     assert [r["item"] for r in mem["rows"]] == ["parameters", "gradients", "optimizer state", "activations",

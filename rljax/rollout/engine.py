@@ -596,11 +596,26 @@ class RljaxEngine(engine_api.Engine):
             truncated_logprobs=put(np.bool_(decode.logprobs == "truncated")),
         )
 
+    def abstract_decode_state(self, decode: DecodeParams | None = None) -> DecodeState:
+        """``init_decode_state(decode)`` as shapes, dtypes and this engine's layouts, allocating
+        nothing: lowering ``generate_chunk`` with it finds the program the engine compiled (the
+        memory ledger measures it that way)."""
+        state = jax.eval_shape(lambda: self.init_decode_state(decode))
+        rep = self._replicated()
+        attach = lambda sharding: lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding(x),
+                                                                   weak_type=getattr(x, "weak_type", False))
+        cache = jax.tree.map(attach(lambda x: self._cache_sharding(x.shape)), state.cache)
+        rest = jax.tree.map(attach(lambda x: rep), state.replace(cache=None))
+        return rest.replace(cache=cache)
+
+    def _cache_sharding(self, shape):
+        return self._replicated() if self._mesh is None else logical_sharding(SLOT_CACHE_AXES, self._mesh, shape=shape)
+
     def init_cache(self, num_slots: int) -> SlotCache:
         """An all-zero :class:`SlotCache` for ``num_slots`` slots (slots on ``dp``, kv heads on ``tp``)."""
         c = self.config
         shape = (num_slots, c.num_kv_heads, self.max_len, c.head_dim)
-        device = self._replicated() if self._mesh is None else logical_sharding(SLOT_CACHE_AXES, self._mesh, shape=shape)
+        device = self._cache_sharding(shape)
         zeros = lambda: tuple(jnp.zeros(shape, c.jnp_dtype, device=device) for _ in range(c.num_layers))
         return SlotCache(k=zeros(), v=zeros())
 

@@ -88,7 +88,7 @@ def shape_ledger(inp: LedgerInput) -> list[dict]:
     import jax
     from jax.sharding import NamedSharding
 
-    from rljax.sharding import batch_spec, kv_cache_sharding, logical_sharding
+    from rljax.sharding import batch_spec, logical_sharding
 
     mesh, src, traj, batch = inp.mesh, inp.sources, inp.traj, inp.fields
     host_l = "host (NumPy)"
@@ -186,15 +186,13 @@ def shape_ledger(inp: LedgerInput) -> list[dict]:
                          "mini-batch's tokens)", _owners(ns), "actor_minibatch", "actor_minibatch (aggregate)",
                          "actor_minibatch", "normalised per micro-batch instead of per mini-batch"))
         eng = src["sampler_engine"]
-        cache = jax.eval_shape(lambda: F.init_kv_cache(eng.config, eng.num_slots, eng.max_len))
-        smesh = eng.mesh
-        if smesh is not None:
-            ks = kv_cache_sharding(cache.k.shape, smesh)
-            local, owners = _local(cache.k.shape, ks), _owners(ks) + " (sampler mesh)"
+        k0 = eng.abstract_decode_state(src["decode"]).cache.k[0]  # the engine's own layout, per layer
+        if eng.mesh is not None:
+            local, owners = _local(k0.shape, k0.sharding), _owners(k0.sharding) + " (sampler mesh)"
         else:
-            local, owners = list(cache.k.shape), "1 device"
-        rows.append(_row("rollout_sessions", "kv_cache (k and v each)", cache.k.shape, local,
-                         "per-slot cache index (prompt + generated)", owners, "rollout_sessions (prefill)",
+            local, owners = list(k0.shape), "1 device"
+        rows.append(_row("rollout_sessions", "kv_cache (k and v each, per layer)", k0.shape,
+                         local, "per-slot cache index (prompt + generated)", owners, "rollout_sessions (prefill)",
                          "rollout_sessions (decode)", "rollout_sessions",
                          "slots on dp / kv heads on tp: a tp larger than kv_heads replicates the cache"))
     return rows
@@ -210,26 +208,6 @@ def _analysis(compiled) -> Optional[dict]:
     d = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0) for k in ("argument", "output", "alias", "temp")}
     d["peak"] = d["argument"] + d["output"] - d["alias"] + d["temp"]
     return d
-
-
-def _abstract_decode_state(eng, decode):
-    """The sampler's decode state as shapes with the engine's layouts (KV cache on the sampler
-    mesh, the rest replicated), so lowering the decode chunk reuses its compiled executable."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from rljax.sharding import kv_cache_sharding
-
-    state = jax.eval_shape(lambda: eng.init_decode_state(decode))
-    if eng.mesh is None:
-        return state
-    rep = NamedSharding(eng.mesh, PartitionSpec())
-
-    def attach(x):
-        sharding = kv_cache_sharding(x.shape, eng.mesh) if x.ndim == 5 else rep
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
-
-    return jax.tree.map(attach, state)
 
 
 def memory_ledger(inp: LedgerInput) -> dict:
@@ -268,7 +246,7 @@ def memory_ledger(inp: LedgerInput) -> dict:
     lowerings = {
         "update_actor": lambda: src["lower_update"](batch),
         "old_log_prob": lambda: src["lower_logprob"](batch),
-        "gen": lambda: eng._chunk_fn.lower(src["sampler_params"], _abstract_decode_state(eng, src["decode"]),
+        "gen": lambda: eng._chunk_fn.lower(src["sampler_params"], eng.abstract_decode_state(src["decode"]),
                                            jnp.int32(16), jnp.int32(eng.num_slots + 1)),
     }
     if not {"old_log_prob", "reference"} & set(inp.producers.values()):
