@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rljax.trainer.checkpoint import DIGEST_FILE, Checkpointer, CheckpointError
+from rljax.trainer.checkpoint import DIGEST_FILE, Checkpointer, CheckpointError, nonfinite_leaves
 
 
 @pytest.fixture(scope="module")
@@ -165,4 +165,25 @@ def test_resume_from_an_older_checkpoint_moves_newer_ones_aside_and_saves_again(
     _save(ck, mesh, [3], value=30.0)  # orbax would skip a step <= the newest it knew of
     state, meta = ck.restore(3, _state(mesh, 0.0))
     assert meta["step"] == 3 and float(state["actor"]["mu"][0]) == 30.0
+    ck.close()
+
+
+def test_saving_replicated_arrays_compiles_no_per_device_slices(tmp_path, mesh):
+    """On CPU the arrays are written without orbax's replica-parallel slices: those are eager
+    ``slice`` ops compiled per (shape, device), seconds at the first save of a run on dp8."""
+    rep = NamedSharding(mesh, P())
+    state = {"actor": {f"w{i}": jax.device_put(jnp.full((8 + i, 16), 1.0, jnp.float32), rep) for i in range(4)}}
+    ck = _ckpt(tmp_path)
+    nonfinite_leaves(state)  # the save's finiteness check, compiled here
+    compiles = []
+    listener = lambda event, secs, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        ck.save(1, state, {"step": 1})
+        ck.wait()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [], f"saving 4 replicated arrays on {mesh.size} devices compiled {len(compiles)} programs"
+    restored, _ = ck.restore(1, state)
+    np.testing.assert_array_equal(restored["actor"]["w3"], state["actor"]["w3"])
     ck.close()

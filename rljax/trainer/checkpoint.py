@@ -47,6 +47,27 @@ _ORBAX_TMP = ".orbax-checkpoint-tmp"
 _DISCARDED = "discarded"
 
 
+def _no_replica_parallel_saves_on_cpu() -> bool:
+    """On a CPU host, saves jax.Arrays without orbax's replica-parallel slicing; True if it did.
+
+    Replica-parallel saving cuts an array replicated over R devices into R slices, one written
+    by each replica: worth it across accelerator hosts. On one CPU host every device is the same
+    memory and disk, and each slice is an eager ``slice`` compiled once per (shape, device): the
+    first save of the tiny model's train state on dp8 took 8.5-12.4 s with it and 2.0-2.8 s
+    without (later saves 0.6-1.4 s vs 0.2 s). orbax turns it off itself for GPUs; this does the
+    same for CPU, in orbax's process-wide registry (saving options only: the files restore either
+    way). Accelerator backends keep orbax's default."""
+    if jax.default_backend() != "cpu":
+        return False
+    try:  # the default registry's handler keeps per-array metadata in this store
+        from orbax.checkpoint._src.metadata import array_metadata_store
+    except ImportError:  # another orbax layout: keep its default
+        return False
+    handler = ocp.type_handlers.ArrayHandler(use_replica_parallel=False, array_metadata_store=array_metadata_store.Store())
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    return True
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used (damaged, missing, or its save failed); the message is one line."""
 
@@ -121,6 +142,7 @@ class Checkpointer:
         self.primary = jax.process_index() == 0 if primary is None else primary
         if self.primary and os.path.isdir(self.directory):
             self._clean()
+        _no_replica_parallel_saves_on_cpu()
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._verifier: Optional[threading.Thread] = None
