@@ -160,15 +160,20 @@ def test_eager_and_jit_agree():
         np.testing.assert_allclose(e, j, atol=1e-6)
 
 
-@settings(max_examples=6, deadline=None)
-@given(n=st.integers(1, 40), v=st.integers(1, 200), block_t=st.integers(1, 48),
-       block_v=st.integers(1, 96), seed=st.integers(0, 2**16))
-def test_chunked_any_blocks(n, v, block_t, block_v, seed):
+def _chunked_any_blocks(n, v, block_t, block_v, seed):
     """Any sizes and block sizes, including blocks larger than the dimension and V = 1."""
     problem = make_problem(n, 8, v, seed=seed)
     want = run(problem, impl="naive")
     got = run(problem, impl="chunked", block_t=block_t, block_v=block_v)
     assert_close_abs(got, want, atol=1e-5)
+
+
+_ANY_BLOCKS = dict(n=st.integers(1, 40), v=st.integers(1, 200), block_t=st.integers(1, 48),
+                   block_v=st.integers(1, 96), seed=st.integers(0, 2**16))
+# each example compiles two programs of new shapes (~2 s): a few in the default run, a sweep in the slow one
+test_chunked_any_blocks = settings(max_examples=3, deadline=None)(given(**_ANY_BLOCKS)(_chunked_any_blocks))
+test_chunked_any_blocks_sweep = pytest.mark.slow(settings(max_examples=20, deadline=None)(given(**_ANY_BLOCKS)(
+    _chunked_any_blocks)))
 
 
 def test_pallas_single_ragged_edge_blocks():
