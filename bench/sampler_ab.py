@@ -114,7 +114,11 @@ def main(argv=None):
     run = lambda s: s.generate(prompts, uids=uids, n=n, decode=decode)
     print(f"jax {jax.__version__}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; 31.6M, {args.shape}, "
           f"sampling T=1, EOS 2", flush=True)
-    out = {k: run(s) for k, s in samplers.items()}  # compile + warm-up
+    out, first = {}, {}
+    for k, s in samplers.items():  # compile + warm-up
+        t0 = time.perf_counter()
+        out[k] = run(s)
+        first[k] = time.perf_counter() - t0
     times = {k: [] for k in samplers}
     for _ in range(args.rounds):
         for k, s in samplers.items():
@@ -127,7 +131,14 @@ def main(argv=None):
         med = float(np.median(v))
         tr = out[k]
         print(f"{k:<12} {med:8.2f} s  ({med / base:.2f}x {ref})  tokens {int(tr.response_length.sum()):6d}  "
-              f"decode chunks {tr.stats.decode_chunks:3d}  runs {', '.join(f'{x:.2f}' for x in v)}", flush=True)
+              f"decode chunks {tr.stats.decode_chunks:3d}  runs {', '.join(f'{x:.2f}' for x in v)}  "
+              f"first call (compiles) {first[k]:.2f} s", flush=True)
+    for k, s in samplers.items():  # the decode-state sizes one call runs chunks at (one compile each)
+        sizes = []
+        if "on_chunk" in s.generate.__code__.co_varnames:
+            s.generate(prompts, uids=uids, n=n, decode=decode,
+                       on_chunk=lambda i: sizes.append(getattr(i, "slots", None)))
+        print(f"{k:<12} chunks run at state sizes {sorted(set(sizes), key=lambda x: -(x or 0))}")
     a, b = out[ref], out["now"]
     same = bool((a.response_ids == b.response_ids).all() and (a.response_length == b.response_length).all())
     dlogp = float(np.abs(a.rollout_logp - b.rollout_logp).max())

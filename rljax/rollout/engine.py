@@ -188,6 +188,33 @@ def _bucket(n: int, lo: int, hi: int) -> int:
     return min(hi, max(lo, 1 << max(0, math.ceil(math.log2(max(n, 1))))))
 
 
+def compact_size(n: int, per_octave: int = 1) -> int:
+    """The smallest decode-state size ``>= n`` on the compaction ladder with ``per_octave`` sizes an octave.
+
+    The ladder: powers of two up to 8, then multiples of 8 with at most ``log2(per_octave) + 1``
+    significant bits (``per_octave`` 1: powers of two; 4: 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, ...).
+    Not finer: each size compiles the decode chunk once, and a step over 10 rows costs about
+    what one over 16 does (its weight reads dominate).
+    """
+    if per_octave not in COMPACT_PER_OCTAVE:
+        raise ValueError(f"per_octave is {per_octave!r}; accepted: {', '.join(map(str, COMPACT_PER_OCTAVE))}")
+    n = max(int(n), 1)
+    if n <= 8:
+        return 1 << (n - 1).bit_length()
+    e = max(0, n.bit_length() - per_octave.bit_length())
+    size = -(-n >> e) << e  # n rounded up to its leading log2(per_octave) + 1 bits
+    return -(-size // 8) * 8
+
+
+#: Sizes an octave the compaction ladder accepts (:func:`compact_size`).
+COMPACT_PER_OCTAVE = (1, 2, 4)
+
+
+def compact_sizes(num_slots: int, min_slots: int = 1, per_octave: int = 1) -> tuple[int, ...]:
+    """Every size a state of ``num_slots`` slots compacts into (ascending; ``num_slots`` last)."""
+    return tuple(sorted({min(num_slots, max(min_slots, compact_size(n, per_octave))) for n in range(1, num_slots + 1)}))
+
+
 def _pad_eos(eos) -> np.ndarray:
     """EOS ids padded with -1 to a power of two (>= 8) entries, so their count rarely recompiles."""
     eos = np.asarray(eos, np.int32).reshape(-1)
@@ -741,12 +768,13 @@ class RljaxEngine(engine_api.Engine):
                                         jnp.asarray(slot_ids), jnp.asarray(keys))
         return state, logits
 
-    def compact(self, decode_state: DecodeState, slots, *, min_slots: int = 1) -> DecodeState:
+    def compact(self, decode_state: DecodeState, slots, *, min_slots: int = 1, per_octave: int = 1) -> DecodeState:
         """A smaller decode state holding only ``slots`` (distinct), for decoding fewer rows.
 
         New slot ``i`` is old slot ``slots[i]`` (cache, tokens, length, flags, key, outputs);
-        the state has the smallest power of two ``>= len(slots)`` slots (at least ``min_slots``,
-        at most as many as now), the extra ones idle.
+        the state has the smallest size ``>= len(slots)`` on the ladder of :func:`compact_size`
+        (``per_octave`` 1: a power of two; at least ``min_slots``, at most as many as now),
+        the extra slots idle.
         A trajectory's tokens do not depend on its slot or on the number of slots (its key is
         its own), so decoding the compacted state continues every trajectory as before, at
         the cost of a step over fewer rows; each size compiles the decode chunk once. Insert
@@ -756,7 +784,7 @@ class RljaxEngine(engine_api.Engine):
         s = decode_state.tokens.shape[0]
         if not 1 <= slots.size <= s or slots.min() < 0 or slots.max() >= s or len(set(slots.tolist())) != slots.size:
             raise ValueError(f"compact: slots must be 1 to {s} distinct slots in [0, {s}), got {slots.tolist()}")
-        size = min(s, max(int(min_slots), _bucket(slots.size, 1, s)))
+        size = min(s, max(int(min_slots), compact_size(slots.size, per_octave)))
         padded = np.concatenate([slots, np.zeros(size - slots.size, np.int64)]).astype(np.int32)
         self.stats["compactions"] += 1
         return self._compact_fn(decode_state, jnp.asarray(padded), jnp.int32(slots.size))

@@ -13,9 +13,9 @@ runs decode chunks of up to ``steps_per_sync`` steps on device, and after each c
 fetches two ``[slots]`` vectors (done flags and lengths) to free finished slots. Tokens
 and log-probs stay on device until the call returns. When prompts are waiting, a chunk
 ends early as soon as ``refill_batch`` slots finish, so a freed slot is refilled while
-the others keep decoding. Once none waits and at most half the slots still decode, the
-live ones move into a decode state of fewer slots (``compact``), so rows that ended on EOS
-stop costing a step each.
+the others keep decoding. Once none waits, each chunk ends as soon as the live rows fit a
+smaller decode state (four sizes an octave: ..., 32, 40, 48, 56, 64, ...), and they move into
+it (``compact``), so rows that ended on EOS stop costing a step each.
 
 Versions. Every trajectory records the weight versions it was generated with:
 ``min_version`` (the version of its prompt's prefill) and ``max_version`` (the version
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.rollout.engine import RljaxEngine
+from rljax.rollout.engine import COMPACT_PER_OCTAVE, RljaxEngine, compact_sizes
 from rljax.rollout.sampling import DecodeParams, trajectory_keys
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
@@ -58,6 +58,7 @@ class ChunkInfo:
     waiting: int  # trajectories not yet in a slot
     total: int  # trajectories in this call (prompts x n)
     version: int  # weight version the chunk ran with
+    slots: int = 0  # slots of the decode state it ran (fewer than the engine's once compacted)
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -86,14 +87,18 @@ class Sampler:
         (``"error"``, default), or keeps its last (``"left"``) or first (``"right"``)
         ``max_prefill_length`` tokens.
       pad_id: id written into padding positions (default the model's ``pad_token_id`` or 0).
-      compact: once no trajectory waits for a slot and at most half of the slots still
-        decode, move those into a decode state of the smallest power of two slots that holds
-        them (:meth:`RljaxEngine.compact`; at least ``compact_min_slots``), so rows that ended
-        (EOS) stop costing decode work; a chunk ends as soon as the rows fit in half the slots.
+      compact: once no trajectory waits for a slot, end each decode chunk as soon as the
+        rows still decoding fit a smaller state on the ladder of ``compact_per_octave`` sizes
+        an octave, and move them into the smallest that holds them (:meth:`RljaxEngine.compact`;
+        at least ``compact_min_slots``), so rows that ended (EOS) stop costing decode work.
         Tokens and log-probs are those of the uncompacted run (each trajectory's key is its
         own); each state size compiles the decode chunk once. Default on.
       compact_min_slots: the smallest state ``compact`` makes (default 8: below that a step
         costs about the same, its weight reads dominate).
+      compact_per_octave: state sizes an octave (:func:`rljax.rollout.engine.compact_size`):
+        4 (default: multiples of 8 with at most three significant bits, 8, 16, 24, ..., 64,
+        80, 96, ...), 2 (8, 16, 24, 32, 48, 64, 96, ...) or 1 (powers of two: fewer compiles,
+        more rows computed that ended).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Sampler:
         pad_id: int | None = None,
         compact: bool = True,
         compact_min_slots: int = 8,
+        compact_per_octave: int = 4,
     ):
         if not isinstance(engine, RljaxEngine):
             raise ValueError(f"engine must be a RljaxEngine, got {type(engine).__name__}")
@@ -120,6 +126,9 @@ class Sampler:
             raise ValueError(f"compact is {compact!r}; accepted: True or False")
         if not _is_int(compact_min_slots) or compact_min_slots < 1:
             raise ValueError(f"compact_min_slots is {compact_min_slots!r}; accepted: an integer >= 1")
+        if compact_per_octave not in COMPACT_PER_OCTAVE or isinstance(compact_per_octave, bool):
+            raise ValueError(f"compact_per_octave is {compact_per_octave!r}; accepted: "
+                             f"{', '.join(map(str, COMPACT_PER_OCTAVE))}")
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation is {truncation!r}; accepted: {', '.join(TRUNCATION_MODES)}")
         self.engine = engine
@@ -128,6 +137,9 @@ class Sampler:
         self.truncation = truncation
         self.compact = compact
         self.compact_min_slots = int(compact_min_slots)
+        self.compact_per_octave = int(compact_per_octave)
+        #: Every size the decode state compacts into (ascending, ``num_slots`` last).
+        self.compact_sizes = compact_sizes(engine.num_slots, self.compact_min_slots, self.compact_per_octave)
         cfg_pad = engine.config.pad_token_id
         self.pad_id = int(pad_id if pad_id is not None else (cfg_pad if cfg_pad is not None else 0))
         self._lock = threading.Lock()
@@ -329,17 +341,20 @@ class Sampler:
 
             waiting = total - inserted
             occupied = np.nonzero(slot_row >= 0)[0]
-            if not waiting and self.compact and size > self.compact_min_slots and 0 < occupied.size <= size // 2:
-                # nothing left to insert and at most half the slots decode: move them into a
-                # smaller state, so a step computes max(compact_min_slots, 2^k) rows, not `size`
-                state = eng.compact(state, occupied, min_slots=self.compact_min_slots)
+            smaller = [c for c in self.compact_sizes if c < size] if self.compact else []
+            if not waiting and smaller and 0 < occupied.size <= smaller[-1]:
+                # nothing left to insert and the live rows fit a smaller state: move them into
+                # the smallest that holds them, so a step computes that many rows, not `size`
+                state = eng.compact(state, occupied, min_slots=self.compact_min_slots,
+                                    per_octave=self.compact_per_octave)
                 size = int(state.tokens.shape[0])
                 slot_row = np.concatenate([slot_row[occupied], np.full(size - occupied.size, -1, np.int64)])
                 free = deque(range(occupied.size, size))
+                smaller = [c for c in self.compact_sizes if c < size]
             if waiting:
                 exit_after = min(waiting, self.refill_batch)
-            elif self.compact and size // 2 >= self.compact_min_slots:
-                exit_after = occupied.size - size // 2  # end the chunk once the rows fit in half the slots
+            elif smaller:
+                exit_after = occupied.size - smaller[-1]  # end the chunk once the rows fit the next smaller state
             else:
                 exit_after = size + 1
             tc = time.perf_counter()
@@ -367,6 +382,7 @@ class Sampler:
                 on_chunk(ChunkInfo(
                     chunk=chunk, steps=int(steps), total_steps=total_steps, finished=finished,
                     active=int((slot_row >= 0).sum()), waiting=total - inserted, total=total, version=version,
+                    slots=size,
                 ))
             chunk += 1
 
