@@ -345,10 +345,16 @@ def _step_impl(graphdef, mesh, params, layers, state: DecodeState, attention="li
     return state, tok, logp, live, finished
 
 
-def _chunk_impl(graphdef, mesh, attention, params, state: DecodeState, num_steps, exit_after):
-    # each layer's weights sliced out of the stacked [L, ...] params once per chunk, outside the
-    # step loop: the steps read them in place (sliced inside, every step copied them)
-    layers = _layers(graphdef, params)
+def _layer_states_impl(graphdef, params):
+    return _layers(graphdef, params)[1]
+
+
+def _chunk_impl(graphdef, mesh, attention, params, state: DecodeState, num_steps, exit_after, layer_states=None):
+    # each layer's weights sliced out of the stacked [L, ...] params outside the step loop (sliced
+    # inside, every step copied them): here once per chunk, or once per weight version when the
+    # caller passes them (RljaxEngine.decode_layers); the steps read them in place
+    block_def, sliced = _layers(graphdef, params)
+    layers = (block_def, sliced if layer_states is None else layer_states)
 
     def cond(carry):
         i, st, finished = carry
@@ -455,6 +461,7 @@ class RljaxEngine(engine_api.Engine):
         self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m, decode_attention), donate_argnums=1)
         self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m, decode_attention), donate_argnums=1)
         self._compact_fn = jax.jit(functools.partial(_compact_impl, m))
+        self._layer_states_fn = jax.jit(functools.partial(_layer_states_impl, g))
 
     # ----------------------------------------------------------------- properties
 
@@ -799,16 +806,25 @@ class RljaxEngine(engine_api.Engine):
         self.stats["generate_calls"] += 1
         return self._generate_fn(params, decode_state)
 
-    def generate_chunk(self, params, decode_state: DecodeState, *, num_steps: int, exit_after: int | None = None):
+    def decode_layers(self, params):
+        """Each layer's weights as arrays of their own (copies sliced out of the stacked ``[L, ...]``
+        parameters), for :meth:`generate_chunk`'s ``layers``: slice once per weight version, not
+        once per chunk. Holds a second copy of the layer weights while kept."""
+        return self._layer_states_fn(params)
+
+    def generate_chunk(self, params, decode_state: DecodeState, *, num_steps: int, exit_after: int | None = None,
+                       layers=None):
         """Up to ``num_steps`` decode steps on device; returns ``(state, steps_run)``.
 
         Stops early when no slot is active and unfinished, or once ``exit_after`` slots
         have finished during this chunk (default: never), so freed slots can be refilled.
         ``num_steps`` and ``exit_after`` are traced: changing them does not recompile.
+        ``layers``: :meth:`decode_layers` of ``params`` (default: the chunk slices them itself,
+        copying every layer's weights once per call).
         """
         self.stats["decode_chunks"] += 1
         exit_after = self._num_slots + 1 if exit_after is None else exit_after
-        return self._chunk_fn(params, decode_state, jnp.int32(num_steps), jnp.int32(exit_after))
+        return self._chunk_fn(params, decode_state, jnp.int32(num_steps), jnp.int32(exit_after), layers)
 
 
 def _shares_buffers(a, b) -> bool:

@@ -279,6 +279,7 @@ class Sampler:
         stats_before = dict(eng.stats)
         params, version = self.snapshot()
         version_start = version
+        layers = eng.decode_layers(params)  # per-layer weight copies, sliced once per version (not per chunk)
         state = eng.init_decode_state(decode)
         rep = eng._replicated()  # pylint: disable=protected-access
         res_tokens = jax.device_put(np.zeros((total, t_max), np.int32), rep)
@@ -304,6 +305,7 @@ class Sampler:
             latest_params, latest_version = self.snapshot()
             if latest_version != version:
                 params, version = latest_params, latest_version
+                layers = eng.decode_layers(params)
                 occupied = slot_row[slot_row >= 0]
                 max_version[occupied] = version
 
@@ -358,7 +360,8 @@ class Sampler:
             else:
                 exit_after = size + 1
             tc = time.perf_counter()
-            state, steps = eng.generate_chunk(params, state, num_steps=self.steps_per_sync, exit_after=exit_after)
+            state, steps = eng.generate_chunk(params, state, num_steps=self.steps_per_sync, exit_after=exit_after,
+                                              layers=layers)
             done, step, steps = jax.device_get((state.done, state.step, steps))
             now = time.perf_counter()
             decode_total += now - tc
