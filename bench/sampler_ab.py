@@ -3,6 +3,7 @@
     python bench/sampler_ab.py --ref b15071b                 # 31.6M, 8 prompts x 8, 256 new tokens
     python bench/sampler_ab.py --ref b15071b --shape 8x8x32 --rounds 3
     PROFILE=1 python bench/sampler_ab.py --ref b15071b       # + jax.profiler thunk sums of one call each
+    python bench/sampler_ab.py --ref . --ref-sampler compact_per_octave=1   # this tree, two Sampler settings
 
 ``rljax/rollout/engine.py`` and ``sampler.py`` of ``--ref`` are loaded from git as modules of
 their own (the rest of rljax is this tree's, so the revision's engine must still run on it);
@@ -86,6 +87,8 @@ def main(argv=None):
     ap.add_argument("--shape", default="8x8x256", help="PROMPTSxNxNEW_TOKENS")
     ap.add_argument("--ref-model", default="", help="ModelConfig fields for the --ref side only, e.g. "
                     "decode_block_size=256 (integers; the rest of rljax is this tree's, config defaults too)")
+    ap.add_argument("--ref-sampler", default="", help="Sampler keyword arguments for the --ref side only, e.g. "
+                    "compact_per_octave=1 (integers); --ref . is this tree")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=32)
     args = ap.parse_args(argv)
@@ -98,19 +101,23 @@ def main(argv=None):
         ref_changes = {k: int(v) for k, v in (kv.split("=") for kv in args.ref_model.split())}
     except ValueError:
         ap.error(f"--ref-model {args.ref_model!r}; accepted: space-separated FIELD=INTEGER")
+    try:
+        ref_kw = {k: int(v) for k, v in (kv.split("=") for kv in args.ref_sampler.split())}
+    except ValueError:
+        ap.error(f"--ref-sampler {args.ref_sampler!r}; accepted: space-separated NAME=INTEGER")
     params = F.init_params(config, seed=0)[1]
     prompts = make_prompts(p, args.prompt_len, config.vocab_size)
     uids = [f"p{i}" for i in range(p)]
     decode = DecodeParams(temperature=1.0, max_new_tokens=t, eos_ids=(2,), seed=0)
     variants = [("now", RljaxEngine, Sampler)]
     if args.ref:
-        variants.insert(0, (args.ref, *load_revision(args.ref)))
+        variants.insert(0, (args.ref, *((RljaxEngine, Sampler) if args.ref == "." else load_revision(args.ref))))
     samplers = {}
     for label, eng_cls, smp_cls in variants:
         cfg = config.replace(**ref_changes) if label != "now" else config
         eng = eng_cls(cfg, num_slots=p * n, max_prefill_length=args.prompt_len, max_decode_length=t,
                       prefill_batch_size=min(p, 64))
-        samplers[label] = smp_cls(eng, params)
+        samplers[label] = smp_cls(eng, params, **(ref_kw if label != "now" else {}))
     run = lambda s: s.generate(prompts, uids=uids, n=n, decode=decode)
     print(f"jax {jax.__version__}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; 31.6M, {args.shape}, "
           f"sampling T=1, EOS 2", flush=True)
@@ -120,8 +127,8 @@ def main(argv=None):
         out[k] = run(s)
         first[k] = time.perf_counter() - t0
     times = {k: [] for k in samplers}
-    for _ in range(args.rounds):
-        for k, s in samplers.items():
+    for r in range(args.rounds):  # ABBA order: a load that drifts over the run favours neither side
+        for k, s in (list(samplers.items())[::-1] if r % 2 else samplers.items()):
             t0 = time.perf_counter()
             out[k] = run(s)
             times[k].append(time.perf_counter() - t0)
@@ -134,11 +141,12 @@ def main(argv=None):
               f"decode chunks {tr.stats.decode_chunks:3d}  runs {', '.join(f'{x:.2f}' for x in v)}  "
               f"first call (compiles) {first[k]:.2f} s", flush=True)
     for k, s in samplers.items():  # the decode-state sizes one call runs chunks at (one compile each)
-        sizes = []
-        if "on_chunk" in s.generate.__code__.co_varnames:
-            s.generate(prompts, uids=uids, n=n, decode=decode,
-                       on_chunk=lambda i: sizes.append(getattr(i, "slots", None)))
-        print(f"{k:<12} chunks run at state sizes {sorted(set(sizes), key=lambda x: -(x or 0))}")
+        infos = []
+        s.generate(prompts, uids=uids, n=n, decode=decode, on_chunk=infos.append)
+        infos = [types.SimpleNamespace(steps=i.steps, slots=getattr(i, "slots", 0)) for i in infos]
+        work = sum(i.steps * i.slots for i in infos) if infos and infos[0].slots else None
+        print(f"{k:<12} chunks run at state sizes {sorted(set(i.slots for i in infos), key=lambda x: -(x or 0))}"
+              f"  row-steps (steps x slots) {work}")
     a, b = out[ref], out["now"]
     same = bool((a.response_ids == b.response_ids).all() and (a.response_length == b.response_length).all())
     dlogp = float(np.abs(a.rollout_logp - b.rollout_logp).max())
