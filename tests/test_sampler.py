@@ -333,6 +333,11 @@ def test_compacting_finished_rows_away_keeps_every_token(temperature=0.0):
     compactions = eng.stats["compactions"] - before
     off = Sampler(eng, params(), steps_per_sync=4, compact=False).generate(prompts, uids=uids, n=4, decode=decode)
     assert eng.stats["compactions"] - before == compactions >= 1
+    # no row can decode a whole chunk more after the first: compacting would not pay, none happens
+    whole = Sampler(eng, params(), steps_per_sync=MAX_DECODE, compact_min_slots=2).generate(
+        prompts, uids=uids, n=4, decode=decode)
+    assert eng.stats["compactions"] - before == compactions
+    np.testing.assert_array_equal(whole.response_ids, off.response_ids)
     assert off.response_length.min() < off.response_length.max()
     np.testing.assert_array_equal(on.response_length, off.response_length)
     np.testing.assert_array_equal(on.response_ids, off.response_ids)

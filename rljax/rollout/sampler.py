@@ -90,7 +90,9 @@ class Sampler:
       compact: once no trajectory waits for a slot, end each decode chunk as soon as the
         rows still decoding fit a smaller state on the ladder of ``compact_per_octave`` sizes
         an octave, and move them into the smallest that holds them (:meth:`RljaxEngine.compact`;
-        at least ``compact_min_slots``), so rows that ended (EOS) stop costing decode work.
+        at least ``compact_min_slots``), so rows that ended (EOS) stop costing decode work;
+        only while a live row may decode ``steps_per_sync`` more tokens (short responses never
+        compact: the move and the compile would cost more than they save).
         Tokens and log-probs are those of the uncompacted run (each trajectory's key is its
         own); each state size compiles the decode chunk once. Default on.
       compact_min_slots: the smallest state ``compact`` makes (default 8: below that a step
@@ -286,6 +288,7 @@ class Sampler:
         res_logp = jax.device_put(np.zeros((total, t_max), np.float32), rep)
 
         length = np.zeros(total, np.int32)
+        row_step = np.zeros(total, np.int64)  # tokens generated per row, as of the last chunk
         min_version = np.zeros(total, np.int64)
         max_version = np.zeros(total, np.int64)
         queue_s = np.zeros(total, np.float32)
@@ -329,6 +332,7 @@ class Sampler:
                 for j in range(take):
                     slot, row = free.popleft(), prompt * n + session + j
                     slot_row[slot] = row
+                    row_step[row] = 1
                     group[1].append(prow)
                     group[2].append(slot)
                     group[3].append(row)
@@ -343,8 +347,11 @@ class Sampler:
 
             waiting = total - inserted
             occupied = np.nonzero(slot_row >= 0)[0]
-            smaller = [c for c in self.compact_sizes if c < size] if self.compact else []
-            if not waiting and smaller and 0 < occupied.size <= smaller[-1]:
+            # compacting pays (a gather of the live cache, a compile per new size) only while a
+            # live row may still decode for a whole chunk: short responses never compact
+            worth = self.compact and occupied.size and t_max - row_step[slot_row[occupied]].min() >= self.steps_per_sync
+            smaller = [c for c in self.compact_sizes if c < size] if worth else []
+            if not waiting and smaller and occupied.size <= smaller[-1]:
                 # nothing left to insert and the live rows fit a smaller state: move them into
                 # the smallest that holds them, so a step computes that many rows, not `size`
                 state = eng.compact(state, occupied, min_slots=self.compact_min_slots,
@@ -363,6 +370,7 @@ class Sampler:
             state, steps = eng.generate_chunk(params, state, num_steps=self.steps_per_sync, exit_after=exit_after,
                                               layers=layers)
             done, step, steps = jax.device_get((state.done, state.step, steps))
+            row_step[slot_row[slot_row >= 0]] = step[slot_row >= 0]
             now = time.perf_counter()
             decode_total += now - tc
             total_steps += int(steps)
