@@ -279,8 +279,7 @@ def test_weights_from_learner_layout_reshard_to_tp_sampler():
     listener = lambda event, secs, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        lowered = eng._chunk_fn.lower(sampler.params, eng.abstract_decode_state(greedy), jnp.int32(16),
-                                      jnp.int32(eng.num_slots + 1))
+        lowered = eng.lower_chunk(sampler.params, greedy)
         assert lowered.compile().memory_analysis() is not None
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)

@@ -642,6 +642,21 @@ class RljaxEngine(engine_api.Engine):
         rest = jax.tree.map(attach(lambda x: rep), state.replace(cache=None))
         return rest.replace(cache=cache)
 
+    def lower_chunk(self, params, decode: DecodeParams | None = None):
+        """``generate_chunk`` lowered as the :class:`Sampler` calls it (``layers`` from
+        :meth:`decode_layers`), from abstract arguments in this engine's layouts: compiling it
+        finds the program the sampler compiled (the memory ledger measures it that way). Its
+        arguments: the decode state, the per-layer weight copies and the parameters but the
+        stacked layers (unused, so ``jit`` drops them): as many bytes as ``params`` and the state."""
+        return self._chunk_fn.lower(params, self.abstract_decode_state(decode), jnp.int32(16),
+                                    jnp.int32(self._num_slots + 1), self.abstract_decode_layers(params))
+
+    def abstract_decode_layers(self, params):
+        """:meth:`decode_layers` ``(params)`` as shapes, dtypes and layouts, allocating nothing."""
+        shapes = jax.eval_shape(self._layer_states_fn, params)
+        shardings = self._layer_states_fn.lower(params).compile().output_shardings  # compiled once per layout
+        return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, shardings)
+
     def _cache_sharding(self, shape):
         return self._replicated() if self._mesh is None else logical_sharding(SLOT_CACHE_AXES, self._mesh, shape=shape)
 

@@ -237,8 +237,6 @@ def memory_ledger(inp: LedgerInput) -> dict:
 
     import time
 
-    import jax.numpy as jnp
-
     measured: dict[str, Optional[dict]] = {}
     eng = src["sampler_engine"]
     # The arguments exactly as the stages passed them (same pytree, shapes and layouts), so
@@ -246,8 +244,7 @@ def memory_ledger(inp: LedgerInput) -> dict:
     lowerings = {
         "update_actor": lambda: src["lower_update"](batch),
         "old_log_prob": lambda: src["lower_logprob"](batch),
-        "gen": lambda: eng._chunk_fn.lower(src["sampler_params"], eng.abstract_decode_state(src["decode"]),
-                                           jnp.int32(16), jnp.int32(eng.num_slots + 1)),
+        "gen": lambda: eng.lower_chunk(src["sampler_params"], src["decode"]),
     }
     if not {"old_log_prob", "reference"} & set(inp.producers.values()):
         # no stage ran the log-prob pass (actor.skip_old_log_prob, no reference): nothing to measure,
