@@ -1,5 +1,7 @@
 """rljax.models: forward semantics, padding, sequence parallelism, mesh invariance, KV cache."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -314,18 +316,19 @@ def test_segment_ids_keep_attention_inside_each_segment(devices):
     seg = jnp.array([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16])  # row 0: lengths 5 and 9, 2 padding
     valid = seg > 0
     idx = jnp.broadcast_to(jnp.arange(16), (2, 16))
-    packed = models.dense_attention(q, k, v, idx, idx, valid, seg, seg)
+    dense_attention = jax.jit(models.dense_attention)  # one compile per shape instead of one per op
+    packed = dense_attention(q, k, v, idx, idx, valid, seg, seg)
     for lo, hi in ((0, 5), (5, 14)):  # each segment alone, from index 0
         sl = lambda x: x[:1, lo:hi]
         i = jnp.arange(hi - lo)[None]
-        alone = models.dense_attention(sl(q), sl(k), sl(v), i, i, jnp.ones((1, hi - lo), bool))
+        alone = dense_attention(sl(q), sl(k), sl(v), i, i, jnp.ones((1, hi - lo), bool))
         assert rel_err(packed[:1, lo:hi], alone) < 1e-6
-    assert rel_err(packed[1:], models.dense_attention(q, k, v, idx, idx, valid)[1:]) < 1e-6
+    assert rel_err(packed[1:], dense_attention(q, k, v, idx, idx, valid)[1:]) < 1e-6
     loss = lambda f: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)) * valid[..., None, None])
     dense = lambda q, k, v: models.dense_attention(q, k, v, idx, idx, valid, seg, seg)
     block = lambda q, k, v: models.blockwise_attention(q, k, v, idx, idx, valid, seg, seg, block_size=3)
     assert rel_err(jax.jit(block)(q, k, v), packed) < 1e-6
-    for a, c in zip(jax.jit(jax.grad(loss(block), (0, 1, 2)))(q, k, v), jax.grad(loss(dense), (0, 1, 2))(q, k, v)):
+    for a, c in zip(jax.jit(jax.grad(loss(block), (0, 1, 2)))(q, k, v), jax.jit(jax.grad(loss(dense), (0, 1, 2)))(q, k, v)):
         assert rel_err(a, c) < 1e-5
     mesh = sh.make_mesh("dp2,tp2,sp2")
     sp = jax.jit(lambda q, k, v: models.sequence_parallel_attention(q, k, v, valid, mesh, segment_ids=seg))(q, k, v)
@@ -445,12 +448,14 @@ def test_live_decode_attention_equals_dense_over_the_whole_cache():
     cv = jax.random.normal(ks[1], (layers, s, m, kh, d))
     q = jax.random.normal(ks[2], (s, tn, n, d))
     k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
+    dense_attention = jax.jit(models.dense_attention)
+    # one compile per block size (the index is traced), not one per index and block size
+    lives = [jax.jit(functools.partial(models.live_decode_attention, layer=1, block_size=b)) for b in (4, 5, 256)]
     for index in ([0, 3, 9, 1], [15, 2, 19, 7], [4, 4, 4, 4]):
         q_index = jnp.array(index)[:, None] + jnp.arange(tn)
-        dense = models.dense_attention(q, ck[1], cv[1], q_index, k_index, jnp.ones((s, m), bool))
-        for block in (4, 5, 256):
-            live = jax.jit(lambda q, c, v, i: models.live_decode_attention(q, c, v, 1, i, block_size=block))
-            assert rel_err(live(q, ck, cv, q_index), dense) < 1e-6
+        dense = dense_attention(q, ck[1], cv[1], q_index, k_index, jnp.ones((s, m), bool))
+        for live in lives:
+            assert rel_err(live(q, ck, cv, q_index=q_index), dense) < 1e-6
     # only the slots marked live set the bound; theirs stay exact
     mask = jnp.array([True, False, True, False])
     q_index = jnp.array([[3], [20], [6], [20]])
