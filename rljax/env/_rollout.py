@@ -316,6 +316,7 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
     one_by_one = getattr(env_cls.step_many, "__func__", None) is Environment.step_many.__func__
     sync_before, stats_before = sampler.total_weight_sync_s, dict(eng.stats)
     params, version = sampler.snapshot()
+    layers = eng.decode_layers(params)  # per-layer weight copies, once per version (not per chunk)
     version_start = version
     state = eng.init_decode_state(turn_decode)
     slot_row = np.full(num_slots, -1, np.int64)
@@ -336,6 +337,7 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
             latest, latest_version = sampler.snapshot()
             if latest_version != version:  # new weights apply to every slot from here on
                 params, version = latest, latest_version
+                layers = eng.decode_layers(params)
                 for r in slot_row[slot_row >= 0]:
                     sessions[r].max_version = version
             tp = time.perf_counter()
@@ -377,7 +379,7 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
             if decoding:
                 tc = time.perf_counter()
                 state, steps = eng.generate_chunk(params, state, num_steps=sampler.steps_per_sync,
-                                              exit_after=min(len(decoding), sampler.refill_batch))
+                                              exit_after=min(len(decoding), sampler.refill_batch), layers=layers)
                 done, step, steps = jax.device_get((state.done, state.step, steps))
                 chunks += 1
                 fin = sorted(slot for slot in decoding if done[slot])
