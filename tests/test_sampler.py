@@ -356,6 +356,7 @@ def test_compaction_ladder_sizes():
         Sampler(engine(5), params(), compact_per_octave=3)
 
 
+@pytest.mark.slow  # compiles three more chunk sizes of a 32-slot engine (the default run keeps the greedy case above)
 def test_compaction_into_sizes_finer_than_powers_of_two_keeps_every_token():
     """32 slots, four sizes an octave, at least 16: the live rows move 32 -> 24 -> 16 (a
     power-of-two ladder waits for 16); same tokens and log-probs as without compaction (sampling)."""
