@@ -11,7 +11,7 @@ from rljax.models import functional as F
 from rljax.models.config import get_config
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 from rljax.trainer import StepConfig, make_logprob_fn, make_train_step, init_state
-from rljax.trainer.stages import learner_layout, prompt_width
+from rljax.trainer.stages import learner_layout, prompt_longest, prompt_width
 
 S, T = 16, 6  # the sampler's prompt width (data.max_prompt_length) and response length
 CFG = get_config("tiny")
@@ -61,6 +61,31 @@ def test_trimmed_layout_is_the_full_one_without_all_padding_columns():
     # a multiple of sp, and a learner width wider than the sampler's (pads on the left as before)
     assert learner_layout(tr, prompt_len=S, response_len=T, trim=True, multiple=4)["input_ids"].shape == (8, 8 + T)
     assert learner_layout(tr, prompt_len=S + 4, response_len=T)["input_ids"].shape == (8, S + 4 + T)
+
+
+def _rows(tr: Trajectories, lo: int, hi: int) -> Trajectories:
+    return tr.replace(**{k: getattr(tr, k)[lo:hi] for k in ("prompt_ids", "prompt_mask", "response_ids",
+                                                             "response_mask", "loss_mask", "rollout_logp",
+                                                             "group_id", "is_padding")})
+
+
+def test_processes_agree_on_the_width_of_the_whole_batch():
+    """Several processes (stages.trajectory_fields): each lays out its own rows with the longest
+    prompt of all of them (an all-gathered int), so its rows are those of the one-process layout."""
+    tr = _trajectories(1, 8, longest=11)
+    tr = tr.replace(prompt_mask=np.concatenate([tr.prompt_mask[:4], tr.prompt_mask[4:] & (np.arange(S) >= S - 3)]))
+    halves = [_rows(tr, 0, 4), _rows(tr, 4, 8)]
+    assert [prompt_longest(h) for h in halves] == [11, 3] and prompt_longest(tr) == 11
+    whole = learner_layout(tr, prompt_len=S, response_len=T, trim=True)
+    longest = max(prompt_longest(h) for h in halves)
+    parts = [learner_layout(h, prompt_len=S, response_len=T, trim=True, longest=longest) for h in halves]
+    assert whole["input_ids"].shape == (8, 12 + T)
+    for k in whole:
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k], err_msg=k)
+    # on its own the second half would take 3 columns: a different program from the first half's
+    assert learner_layout(halves[1], prompt_len=S, response_len=T, trim=True)["input_ids"].shape == (4, 3 + T)
+    with pytest.raises(ValueError, match="longest=2 prompt columns"):
+        learner_layout(halves[0], prompt_len=S, response_len=T, trim=True, longest=2)
 
 
 @pytest.fixture(scope="module")

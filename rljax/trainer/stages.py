@@ -92,17 +92,28 @@ def prompt_width(longest: int, prompt_len: int, *, multiple: int = 1) -> int:
     return min(n, prompt_len)
 
 
+def prompt_longest(traj) -> int:
+    """The prompt columns of a rollout from its first non-padding one (left-padded prompts): the
+    longest prompt's length, 0 when every row is padding."""
+    used = np.asarray(traj.prompt_mask).any(axis=0)
+    return traj.prompt_ids.shape[1] - int(np.argmax(used)) if used.any() else 0
+
+
 def learner_layout(traj, *, prompt_len: int, response_len: int, trim: bool = False,
-                   multiple: int = 1) -> dict[str, np.ndarray]:
+                   multiple: int = 1, longest: Optional[int] = None) -> dict[str, np.ndarray]:
     """The learner's ``[B, S+T]`` layout of a rollout (NumPy): left-padded prompts, right-padded
     responses, both widened to the learner lengths (multiples of ``sp``). With ``trim`` the
     prompt columns are :func:`prompt_width` of the batch's longest prompt instead of
     ``prompt_len``: the columns dropped are left padding in every row, so positions, masks and
-    the response's log-probs are the same."""
+    the response's log-probs are the same. ``longest``: the whole batch's longest prompt when
+    ``traj`` holds only some of its rows (several processes agree on one width); default
+    :func:`prompt_longest` of ``traj``, and at least that."""
     b, s = traj.prompt_ids.shape
     if trim:
-        used = np.asarray(traj.prompt_mask).any(axis=0)
-        longest = s - int(np.argmax(used)) if used.any() else 0  # columns from the first real one
+        own = prompt_longest(traj)
+        longest = own if longest is None else int(longest)
+        if longest < own:
+            raise ValueError(f"longest={longest} prompt columns for a rollout whose own longest prompt has {own}")
         if longest <= prompt_len:
             prompt_len = prompt_width(longest, prompt_len, multiple=multiple)
             if s > prompt_len:  # the sampler's columns beyond the width are padding in every row
@@ -246,14 +257,18 @@ def rollout_sessions(c: Components, b) -> dict:
 
 def trajectory_fields(c: Components, b) -> dict:
     """The learner batch as global arrays, assembled from this process's rows (group ids made
-    global: this process's prompts start at ``share.lo``)."""
+    global: this process's prompts start at ``share.lo``). With ``data.trim_prompt_padding`` and
+    several processes, the processes all-gather one int (their longest prompt) to agree on the
+    prompt width."""
+    from rljax.trainer import distribute
     from rljax.trainer.distribute import assemble
 
     share = rollout_share(c)
-    # data.trim_prompt_padding: one process only (several would have to agree on the width)
-    host = learner_layout(b["trajectories"], prompt_len=c.prompt_len, response_len=c.response_len,
-                          trim=c.cfg.data.trim_prompt_padding and share.processes == 1,
-                          multiple=dict(c.mesh.shape).get("sp", 1))
+    traj, trim, longest = b["trajectories"], c.cfg.data.trim_prompt_padding, None
+    if trim and share.processes > 1:  # one width for every process's rows: the longest prompt of all
+        longest = int(distribute._per_process(np.array([prompt_longest(traj)], np.int32)).max())
+    host = learner_layout(traj, prompt_len=c.prompt_len, response_len=c.response_len, trim=trim,
+                          multiple=dict(c.mesh.shape).get("sp", 1), longest=longest)
     if share.processes > 1:
         host["group_id"] = host["group_id"] + np.int32(share.lo)
     return assemble(host, c.mesh, share)
