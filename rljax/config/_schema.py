@@ -91,7 +91,8 @@ class DataConfig:
         True, "learner passes (old/ref log-probs, values, update) drop the prompt columns that are left padding in "
         "every row of the step's batch: the width is the batch's longest prompt rounded up to 4 lengths per octave "
         "(5, 6, 7, 8, 10, 12, 14, 16, 20, ...) and to a multiple of sp, at most max_prompt_length; same numbers, one "
-        "program per width (one process only; false: always max_prompt_length columns)")
+        "program per width (several processes agree on the width of the whole batch: one int all-gathered per step; "
+        "false: always max_prompt_length columns)")
     shuffle: bool = _f(True, "shuffle the train split each epoch, from (seed, epoch)")
     seed: Optional[int] = _f(None, "seed of the epoch shuffles (null: trainer.seed)")
     embedded: EmbeddedTaskConfig = _section(EmbeddedTaskConfig, "the embedded synthetic task")
