@@ -29,10 +29,6 @@ import numpy as np
 
 SHAPE_COLUMNS = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadcast", "owner_devices", "produced_at",
                  "consumed_at", "freed_after", "common_bug")
-#: Saved activations per layer per token, in units of ``hidden_size`` values (no remat): the
-#: residual stream, the norms, q/k/v/o and the MLP input; the MLP hidden adds
-#: ``3 * intermediate / hidden``. With remat only the layer input is kept (factor 1).
-ACTIVATION_FACTOR_BASE = 8
 
 
 @dataclasses.dataclass
@@ -262,13 +258,23 @@ def memory_ledger(inp: LedgerInput) -> dict:
     micro = sc.ppo_micro_batch_size
     seq = batch["input_ids"].shape[1] if "input_ids" in batch else 0
     T = inp.traj.response_ids.shape[1]
-    local_tokens = math.ceil(micro / dp) * math.ceil(seq / sp)
-    factor = ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size
-    if mc.remat:  # full: the layer inputs; minimal (model.remat_policy): + the projections' outputs
-        from rljax.trainer.remat import minimal_bytes
+    from rljax.trainer import remat as R
 
-        factor = 1 if mc.remat_policy == "full" else minimal_bytes(mc, 1) / (mc.num_layers * mc.hidden_size * cbytes)
-    act_est = mc.num_layers * local_tokens * mc.hidden_size * cbytes * factor
+    rows_local, q_local = math.ceil(micro / dp), math.ceil(seq / sp)
+    blocked = R._attention_blocked(mc, seq)  # pylint: disable=protected-access
+    attn = (f"blockwise attention ({seq} keys > attn_block_size {mc.attn_block_size}): 2 f32 softmax stats "
+            f"x rows x heads_local x Tq" if blocked else
+            f"dense attention ({seq} keys): [rows, heads_local, Tq, Tk] scores f32 + probabilities x {cbytes} B")
+    per_layer = (f"{rows_local} x {q_local} tokens x {mc.hidden_size} x {cbytes} B x ({R.ACTIVATION_FACTOR_BASE} + "
+                 f"{R.ACTIVATION_FACTOR_MLP} x {mc.intermediate_size}/{mc.hidden_size}) + {attn}")
+    if mc.remat:  # full: the layer inputs; minimal (model.remat_policy): + the projections' outputs
+        act_est = R.remat_bytes(mc, rows_local, seq, sp=sp, tp=tp, policy=mc.remat_policy)
+        act_formula = (f"remat {mc.remat_policy}: what each of {mc.num_layers} layers keeps "
+                       f"({'its input' if mc.remat_policy == 'full' else 'input + projections'}) + one layer "
+                       f"recomputed: {per_layer}")
+    else:
+        act_est = R.activation_bytes(mc, rows_local, seq, sp=sp, tp=tp)
+        act_formula = f"{mc.num_layers} layers x ({per_layer})"
     slots_local = math.ceil(eng.num_slots / max(eng.mesh.shape.get("dp", 1) if eng.mesh is not None else 1, 1))
     kv_heads_local = math.ceil(mc.num_kv_heads / (eng.mesh.shape.get("tp", 1) if eng.mesh is not None else 1))
     kv_est = mc.num_layers * slots_local * eng.max_len * kv_heads_local * mc.head_dim * 2 * cbytes
@@ -299,8 +305,7 @@ def memory_ledger(inp: LedgerInput) -> dict:
         rows[2]["formula"] = f"LoRA: 2 x adapters (AdamW mu, nu) + counters (full fine-tuning: {2 * nb * bb // tp} B)"
         rows[2]["estimate_bytes"] = 2 * nt * tb // tp
     rows += [
-        {"item": "activations", "formula": f"layers x local_tokens x hidden x bytes x factor = {mc.num_layers} x "
-                                           f"{local_tokens} x {mc.hidden_size} x {cbytes} x {factor:.1f}",
+        {"item": "activations", "formula": act_formula,
          "estimate_bytes": int(act_est), "measured_bytes": upd.get("temp"),
          "measured_from": "train step compiled.memory_analysis() temp (activations + gradients + temporaries)"},
         {"item": "kv cache", "formula": f"layers x slots_local x seq x kv_heads_local x head_dim x 2 x bytes = "

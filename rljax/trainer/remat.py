@@ -21,9 +21,11 @@ for one update micro-batch on one device (:func:`activation_bytes`, the formula 
 ``minimal`` keeps is at most twice the training state, else only the layer inputs (``full``).
 The trainer says what it chose and why in one line (``remat: ...``). ``true`` / ``false`` and
 ``full`` / ``minimal`` force them. On the 31.6M model of ``bench/peer_trl.py`` (8 x 8
-trajectories of 8 + 32 tokens, one device) the estimate is 800 MiB against a 482 MiB state:
-remat on, ``minimal`` (520 MiB kept); at 256 new tokens ``full``; on the default task's tiny
-model remat stays off. TRL's ``GRPOTrainer`` checkpoints gradients by default too.
+trajectories of 8 + 32 tokens, one device) the estimate is 1650 MiB against a 482 MiB state:
+remat on, ``minimal`` (520 MiB kept); at 256 new tokens ``full`` (12738 MiB estimated, XLA's
+update temporaries 12885 MiB with the gradients); on the default task's tiny model remat
+stays off (38 MiB, under 1/64 of the host). The estimate counts the attention implementation
+the config selects (dense ``[B, H, T, T]`` scores up to ``model.attn_block_size`` keys). TRL's ``GRPOTrainer`` checkpoints gradients by default too.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ DEVICE_FRACTION = 1 / 64
 MINIMAL_STATE_FACTOR = 2
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+#: Saved activations per layer per token without remat, in units of ``hidden_size`` values:
+#: ``ACTIVATION_FACTOR_BASE + ACTIVATION_FACTOR_MLP x intermediate / hidden``, plus the attention
+#: state (:func:`score_bytes`). Fitted to XLA:CPU's ``memory_analysis()`` temporaries of the
+#: real update (value_and_grad + AdamW) with blockwise attention, so no score matrices, at hidden
+#: 128 and 512, intermediate / hidden 1, 4 and 8: 12 + 7 x 4 = 40 at 31.6M (measured 40.7);
+#: 17.5 + 7 x f/h at hidden 128 (fixed per-head and per-token terms weigh more in a small
+#: model). The old 8 + 3 x f/h (the residual stream, norms, q/k/v/o and MLP input; MLP hidden x 3)
+#: was half of what XLA keeps: it also keeps the rotary inputs, SwiGLU's gate, up, their
+#: activation and product, and float32 upcasts of the norms.
+ACTIVATION_FACTOR_BASE = 12
+ACTIVATION_FACTOR_MLP = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,20 +81,50 @@ class RematChoice:
                 f"keeps at most {MINIMAL_STATE_FACTOR}x the state; model.remat=true/false, model.remat_policy="
                 "full/minimal to force)")
 
-    @property
-    def full_bytes(self) -> int:
-        return self.activation_bytes // self.factor if self.factor else 0
-
-    factor: float = 0.0  # the no-remat estimate's per-layer-per-token factor (hidden units)
+    full_bytes: int = 0  # what remat_policy=full keeps (the layer inputs) and one layer's recompute
 
 
-def activation_bytes(mc, tokens_per_device: int) -> int:
-    """The memory ledger's estimate of one micro-batch's saved activations without remat:
-    ``layers x tokens x hidden x bytes(dtype) x (ACTIVATION_FACTOR_BASE + 3 x intermediate / hidden)``."""
-    from rljax.trace.ledger import ACTIVATION_FACTOR_BASE
+def _attention_blocked(mc, keys: int) -> bool:
+    """Whether the update's attention over ``keys`` keys runs blockwise (``rljax.models.attention.attention``)."""
+    return mc.attn_block_size is not None and keys > mc.attn_block_size
 
-    factor = ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size
-    return int(mc.num_layers * tokens_per_device * mc.hidden_size * _BYTES.get(str(mc.dtype), 4) * factor)
+
+def score_bytes(mc, rows: int, queries: int, keys: int, *, tp: int = 1) -> int:
+    """One layer's saved attention state for ``rows`` rows of ``queries`` queries over ``keys``
+    keys (heads split over ``tp``), per the implementation the config selects: dense
+    attention (``keys <= model.attn_block_size``, or no block size) keeps the ``[B, H, Tq, Tk]``
+    float32 scores and the probabilities in the compute dtype; blockwise keeps two float32
+    softmax statistics per query and head."""
+    heads = -(-mc.num_heads // max(tp, 1))
+    if _attention_blocked(mc, keys):
+        return rows * heads * queries * 2 * 4
+    return rows * heads * queries * keys * (4 + _BYTES.get(str(mc.dtype), 4))
+
+
+def layer_bytes(mc, rows: int, queries: int, keys: int, *, tp: int = 1) -> int:
+    """One layer's saved activations without remat: ``rows x queries`` tokens x ``hidden`` x
+    bytes(dtype) x (ACTIVATION_FACTOR_BASE + ACTIVATION_FACTOR_MLP x intermediate / hidden),
+    plus :func:`score_bytes`."""
+    factor = ACTIVATION_FACTOR_BASE + ACTIVATION_FACTOR_MLP * mc.intermediate_size / mc.hidden_size
+    per_token = mc.hidden_size * _BYTES.get(str(mc.dtype), 4) * factor
+    return int(rows * queries * per_token) + score_bytes(mc, rows, queries, keys, tp=tp)
+
+
+def activation_bytes(mc, rows: int, seq: int, *, sp: int = 1, tp: int = 1) -> int:
+    """The memory ledger's estimate of one update micro-batch's saved activations on one device
+    without remat: ``layers x`` :func:`layer_bytes` for ``rows`` rows of ``seq / sp`` queries
+    over ``seq`` keys (sequence parallelism all-gathers the keys)."""
+    return mc.num_layers * layer_bytes(mc, rows, -(-seq // max(sp, 1)), seq, tp=tp)
+
+
+def remat_bytes(mc, rows: int, seq: int, *, sp: int = 1, tp: int = 1, policy: str = "full") -> int:
+    """The same with remat: what every layer keeps (``full``: its input; ``minimal``:
+    :func:`minimal_bytes`) plus one layer's activations, recomputed in the backward pass."""
+    q = -(-seq // max(sp, 1))
+    tokens = rows * q
+    kept = (minimal_bytes(mc, tokens) if policy == "minimal"
+            else mc.num_layers * tokens * mc.hidden_size * _BYTES.get(str(mc.dtype), 4))
+    return kept + layer_bytes(mc, rows, q, seq, tp=tp)
 
 
 def minimal_bytes(mc, tokens_per_device: int) -> int:
@@ -117,20 +161,20 @@ def device_memory_bytes(device=None) -> tuple[Optional[int], str]:
     return host // n, f"host memory / {n} local devices" if n > 1 else "host memory"
 
 
-def choose(setting, mc, *, tokens_per_device: int, lora: bool, param_shards: int = 1,
+def choose(setting, mc, *, rows: int, seq: int, lora: bool, sp: int = 1, tp: int = 1,
            device_bytes: Optional[int] = None, device_source: str = "", policy: str = "auto") -> RematChoice:
     """Resolves ``model.remat`` (``auto`` / ``true`` / ``false``; a bool is taken as true / false)
-    and ``model.remat_policy`` (``auto`` / ``full`` / ``minimal``)."""
-    from rljax.trace.ledger import ACTIVATION_FACTOR_BASE
-
+    and ``model.remat_policy`` (``auto`` / ``full`` / ``minimal``) for an update micro-batch of
+    ``rows`` rows of ``seq`` tokens on one device (the sequence split over ``sp``, heads and
+    parameters over ``tp``)."""
     setting = {True: "true", False: "false"}.get(setting, setting)
     if setting not in ("auto", "true", "false"):
         raise ValueError(f"model.remat={setting!r}; accepted: auto, true, false")
     if policy not in ("auto", "full", "minimal"):
         raise ValueError(f"model.remat_policy={policy!r}; accepted: auto, full, minimal")
-    act = activation_bytes(mc, tokens_per_device)
-    kept = minimal_bytes(mc, tokens_per_device)
-    state = state_bytes(mc, lora=lora, param_shards=param_shards)
+    act = activation_bytes(mc, rows, seq, sp=sp, tp=tp)
+    kept = minimal_bytes(mc, rows * -(-seq // max(sp, 1)))
+    state = state_bytes(mc, lora=lora, param_shards=tp)
     if setting == "auto":
         remat = act > state and (device_bytes is None or act > device_bytes * DEVICE_FRACTION)
     else:
@@ -139,26 +183,27 @@ def choose(setting, mc, *, tokens_per_device: int, lora: bool, param_shards: int
         policy = "minimal" if kept <= MINIMAL_STATE_FACTOR * state else "full"
     return RematChoice(setting=setting, remat=remat, policy=policy, activation_bytes=act, minimal_bytes=kept,
                        state_bytes=state, device_bytes=device_bytes, device_source=device_source,
-                       factor=ACTIVATION_FACTOR_BASE + 3 * mc.intermediate_size / mc.hidden_size)
+                       full_bytes=remat_bytes(mc, rows, seq, sp=sp, tp=tp, policy="full"))
 
 
 def for_run(cfg, mc, mesh) -> RematChoice:
-    """``model.remat`` of a run: the update's tokens per device from the configuration and the
-    mesh (a padded micro-batch: ``ceil(micro / dp)`` rows of ``(S + T) / sp`` tokens, or the
-    packed token budget ``actor.ppo_max_token_len_per_device`` when that is larger)."""
+    """``model.remat`` of a run: the update's micro-batch on one device from the configuration and
+    the mesh (a padded micro-batch: ``ceil(micro / dp)`` rows of ``S + T`` tokens split over
+    ``sp``; with the packed token budget ``actor.ppo_max_token_len_per_device``, when that is
+    larger, as many rows of ``S + T`` as hold it)."""
     from rljax.config import derive
 
     shape = dict(mesh.shape) if mesh is not None else {}
     dp, sp, tp = shape.get("dp", 1), shape.get("sp", 1), shape.get("tp", 1)
     sizes = derive(cfg, sp=sp)
     width = sizes.learner_prompt_length + sizes.learner_response_length
-    tokens = math.ceil(sizes.micro_batch_trajectories / dp) * (width // sp)
+    rows = math.ceil(sizes.micro_batch_trajectories / dp)
     a = cfg.actor
     if a.use_remove_padding != "false" and a.use_dynamic_bsz and a.ppo_max_token_len_per_device:
-        tokens = max(tokens, a.ppo_max_token_len_per_device)
+        rows = max(rows, math.ceil(a.ppo_max_token_len_per_device / (width // sp)))
     device = None
     if mesh is not None:
         device = mesh.devices.flat[0]
     limit, source = device_memory_bytes(device)
-    return choose(cfg.model.remat, mc, tokens_per_device=tokens, lora=a.lora.rank > 0, param_shards=tp,
+    return choose(cfg.model.remat, mc, rows=rows, seq=width, sp=sp, tp=tp, lora=a.lora.rank > 0,
                   device_bytes=limit, device_source=source, policy=cfg.model.remat_policy)
