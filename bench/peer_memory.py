@@ -40,11 +40,18 @@ def _reset_peak() -> bool:
         return False
 
 
+def _live_mb() -> float:
+    """Bytes of the JAX arrays alive now (every device), MB: what the process still references."""
+    import jax
+
+    return sum(x.nbytes for x in jax.live_arrays()) / 2**20
+
+
 class MemoryObserver:
-    """Per stage: RSS before and after, and the peak while it ran (MB)."""
+    """Per stage: RSS before and after, the peak while it ran, and the JAX arrays alive after it (MB)."""
 
     def __init__(self):
-        self.rows: list[tuple[int, str, float, float, float]] = []
+        self.rows: list[tuple[int, str, float, float, float, float]] = []
         self._before = 0.0
 
     def step_start(self, step, t):
@@ -53,7 +60,7 @@ class MemoryObserver:
 
     def stage(self, ev):
         s = _status()
-        self.rows.append((ev.step, ev.stage, self._before, s["VmRSS"], s["VmHWM"]))
+        self.rows.append((ev.step, ev.stage, self._before, s["VmRSS"], s["VmHWM"], _live_mb()))
         _reset_peak()
         self._before = _status()["VmRSS"]
 
@@ -96,9 +103,10 @@ def main(argv=None) -> None:
     print(f"RSS MB: start {start['VmRSS']:.0f}, after imports {imported['VmRSS']:.0f}, trainer built "
           f"{built['VmRSS']:.0f}, end {end['VmRSS']:.0f}; process peak {end['VmHWM']:.0f} (since the last reset); "
           f"peak-reset {'works' if _reset_peak() else 'unavailable'}; {time.perf_counter() - t0:.0f} s")
-    print(f"{'step':>4}  {'stage':<20}{'RSS before':>11}{'RSS after':>10}{'stage peak':>11}{'peak - before':>14}")
-    for step, stage, before, after, peak in obs.rows:
-        print(f"{step:>4}  {stage:<20}{before:>11.0f}{after:>10.0f}{peak:>11.0f}{peak - before:>14.0f}")
+    print(f"{'step':>4}  {'stage':<20}{'RSS before':>11}{'RSS after':>10}{'stage peak':>11}{'peak - before':>14}"
+          f"{'live arrays':>12}")
+    for step, stage, before, after, peak, live in obs.rows:
+        print(f"{step:>4}  {stage:<20}{before:>11.0f}{after:>10.0f}{peak:>11.0f}{peak - before:>14.0f}{live:>12.0f}")
     print("".join(f"{line}\n" for line in said if str(line).startswith("remat:")), end="")
     for i, t in enumerate(timings, 1):  # the step's stage seconds; 'outside' = step - the stages' sum
         stages = {k: v for k, v in t.items() if k != "step"}
