@@ -197,6 +197,20 @@ def test_versions_between_calls_and_non_increasing_versions_raise():
     assert sampler.version == 4
 
 
+def test_released_weights_raise_until_new_ones_are_installed():
+    """release_weights (the synchronous trainer, once generation ends): the sampler drops its copy,
+    keeps its version, refuses to generate, and generates with the next update_weights' weights."""
+    sampler = Sampler(engine(5), params(), version=3)
+    greedy = DecodeParams(temperature=0.0, max_new_tokens=8, eos_ids=())
+    sampler.release_weights()
+    assert sampler.params is None and sampler.version == 3
+    with pytest.raises(RuntimeError, match=r"weights \(version 3\) were released"):
+        sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
+    sampler.update_weights(params(1), 4)
+    t = sampler.generate(PROMPTS, uids=UIDS, decode=greedy)
+    assert (t.min_version == 4).all() and responses(t) == [list(r) for r in greedy_recompute(params(1), PROMPTS, 8)]
+
+
 def test_sampler_owns_its_weights():
     """The learner may donate / delete its arrays after a sync, even when the layouts coincide."""
     mine = jax.tree.map(jnp.copy, params())

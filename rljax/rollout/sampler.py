@@ -193,7 +193,17 @@ class Sampler:
     def snapshot(self) -> tuple[Any, int]:
         """``(params, version)`` installed now, read together (a weight push may run in another thread)."""
         with self._lock:
+            if self._params is None:
+                raise RuntimeError(f"the sampler's weights (version {self._version}) were released "
+                                   "(release_weights); install new ones with update_weights before generating")
             return self._params, self._version
+
+    def release_weights(self) -> None:
+        """Drops the sampler's copy of the weights until the next :meth:`update_weights` (the
+        version stays): the synchronous trainer releases them once generation ends, so the
+        learner passes do not hold them; its weight sync installs the updated ones."""
+        with self._lock:
+            self._params = None
 
     # ----------------------------------------------------------------- input checks
 

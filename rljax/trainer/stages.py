@@ -206,7 +206,7 @@ def sync_stages(c: Components) -> list[Stage]:
 
         rollout_fn, reward_fn = rollout_episodes, episode_reward
     stages = [Stage("dataset_item", lambda b: dataset_item(c, b), "data"),
-              Stage("rollout_sessions", lambda b: rollout_fn(c, b), "gen"),
+              Stage("rollout_sessions", lambda b: _release_after(c, rollout_fn(c, b)), "gen"),
               Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard"),
               Stage("reward", lambda b: reward_fn(c, b), "reward")]
     if rollout_share(c).processes > 1:  # the whole batch's row facts and reward report, on the learner side
@@ -224,6 +224,17 @@ def sync_stages(c: Components) -> list[Stage]:
                Stage("weight_sync", lambda b: weight_sync(c, b), "update_weights"),
                Stage("metrics", lambda b: step_metrics(c, b), "metrics")]
     return stages
+
+
+def _release_after(c: Components, out: dict) -> dict:
+    """A synchronous step's generation has ended: the sampler's copy of the weights is not read
+    again before ``weight_sync`` installs the updated ones, so the learner passes run without
+    it (31.6M: 121 MiB less at the update's peak). Not in ``trainer.mode=async``, whose
+    producer keeps generating during the update."""
+    release = getattr(c.sampler, "release_weights", None)
+    if release is not None and c.cfg.trainer.mode != "async":
+        release()
+    return out
 
 
 # ---------------------------------------------------------------------------- producer side
