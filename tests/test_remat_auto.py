@@ -155,7 +155,7 @@ def test_the_estimate_is_what_xla_keeps():
     1.01x), remat full 0.96x. Without the score term the estimate is 2.2x under."""
     mc = get_config("tiny")
     rows, seq = 8, 128
-    assert not R._attention_blocked(mc, seq)
+    assert not R.attention_blocked(mc, seq)
     grads = mc.num_params() * 4
     scores = mc.num_layers * R.score_bytes(mc, rows, seq, seq)
     est = R.activation_bytes(mc, rows, seq)

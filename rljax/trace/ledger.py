@@ -261,7 +261,7 @@ def memory_ledger(inp: LedgerInput) -> dict:
     from rljax.trainer import remat as R
 
     rows_local, q_local = math.ceil(micro / dp), math.ceil(seq / sp)
-    blocked = R._attention_blocked(mc, seq)  # pylint: disable=protected-access
+    blocked = R.attention_blocked(mc, seq)
     attn = (f"blockwise attention ({seq} keys > attn_block_size {mc.attn_block_size}): 2 f32 softmax stats "
             f"x rows x heads_local x Tq" if blocked else
             f"dense attention ({seq} keys): [rows, heads_local, Tq, Tk] scores f32 + probabilities x {cbytes} B")

@@ -84,7 +84,7 @@ class RematChoice:
     full_bytes: int = 0  # what remat_policy=full keeps (the layer inputs) and one layer's recompute
 
 
-def _attention_blocked(mc, keys: int) -> bool:
+def attention_blocked(mc, keys: int) -> bool:
     """Whether the update's attention over ``keys`` keys runs blockwise (``rljax.models.attention.attention``)."""
     return mc.attn_block_size is not None and keys > mc.attn_block_size
 
@@ -96,7 +96,7 @@ def score_bytes(mc, rows: int, queries: int, keys: int, *, tp: int = 1) -> int:
     float32 scores and the probabilities in the compute dtype; blockwise keeps two float32
     softmax statistics per query and head."""
     heads = -(-mc.num_heads // max(tp, 1))
-    if _attention_blocked(mc, keys):
+    if attention_blocked(mc, keys):
         return rows * heads * queries * 2 * 4
     return rows * heads * queries * keys * (4 + _BYTES.get(str(mc.dtype), 4))
 
