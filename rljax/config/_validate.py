@@ -230,9 +230,9 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
 
     Raises:
       ConfigError: when the step's trajectories (``train_batch_size * rollout.n``), a
-      mini-batch (``ppo_mini_batch_size * rollout.n``) or a micro-batch do not divide
-      ``dp``, when ``rollout.tp`` does not divide the devices, or when the mesh needs a
-      different number of devices.
+        mini-batch (``ppo_mini_batch_size * rollout.n``) or a micro-batch do not divide
+        ``dp``, when ``rollout.tp`` does not divide the devices, or when the mesh needs a
+        different number of devices.
     """
     unknown = set(mesh_sizes) - set(MESH_AXES)
     if unknown:
