@@ -36,6 +36,7 @@ class CharTokenizer:
         self._id = {c: i for i, c in enumerate(tokens)}
         self._tok = tokens
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
+        self.chat_template = None
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         ids = [self._id.get(c, self.unk_id) for c in text]
@@ -61,17 +62,32 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-    """Thin wrapper of ``tokenizers.Tokenizer`` with the same ``encode``/``decode`` surface."""
+    """Thin wrapper of ``tokenizers.Tokenizer`` with the same ``encode``/``decode`` surface.
 
-    def __init__(self, tok, *, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None):
+    ``chat_template`` is the Jinja template of the checkpoint's ``tokenizer_config.json``
+    (None without one); :meth:`apply_chat_template` renders it as transformers does.
+    """
+
+    def __init__(self, tok, *, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
+                 chat_template: str | None = None, special_tokens: dict | None = None):
         self._tok = tok
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.bos_id, self.eos_id = bos_id, eos_id
         self.pad_id = pad_id if pad_id is not None else eos_id
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` (``[{"role", "content"}, ...]``) under :attr:`chat_template`."""
+        if self.chat_template is None:
+            raise ValueError("the tokenizer has no chat template (tokenizer_config.json chat_template)")
+        return render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                    **self.special_tokens)
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_bos and self.bos_id is not None:
+        if add_bos and self.bos_id is not None and not (ids and ids[0] == self.bos_id):
+            # a chat template that writes the BOS token itself (Llama 3) gets no second one
             ids = [self.bos_id] + ids
         if add_eos and self.eos_id is not None:
             ids = ids + [self.eos_id]
@@ -82,6 +98,42 @@ class HFTokenizer:
 
     def batch_encode(self, texts: Sequence[str], **kw) -> list[list[int]]:
         return [self.encode(t, **kw) for t in texts]
+
+
+def render_chat_template(template: str, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                         **special_tokens) -> str:
+    """``template`` rendered for ``messages`` in the sandboxed Jinja environment transformers
+    uses (``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``tojson``), with
+    ``bos_token`` / ``eos_token`` (and the other special tokens given) defined."""
+    return _compiled(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                      **special_tokens)
+
+
+_TEMPLATES: dict = {}
+
+
+def _compiled(template: str):
+    if template not in _TEMPLATES:
+        import json
+
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        env.globals["raise_exception"] = raise_exception
+        _TEMPLATES[template] = env.from_string(template)
+    return _TEMPLATES[template]
+
+
+def _token_text(value) -> str | None:
+    """A special token of tokenizer_config.json: a string, or an AddedToken dict with ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def load_tokenizer(path: str, *, bos_id: int | None = None, eos_id: int | None = None, pad_id: int | None = None) -> HFTokenizer:
@@ -106,7 +158,22 @@ def load_tokenizer(path: str, *, bos_id: int | None = None, eos_id: int | None =
         bos_id = cfg.get("bos_token_id") if bos_id is None else bos_id
         eos_id = (eos_cfg[0] if isinstance(eos_cfg, list) else eos_cfg) if eos_id is None else eos_id
         pad_id = cfg.get("pad_token_id") if pad_id is None else pad_id
-    return HFTokenizer(Tokenizer.from_file(file), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    template, special = None, {}
+    tc_path = os.path.join(os.path.dirname(file), "tokenizer_config.json")
+    if os.path.exists(tc_path):
+        import json
+
+        with open(tc_path) as f:
+            tc = json.load(f)
+        template = tc.get("chat_template")
+        if isinstance(template, list):  # several named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        special = {k: _token_text(tc.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    if template is None and os.path.exists(os.path.join(os.path.dirname(file), "chat_template.jinja")):
+        with open(os.path.join(os.path.dirname(file), "chat_template.jinja")) as f:
+            template = f.read()
+    return HFTokenizer(Tokenizer.from_file(file), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                       chat_template=template, special_tokens=special)
 
 
 def tokenizer_for(model_cfg):

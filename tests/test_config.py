@@ -438,7 +438,7 @@ def test_qwen_preset_needs_paths_then_resolves_for_dp8():
     assert "data.path" in _err([], "qwen2_5_0_5b_gsm8k")
     cfg, prov = resolve("qwen2_5_0_5b_gsm8k", ["model.path=/ckpt/qwen", "data.path=/data/gsm8k"])
     assert prov["model.path"] == "cli" and cfg.actor.kl_loss_type == "low_var_kl" and cfg.actor.use_kl_loss
-    assert cfg.data.prompt_template.count("{prompt}") == 1
+    assert cfg.data.prompt_template is None and cfg.data.apply_chat_template == "true"  # the tokenizer's own template
     out = C.validate_for_mesh(cfg, C.parse_mesh_spec(cfg.trainer.mesh))
     assert out["trajectories_per_step"] == cfg.data.train_batch_size * cfg.rollout.n
 

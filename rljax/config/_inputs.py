@@ -159,68 +159,7 @@ def _check_tp(config, vocab: int, vocab_from: str) -> None:
 # ---------------------------------------------------------------------------- data
 
 
-def _records(d, split: str):
-    """The split's examples as ``(where, [{"prompt", "answer", "index"}])`` (prompt before the template)."""
-    if d.dataset == "embedded":
-        from rljax.data._embedded import embedded_examples
-
-        return "data.dataset=embedded", list(embedded_examples(d.embedded, split))
-    from rljax.data._local import local_examples, split_files
-
-    where = f"data.path={d.path!r}"
-    root = Path(d.path).expanduser()
-    if not root.is_dir():
-        raise ConfigError(f"{where} is not a directory (cwd {os.getcwd()}); expected a directory holding "
-                          "train*.jsonl|.json|.parquet and test* files")
-    try:
-        files = split_files(root)
-    except FileNotFoundError as e:
-        raise ConfigError(str(e)) from None
-    if split not in files:
-        raise ConfigError(f"{where} has no {split} file: expected {split}*.jsonl, {split}*.json or {split}*.parquet "
-                          "(the run validates on the test split)")
-    try:
-        return where, [ex for _, ex in local_examples(files[split], prompt_key=d.prompt_key, answer_key=d.answer_key)]
-    except ImportError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
-
-
 def _check_data(config, tokenizer) -> None:
-    from rljax.data._prompts import prepare_prompts
-    from rljax.data._source import DEFAULT_TEMPLATES
+    from rljax.data import check  # the data package checks its own inputs
 
-    d = config.data
-    template = d.prompt_template if d.prompt_template is not None else DEFAULT_TEMPLATES[d.dataset]
-
-    def tokenize(text):  # as the trainer does
-        return tokenizer.encode(text, add_bos=True)
-
-    for split in ("train", "test"):
-        where, examples = _records(d, split)
-        source = [{"prompt": template.format(prompt=ex["prompt"]), "answer": ex["answer"], "index": ex["index"]}
-                  for ex in examples]
-        try:
-            stats = prepare_prompts(source, tokenize, max_length=d.max_prompt_length,
-                                    filter_overlong=d.filter_overlong_prompts, truncation=d.truncation).stats
-        except ConfigError as e:
-            raise ConfigError(f"{where}, {split} split: {e}") from None
-        need = d.train_batch_size if split == "train" else 1
-        if stats.kept >= need:
-            continue
-        if stats.total and stats.filtered == stats.total:
-            raise ConfigError(
-                f"{where}, {split} split: all {stats.total} prompts are longer than data.max_prompt_length="
-                f"{d.max_prompt_length} tokens (the longest has {stats.longest}) and data.filter_overlong_prompts=true "
-                "drops them; raise data.max_prompt_length or set data.truncation=left|right with filtering off"
-            )
-        if stats.total == 0:
-            raise ConfigError(f"{where}: the {split} split is empty")
-        kept = f"{stats.kept} usable prompt{'s' if stats.kept != 1 else ''}"
-        dropped = (f"{stats.total} rows: {stats.filtered} filtered as overlong, "
-                   f"{getattr(stats, 'no_answer', 0)} with an empty or null answer")
-        if split == "train":
-            raise ConfigError(f"{where}, train split: {kept} ({dropped}) are fewer than data.train_batch_size="
-                              f"{d.train_batch_size}; use a smaller batch or a larger dataset")
-        raise ConfigError(f"{where}, test split: no usable prompt to validate on ({dropped})")
+    check(config, tokenizer)

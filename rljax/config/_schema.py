@@ -32,7 +32,7 @@ POLICY_LOSSES = ("vanilla", "gspo", "cispo")
 LOGPROB_IMPLS = ("auto", "chunked", "naive", "pallas")
 TRUNCATIONS = ("error", "left", "right")
 CORRECTIONS = ("none", "token", "sequence")
-DATASETS = ("embedded", "gsm8k")
+DATASETS = ("embedded", "gsm8k", "local")
 EMBEDDED_TASKS = ("add", "reverse", "lookup")
 DTYPES = ("float32", "bfloat16")
 #: Projections that may carry LoRA adapters (rljax.models.lora.TARGETS; HF / PEFT names).
@@ -75,12 +75,28 @@ class EmbeddedTaskConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    dataset: Literal[DATASETS] = _f("embedded", "embedded synthetic task, or GSM8K-format local files")
-    path: Optional[str] = _f(None, "gsm8k: the manual_dir holding train/test .jsonl or .parquet files")
+    dataset: Literal[DATASETS] = _f(
+        "embedded", "embedded synthetic task; gsm8k (local GSM8K-format files); local (any local jsonl / json / "
+        "parquet files or a datasets.save_to_disk directory, verl's parquet layout as is)")
+    path: Optional[str] = _f(None, "gsm8k / local: directory holding train* and test* (local: also validation*) "
+                                   ".jsonl, .json or .parquet files, or a datasets.save_to_disk directory")
     data_dir: Optional[str] = _f(None, "TFDS data_dir for the prepared array_record files (null: TFDS default)")
-    prompt_key: str = _f("question", "gsm8k: field holding the question in the local files")
-    answer_key: str = _f("answer", "gsm8k: field holding the solution ('... #### 42') in the local files")
-    prompt_template: Optional[str] = _f(None, "format string with one '{prompt}' field (null: the dataset's own)")
+    prompt_key: Optional[str] = _f(None, "field holding the prompt: text, or a list of {role, content} messages "
+                                         "(null: gsm8k 'question'; local the first of prompt, question, problem, "
+                                         "query, instruction)")
+    answer_key: Optional[str] = _f(None, "field holding the reference answer given to the reward; a dotted key "
+                                         "reaches into nested fields (null: gsm8k 'answer', '... #### 42'; local the "
+                                         "first of reward_model.ground_truth, ground_truth, answer, solution, target)")
+    messages_key: Optional[str] = _f(None, "local: field holding a whole conversation (TRL's messages); the prompt "
+                                           "is the messages before the last assistant one, whose content is the "
+                                           "answer unless data.answer_key names one")
+    prompt_template: Optional[str] = _f(None, "format string with one '{prompt}' field for text prompts (null: the "
+                                              "dataset's own)")
+    apply_chat_template: Literal["auto", "true", "false"] = _f(
+        "auto", "render prompts with the tokenizer's chat template (tokenizer_config.json chat_template), with a "
+        "generation prompt: auto: message-list prompts; true: text prompts too (as the user message, after "
+        "prompt_template); false: never (message contents joined by blank lines)")
+    system_prompt: Optional[str] = _f(None, "a system message put first in chat-templated prompts that have none")
     train_batch_size: int = _f(32, "prompts per training step", ge=1)
     val_batch_size: Optional[int] = _f(None, "prompts per validation batch (null: the whole test split)", ge=1)
     max_prompt_length: int = _f(16, "prompt tokens after formatting", ge=1)

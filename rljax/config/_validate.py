@@ -119,8 +119,9 @@ def validate(config) -> None:
     if config.algorithm.bypass_mode and r.correction != "none":
         raise ConfigError(f"rollout.correction={r.correction} with algorithm.bypass_mode=true: the correction weights "
                           "would all be 1 (old_logp is the rollout log-prob); use rollout.correction=none")
-    if d.dataset == "gsm8k" and not d.path:
-        raise ConfigError("data.path is required for data.dataset=gsm8k: the directory with train/test .jsonl or .parquet files")
+    if d.dataset in ("gsm8k", "local") and not d.path:
+        raise ConfigError(f"data.path is required for data.dataset={d.dataset}: the directory with train/test .jsonl, "
+                          ".json or .parquet files" + (" or a datasets.save_to_disk directory" if d.dataset == "local" else ""))
     check_template("data.prompt_template", d.prompt_template)
     check_reward_spec(config.reward.function)
     check_estimator_spec(config.algorithm.adv_estimator)

@@ -19,7 +19,9 @@ Importing this package does not import TensorFlow or TFDS; :func:`load_split` im
 TFDS (which does not import TensorFlow for array_record data). Nothing is downloaded.
 """
 
+from rljax.data._check import check
 from rljax.data._embedded import embedded_example, embedded_examples
+from rljax.data._format import PromptFormatter
 from rljax.data._iterator import PromptIterator
 from rljax.data._local import read_records, split_files
 from rljax.data._pipeline import build_prompts, data_seed, train_iterator, val_iterator
@@ -34,7 +36,9 @@ __all__ = [
     "PromptIterator",
     "PromptSource",
     "PromptStats",
+    "PromptFormatter",
     "build_prompts",
+    "check",
     "data_seed",
     "embedded_example",
     "embedded_examples",

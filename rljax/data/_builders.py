@@ -13,6 +13,7 @@ Features: ``prompt`` (text before formatting), ``answer`` (reference answer), ``
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -97,3 +98,60 @@ class RljaxGsm8k(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self, paths):
         cfg = self.builder_config
         yield from _local.local_examples(paths, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
+
+
+def _local_features():
+    return tfds.features.FeaturesDict(
+        {
+            "prompt": tfds.features.Text(),  # text, or a chat message list as JSON (chat=1)
+            "chat": tfds.features.Scalar(np.int64),
+            "answer": tfds.features.Text(),
+            "solution": tfds.features.Text(),
+            "data_source": tfds.features.Text(),
+            "extra_info": tfds.features.Text(),  # JSON object
+            "index": tfds.features.Scalar(np.int64),
+        }
+    )
+
+
+@dataclasses.dataclass(eq=False)
+class LocalBuilderConfig(tfds.core.BuilderConfig):
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    messages_key: str | None = None
+
+
+class RljaxLocal(tfds.core.GeneratorBasedBuilder):
+    """Any local layout (:func:`rljax.data._local.local_rows`): JSONL / JSON / Parquet files or a
+    ``datasets`` directory, verl's parquet layout included. Records are streamed from the
+    files into array_record shards, so a split larger than memory is never held whole."""
+
+    VERSION = _VERSION
+    BUILDER_CONFIGS = [LocalBuilderConfig(name="default", version=_VERSION)]
+    MANUAL_DOWNLOAD_INSTRUCTIONS = (
+        "Put train* / test* .jsonl, .json or .parquet files (or a datasets.save_to_disk directory) in a "
+        "directory and pass it as data.path."
+    )
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, description="local files", features=_local_features(),
+                                     disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+        files = _local.split_files(dl_manager.manual_dir, test_names=_local.TEST_NAMES)
+        return {split: self._generate_examples(paths) for split, paths in files.items()}
+
+    def _generate_examples(self, paths):
+        cfg = self.builder_config
+        for row in _local.local_rows(paths, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+                                     messages_key=cfg.messages_key):
+            chat = not isinstance(row["prompt"], str)
+            yield row["index"], {
+                "prompt": json.dumps(row["prompt"], ensure_ascii=False) if chat else row["prompt"],
+                "chat": int(chat),
+                "answer": row["answer"],
+                "solution": "",
+                "data_source": row["data_source"],
+                "extra_info": json.dumps(row["extra_info"], ensure_ascii=False, default=str),
+                "index": row["index"],
+            }

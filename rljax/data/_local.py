@@ -1,11 +1,18 @@
-"""Local GSM8K-format files: ``question`` / ``answer`` records in JSONL, JSON or Parquet.
+"""Local files: JSONL, JSON, Parquet, and Hugging Face ``datasets`` directories.
 
 Files for a split are found under the ``manual_dir`` (recursively) by name: any
 ``.jsonl``, ``.json`` or ``.parquet`` file whose name starts with the split name
 (``train.jsonl``, ``test.parquet``, the Hugging Face layout
-``main/train-00000-of-00001.parquet``). The ``answer`` field follows the GSM8K convention
+``main/train-00000-of-00001.parquet``). A directory written by ``datasets``'
+``DatasetDict.save_to_disk`` (``dataset_dict.json``, one directory of ``.arrow`` files per
+split) is read as it is. Every reader streams: a Parquet file by record batches, JSONL by
+line, Arrow files memory-mapped, so a split larger than memory is never held whole (a
+``.json`` file holding one JSON list is the exception: it is parsed whole).
+
+``data.dataset=gsm8k``: the ``answer`` field follows the GSM8K convention
 ``"<reasoning> #### 42"``; the reference answer is what follows the last ``####``
-(:func:`rljax.reward.gsm8k_ground_truth`).
+(:func:`rljax.reward.gsm8k_ground_truth`). ``data.dataset=local``: :func:`local_rows` maps
+any layout (verl's included) to prompt, answer, data source and extra info.
 """
 
 from __future__ import annotations
@@ -19,18 +26,52 @@ from rljax.reward import gsm8k_ground_truth
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 SPLITS = ("train", "test")
+#: Split names of a saved ``DatasetDict`` (or file-name prefixes) read as the test split.
+TEST_NAMES = ("test", "validation", "val")
 
 
-def split_files(manual_dir: str | Path) -> dict[str, list[Path]]:
-    """``{split: [files]}`` for the splits present under ``manual_dir`` (sorted paths)."""
+def _hf_split_files(split_dir: Path) -> list[Path]:
+    """The ``.arrow`` files of one ``Dataset.save_to_disk`` directory, in ``state.json``'s order."""
+    state = json.loads((split_dir / "state.json").read_text())
+    return [split_dir / f["filename"] for f in state.get("_data_files", [])]
+
+
+def hf_dataset_splits(root: Path) -> dict[str, list[Path]] | None:
+    """``{split: [.arrow files]}`` of a ``datasets`` directory (``DatasetDict.save_to_disk``:
+    ``dataset_dict.json``; a lone ``Dataset.save_to_disk``: ``state.json``, its train split),
+    or None when ``root`` is not one. ``validation`` / ``val`` are read as the test split."""
+    if (root / "dataset_dict.json").is_file():
+        names = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
+        out: dict[str, list[Path]] = {}
+        for name in names:
+            split = "test" if name in TEST_NAMES else name
+            if split in SPLITS and split not in out:
+                out[split] = _hf_split_files(root / name)
+        return out
+    if (root / "state.json").is_file():
+        return {"train": _hf_split_files(root)}
+    return None
+
+
+def split_files(manual_dir: str | Path, *, test_names: tuple = ("test",)) -> dict[str, list[Path]]:
+    """``{split: [files]}`` for the splits present under ``manual_dir`` (sorted paths), or the
+    ``.arrow`` files of a ``datasets`` directory (:func:`hf_dataset_splits`). A file whose
+    name starts with one of ``test_names`` belongs to the test split."""
     root = Path(manual_dir).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"data.path={str(manual_dir)!r} is not a directory")
+    hf = hf_dataset_splits(root)
+    if hf is not None:
+        if "train" not in hf:
+            raise FileNotFoundError(f"data.path={str(manual_dir)!r} is a datasets directory without a train split")
+        return hf
     out: dict[str, list[Path]] = {}
+    prefixes = [("train", "train")] + [(name, "test") for name in test_names]
     for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in EXTENSIONS):
-        for split in SPLITS:
-            if f.name.startswith(split):
+        for prefix, split in prefixes:
+            if f.name.startswith(prefix):
                 out.setdefault(split, []).append(f)
+                break
     if "train" not in out:
         raise FileNotFoundError(
             f"data.path={str(manual_dir)!r} has no train file: expected train*.jsonl, train*.json or train*.parquet"
@@ -49,11 +90,11 @@ def check_not_empty(files: dict[str, list[Path]], manual_dir: str | Path) -> Non
             raise ConfigError(f"data.path={str(manual_dir)!r}: the {split} split is empty ({names} hold no records)")
 
 
-def fingerprint(manual_dir: str | Path, *keys: str) -> str:
+def fingerprint(manual_dir: str | Path, *keys, test_names: tuple = ("test",)) -> str:
     """A short hash of the split files (relative path, size, mtime) and ``keys``: a changed file rebuilds."""
     h = hashlib.sha1()
     root = Path(manual_dir).expanduser()
-    for split, files in sorted(split_files(root).items()):
+    for split, files in sorted(split_files(root, test_names=test_names).items()):
         for f in files:
             st = f.stat()
             h.update(f"{split}|{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -69,8 +110,15 @@ def read_records(path: Path) -> Iterator[dict]:
             import pyarrow.parquet as pq
         except ImportError as e:  # pragma: no cover - pyarrow comes with tensorflow-datasets
             raise ImportError("reading Parquet needs pyarrow: pip install pyarrow") from e
-        table = pq.read_table(path)
-        yield from table.to_pylist()
+        with pq.ParquetFile(path) as f:
+            for batch in f.iter_batches(batch_size=1024):
+                yield from batch.to_pylist()
+    elif path.suffix == ".arrow":  # datasets' save_to_disk: an Arrow IPC stream, memory-mapped
+        import pyarrow as pa
+
+        with pa.memory_map(str(path)) as src:
+            for batch in pa.ipc.open_stream(src):
+                yield from batch.to_pylist()
     elif path.suffix == ".jsonl":
         with path.open() as f:
             for lineno, line in enumerate(f, 1):
@@ -85,6 +133,11 @@ def read_records(path: Path) -> Iterator[dict]:
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of objects")
         yield from data
+
+
+def gsm8k_keys(data_cfg) -> tuple[str, str]:
+    """``(prompt_key, answer_key)`` of ``data.dataset=gsm8k`` (null keys: ``question``, ``answer``)."""
+    return data_cfg.prompt_key or "question", data_cfg.answer_key or "answer"
 
 
 def local_examples(files: list[Path], *, prompt_key: str = "question", answer_key: str = "answer") -> Iterator[tuple[int, dict]]:
@@ -107,3 +160,124 @@ def local_examples(files: list[Path], *, prompt_key: str = "question", answer_ke
                 "index": index,
             }
             index += 1
+
+
+# ---------------------------------------------------------------------------- data.dataset=local
+
+#: Where ``data.dataset=local`` looks for the prompt and the answer when ``data.prompt_key`` /
+#: ``data.answer_key`` are null: verl's layout first, then common names.
+PROMPT_KEYS = ("prompt", "question", "problem", "query", "instruction")
+ANSWER_KEYS = ("reward_model.ground_truth", "ground_truth", "answer", "solution", "target")
+
+
+def field(rec: dict, key: str):
+    """``rec[key]``, where a dotted key reaches into nested dicts (``reward_model.ground_truth``);
+    raises KeyError when absent."""
+    if key in rec:
+        return rec[key]
+    value = rec
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(key)
+        value = value[part]
+    return value
+
+
+def has_field(rec: dict, key: str) -> bool:
+    try:
+        field(rec, key)
+    except KeyError:
+        return False
+    return True
+
+
+def is_messages(value) -> bool:
+    """A chat message list: ``[{"role": ..., "content": ...}, ...]``."""
+    return (isinstance(value, (list, tuple)) and len(value) > 0
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in value))
+
+
+def resolve_keys(rec: dict, *, prompt_key: str | None, answer_key: str | None,
+                 messages_key: str | None) -> tuple[str | None, str | None]:
+    """``(prompt_key, answer_key)`` for a layout, the null ones found from ``rec`` (the first
+    record); None when nothing matches (the caller names what it looked for)."""
+    if messages_key is None and prompt_key is None:
+        prompt_key = next((k for k in PROMPT_KEYS if has_field(rec, k)), None)
+    if answer_key is None:
+        answer_key = next((k for k in ANSWER_KEYS if has_field(rec, k)), None)
+    return prompt_key, answer_key
+
+
+def _answer_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def local_rows(files: list[Path], *, prompt_key: str | None = None, answer_key: str | None = None,
+               messages_key: str | None = None) -> Iterator[dict]:
+    """One dict per record of ``files``, in order: ``prompt`` (text, or a chat message list),
+    ``answer`` (the reference answer given to the reward), ``data_source`` (verl's dataset
+    name, ``""`` when absent), ``extra_info`` (a dict, ``{}`` when absent) and ``index``.
+
+    * ``messages_key``: the field holds a conversation; the prompt is its messages before the
+      last assistant message, whose content is the answer unless ``answer_key`` names one.
+    * otherwise ``prompt_key`` (null: the first of :data:`PROMPT_KEYS` in the first record)
+      holds text or a message list (verl's ``prompt``).
+    * ``answer_key`` (null: the first of :data:`ANSWER_KEYS`): a dotted key reaches into nested
+      fields (verl's ``reward_model.ground_truth``).
+
+    Raises ValueError naming the file, the record, the keys looked for and the fields it has.
+    """
+    index, keys = 0, None
+    for path in files:
+        for i, rec in enumerate(read_records(path)):
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path} record {i} is a {type(rec).__name__}, not an object with fields")
+            if keys is None:
+                keys = resolve_keys(rec, prompt_key=prompt_key, answer_key=answer_key, messages_key=messages_key)
+            yield {**_row(rec, path, i, keys, messages_key, answer_key), "index": index}
+            index += 1
+
+
+def _row(rec: dict, path: Path, i: int, keys, messages_key, answer_key_cfg) -> dict:
+    pkey, akey = keys
+    have = ", ".join(sorted(rec))
+    answer = None
+    if messages_key is not None:
+        if messages_key not in rec or not is_messages(rec[messages_key]):
+            raise ValueError(f"{path} record {i}: data.messages_key={messages_key!r} is not a list of "
+                             f"{{role, content}} messages; fields: {have}")
+        conv = list(rec[messages_key])
+        last = max((j for j, m in enumerate(conv) if m["role"] == "assistant"), default=None)
+        prompt = conv if last is None else conv[:last]
+        if last is not None and answer_key_cfg is None:
+            answer = conv[last]["content"]
+        if not prompt:
+            raise ValueError(f"{path} record {i}: data.messages_key={messages_key!r} has no message before the "
+                             "last assistant message")
+    else:
+        if pkey is None or not has_field(rec, pkey):
+            looked = repr(pkey) if pkey else "any of " + ", ".join(PROMPT_KEYS)
+            raise ValueError(f"{path} record {i} has no prompt field ({looked}); fields: {have}; "
+                             "set data.prompt_key (or data.messages_key for a conversation)")
+        prompt = field(rec, pkey)
+        if prompt is not None and not isinstance(prompt, str) and not is_messages(prompt):
+            raise ValueError(f"{path} record {i}: data.prompt_key={pkey!r} holds a {type(prompt).__name__}; "
+                             "accepted: text, or a list of {role, content} messages")
+        prompt = [dict(m) for m in prompt] if is_messages(prompt) else ("" if prompt is None else prompt)
+    if answer is None:
+        if akey is None or not has_field(rec, akey):
+            looked = repr(akey) if akey else "any of " + ", ".join(ANSWER_KEYS)
+            raise ValueError(f"{path} record {i} has no answer field ({looked}); fields: {have}; "
+                             "set data.answer_key (a dotted key reaches into nested fields)")
+        answer = field(rec, akey)
+    extra = rec.get("extra_info")
+    return {
+        "prompt": prompt,
+        "answer": _answer_text(answer),
+        "data_source": "" if rec.get("data_source") is None else str(rec["data_source"]),
+        "extra_info": dict(extra) if isinstance(extra, dict) else {},
+    }

@@ -21,7 +21,8 @@ def data_seed(config) -> int:
 
 
 def build_prompts(
-    config, split: str, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None
+    config, split: str, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None,
+    chat_template: Callable | None = None,
 ) -> PreparedPrompts:
     """The ``split``'s prompts, formatted, tokenized, filtered/truncated per ``config.data``.
 
@@ -31,7 +32,7 @@ def build_prompts(
     naming the first."""
     d = config.data
     try:
-        source = load_split(d, split, data_dir=data_dir)
+        source = load_split(d, split, data_dir=data_dir, chat_template=chat_template)
     except ConfigError:
         raise
     except (OSError, ValueError) as e:  # a missing file or split, a bad record: the user's data, one line
@@ -54,13 +55,14 @@ def train_iterator(
     *,
     data_dir: str | os.PathLike | None = None,
     state: Mapping[str, Any] | None = None,
+    chat_template: Callable | None = None,
 ) -> PromptIterator:
     """Endless batches of ``data.train_batch_size`` prompts from the train split.
 
     ``iterator.source.stats`` holds the filter/truncation counts; ``iterator.state()`` is
     what the checkpoint saves and ``state=`` resumes from.
     """
-    prompts = build_prompts(config, "train", tokenize, data_dir=data_dir)
+    prompts = build_prompts(config, "train", tokenize, data_dir=data_dir, chat_template=chat_template)
     return PromptIterator(
         prompts, config.data.train_batch_size, seed=data_seed(config), shuffle=config.data.shuffle,
         drop_last=True, state=state,
@@ -68,10 +70,11 @@ def train_iterator(
 
 
 def val_iterator(
-    config, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None
+    config, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None,
+    chat_template: Callable | None = None,
 ) -> PromptIterator:
     """One in-order pass over the test split in batches of ``data.val_batch_size`` (null: one
     batch); the last batch may be shorter (pad it and mark ``is_padding``)."""
-    prompts = build_prompts(config, "test", tokenize, data_dir=data_dir)
+    prompts = build_prompts(config, "test", tokenize, data_dir=data_dir, chat_template=chat_template)
     size = config.data.val_batch_size or len(prompts)
     return PromptIterator(prompts, size, seed=0, shuffle=False, drop_last=False, num_epochs=1)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 from rljax.config import ConfigError
 
@@ -31,7 +34,8 @@ def truncate_ids(ids: Sequence[int], max_length: int, mode: str) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
-    """One tokenized prompt: ``position`` in the split, dataset row ``index``, text, ids, answer."""
+    """One tokenized prompt: ``position`` in the split, dataset row ``index``, text, ids, answer,
+    and verl's ``data_source`` / ``extra_info`` (given to the reward function)."""
 
     position: int
     index: int
@@ -39,6 +43,17 @@ class Prompt:
     ids: tuple
     answer: str
     truncated: bool
+    data_source: str = ""
+    extra_info: Any = dataclasses.field(default_factory=dict)
+
+    def reward_extra(self) -> dict:
+        """The keyword arguments a reward function gets for this prompt: ``data_source`` (when
+        the dataset names one) and the ``extra_info`` fields (verl's ``compute_score`` receives
+        them as ``extra_info``)."""
+        extra = dict(self.extra_info or {})
+        if self.data_source:
+            extra["data_source"] = self.data_source
+        return extra
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,17 +77,33 @@ class PromptStats:
 
 
 class PreparedPrompts(Sequence):
-    """The kept prompts of a split (a sequence of :class:`Prompt`) and their :class:`PromptStats`."""
+    """The kept prompts of a split (a sequence of :class:`Prompt`) and their :class:`PromptStats`.
 
-    def __init__(self, prompts: list[Prompt], stats: PromptStats):
-        self._prompts = prompts
+    Only the kept positions (8 bytes each) and truncation flags are held; ``prompts[i]``
+    reads the item from the source and tokenizes it again, so a split larger than memory
+    iterates in constant memory."""
+
+    def __init__(self, source: Sequence[Mapping], tokenize: Callable[[str], Sequence[int]], positions: np.ndarray,
+                 truncated: np.ndarray, stats: PromptStats, truncation: str):
+        self._source, self._tokenize = source, tokenize
+        self._positions, self._truncated = positions, truncated
+        self._truncation = truncation
         self.stats = stats
 
     def __len__(self) -> int:
-        return len(self._prompts)
+        return len(self._positions)
 
     def __getitem__(self, i):
-        return self._prompts[i]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        pos = int(self._positions[i])
+        item = self._source[pos]
+        ids = list(self._tokenize(item["prompt"]))
+        cut = bool(self._truncated[i])
+        if cut:
+            ids = truncate_ids(ids, self.stats.max_length, self._truncation)
+        return Prompt(pos, int(item.get("index", pos)), item["prompt"], tuple(ids), item["answer"], cut,
+                      item.get("data_source", ""), item.get("extra_info") or {})
 
 
 def prepare_prompts(
@@ -106,13 +137,16 @@ def prepare_prompts(
         raise ConfigError(f"data.max_prompt_length={max_length} is out of range; it must be >= 1")
     if truncation not in TRUNCATIONS:
         raise ConfigError(f"data.truncation={truncation!r} is not accepted; accepted: {', '.join(TRUNCATIONS)}")
-    kept, filtered, truncated, longest = [], 0, 0, 0
-    overlong_rows, no_answer_rows = [], []
-    for pos in range(len(source)):
-        item = source[pos]
+    kept, cut, filtered, truncated, longest = array.array("q"), bytearray(), 0, 0, 0  # 9 bytes a row
+    overlong_rows, overlong, no_answer, first_no_answer = [], 0, 0, None
+    total = 0
+    for pos, item in enumerate(source):  # a sequence, or any iterable when only the stats are wanted
+        total += 1
         index = int(item.get("index", pos))
         if item["answer"] is None or not str(item["answer"]).strip():
-            no_answer_rows.append(index)
+            no_answer += 1
+            if first_no_answer is None:
+                first_no_answer = index
             continue
         ids = list(tokenize(item["prompt"]))
         longest = max(longest, len(ids))
@@ -122,19 +156,22 @@ def prepare_prompts(
                 filtered += 1
                 continue
             if truncation == "error":
-                overlong_rows.append((index, len(ids)))
+                if not overlong_rows:
+                    overlong_rows.append((index, len(ids)))
+                overlong += 1
                 continue
             ids = truncate_ids(ids, max_length, truncation)
             truncated += 1
             was_cut = True
-        kept.append(Prompt(pos, index, item["prompt"], tuple(ids), item["answer"], was_cut))
+        kept.append(pos)
+        cut.append(was_cut)
     if overlong_rows:
         row, length = overlong_rows[0]
         raise ConfigError(
-            f"{len(overlong_rows)} of {len(source)} prompts are longer than data.max_prompt_length={max_length} "
+            f"{overlong} of {total} prompts are longer than data.max_prompt_length={max_length} "
             f"(first: row {row}, {length} tokens); set data.filter_overlong_prompts=true, data.truncation=left|right, "
             "or a larger data.max_prompt_length"
         )
-    stats = PromptStats(len(source), len(kept), filtered, truncated, max_length, longest, len(no_answer_rows),
-                        no_answer_rows[0] if no_answer_rows else None)
-    return PreparedPrompts(kept, stats)
+    stats = PromptStats(total, len(kept), filtered, truncated, max_length, longest, no_answer, first_no_answer)
+    return PreparedPrompts(source, tokenize, np.frombuffer(kept, np.int64) if kept else np.zeros(0, np.int64),
+                           np.frombuffer(bytes(cut), bool) if cut else np.zeros(0, bool), stats, truncation)

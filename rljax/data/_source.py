@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ DEFAULT_TEMPLATES = {
     "embedded": "{prompt}",
     # verl's GSM8K instruction (examples/data_preprocess/gsm8k.py).
     "gsm8k": '{prompt} Let\'s think step by step and output the final answer after "####".',
+    "local": "{prompt}",
 }
 
 
@@ -65,14 +67,26 @@ def _prepare(data_cfg, data_dir):
         if not data_cfg.path:
             raise ValueError("data.path is required for data.dataset=gsm8k")
         _local.check_not_empty(_local.split_files(data_cfg.path), data_cfg.path)
-        name = "files-" + _local.fingerprint(data_cfg.path, data_cfg.prompt_key, data_cfg.answer_key)
+        prompt_key, answer_key = _local.gsm8k_keys(data_cfg)
+        name = "files-" + _local.fingerprint(data_cfg.path, prompt_key, answer_key)
         config = _builders.Gsm8kBuilderConfig(
-            name=name, version=_builders._VERSION, prompt_key=data_cfg.prompt_key, answer_key=data_cfg.answer_key
+            name=name, version=_builders._VERSION, prompt_key=prompt_key, answer_key=answer_key
         )
         builder = _builders.RljaxGsm8k(config=config, data_dir=data_dir, file_format="array_record")
         download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
+    elif data_cfg.dataset == "local":
+        if not data_cfg.path:
+            raise ValueError("data.path is required for data.dataset=local")
+        files = _local.split_files(data_cfg.path, test_names=_local.TEST_NAMES)
+        _local.check_not_empty(files, data_cfg.path)
+        keys = (data_cfg.prompt_key, data_cfg.answer_key, data_cfg.messages_key)
+        name = "local-" + _local.fingerprint(data_cfg.path, *map(str, keys), test_names=_local.TEST_NAMES)
+        config = _builders.LocalBuilderConfig(name=name, version=_builders._VERSION, prompt_key=keys[0],
+                                              answer_key=keys[1], messages_key=keys[2])
+        builder = _builders.RljaxLocal(config=config, data_dir=data_dir, file_format="array_record")
+        download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
     else:
-        raise ValueError(f"unknown data.dataset {data_cfg.dataset!r}; accepted: embedded, gsm8k")
+        raise ValueError(f"unknown data.dataset {data_cfg.dataset!r}; accepted: embedded, gsm8k, local")
     builder.download_and_prepare(download_config=download_config)
     return builder
 
@@ -80,16 +94,22 @@ def _prepare(data_cfg, data_dir):
 class PromptSource(Sequence):
     """Random-access examples of one split: ``source[i]`` is a dict with
 
-    * ``prompt``: the formatted prompt text (``data.prompt_template`` applied),
-    * ``raw_prompt``: the text before formatting,
+    * ``prompt``: the formatted prompt text (:class:`~rljax.data.PromptFormatter`:
+      ``data.prompt_template``, the chat template),
+    * ``raw_prompt``: the text (or message list) before formatting,
     * ``answer``: the reference answer given to the reward function,
+    * ``data_source``, ``extra_info``: verl's fields (``""`` and ``{}`` when the dataset has none),
     * ``index``: the example's row in the dataset's generation order (the trace's
       "dataset row index"), ``position``: ``i``.
+
+    ``format`` is a :class:`~rljax.data.PromptFormatter` or a template string.
     """
 
-    def __init__(self, data_source, template: str, split: str):
+    def __init__(self, data_source, format, split: str):
+        from rljax.data._format import PromptFormatter
+
         self._ds = data_source
-        self._template = template
+        self._format = PromptFormatter(format) if isinstance(format, str) else format
         self.split = split
 
     def __len__(self) -> int:
@@ -104,10 +124,14 @@ class PromptSource(Sequence):
         i = int(i) % n
         rec = self._ds[i]
         raw = _text(rec["prompt"])
+        if int(rec.get("chat", 0)):
+            raw = json.loads(raw)
         return {
-            "prompt": self._template.format(prompt=raw),
+            "prompt": self._format(raw),
             "raw_prompt": raw,
             "answer": _text(rec["answer"]),
+            "data_source": _text(rec["data_source"]) if "data_source" in rec else "",
+            "extra_info": json.loads(_text(rec["extra_info"])) if "extra_info" in rec else {},
             "index": int(rec["index"]),
             "position": i,
         }
@@ -117,11 +141,21 @@ def _text(v) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-def load_split(data_cfg, split: str, *, data_dir: str | os.PathLike | None = None) -> PromptSource:
-    """The ``split`` (``"train"`` or ``"test"``) of ``data_cfg``'s dataset, building it if needed."""
+def formatter(data_cfg, chat_template=None):
+    """The :class:`~rljax.data.PromptFormatter` of ``data_cfg`` (``chat_template``: the tokenizer's
+    ``apply_chat_template``, None when it has no template)."""
+    from rljax.data._format import PromptFormatter
+
+    template = data_cfg.prompt_template if data_cfg.prompt_template is not None else DEFAULT_TEMPLATES[data_cfg.dataset]
+    return PromptFormatter(template, apply_chat_template=data_cfg.apply_chat_template,
+                           system_prompt=data_cfg.system_prompt, chat_template=chat_template)
+
+
+def load_split(data_cfg, split: str, *, data_dir: str | os.PathLike | None = None, chat_template=None) -> PromptSource:
+    """The ``split`` (``"train"`` or ``"test"``) of ``data_cfg``'s dataset, building it if needed;
+    ``chat_template`` renders message lists (the tokenizer's ``apply_chat_template``)."""
     builder = prepare(data_cfg, data_dir=data_dir)
     splits = sorted(builder.info.splits.keys())
     if split not in splits:
         raise ValueError(f"data.dataset={data_cfg.dataset} has no {split!r} split; available: {', '.join(splits)}")
-    template = data_cfg.prompt_template if data_cfg.prompt_template is not None else DEFAULT_TEMPLATES[data_cfg.dataset]
-    return PromptSource(builder.as_data_source(split=split), template, split)
+    return PromptSource(builder.as_data_source(split=split), formatter(data_cfg, chat_template), split)

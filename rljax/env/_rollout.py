@@ -496,7 +496,9 @@ def episode_scores(traj: EpisodeTrajectories, reward_fn, prompts, *, max_error_f
     from rljax.reward import score_batch
 
     answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
+    extras = [prompts[traj.group_id[i]].reward_extra() if not traj.is_padding[i] else {} for i in range(traj.batch_size)]
     scores, report = score_batch(reward_fn, list(traj.final_text), answers, list(traj.uid),
-                                 max_error_fraction=max_error_fraction, is_padding=traj.is_padding)
+                                 max_error_fraction=max_error_fraction, is_padding=traj.is_padding,
+                                 extras=extras if any(extras) else None)
     env = np.asarray(traj.env_reward)
     return np.where(np.isnan(env), scores, env).astype(np.float32), report

@@ -20,12 +20,26 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "gsm8k": gsm8k_reward,
     "exact_match": exact_match_reward,
 }
-#: The reward ``reward.function=auto`` picks for each ``data.dataset``.
-DATASET_REWARDS = {"embedded": "embedded", "gsm8k": "gsm8k"}
+#: The reward ``reward.function=auto`` picks for each ``data.dataset`` (``local``: by each row's
+#: ``data_source``, :func:`data_source_reward`).
+DATASET_REWARDS = {"embedded": "embedded", "gsm8k": "gsm8k", "local": "data_source"}
 
 
 #: verl's ``data_source`` for each ``data.dataset`` (what verl's own reward functions dispatch on).
 DATA_SOURCES = {"gsm8k": "openai/gsm8k", "embedded": "rljax/embedded"}
+#: The built-in reward for each ``data_source`` a ``data.dataset=local`` row may name (as
+#: verl's ``default_compute_score`` dispatches).
+DATA_SOURCE_REWARDS = {"openai/gsm8k": "gsm8k", "rljax/embedded": "embedded"}
+
+
+def data_source_reward(response: str, answer: str, *, data_source: str | None = None, **extra) -> float:
+    """``reward.function=auto`` for ``data.dataset=local``: the built-in reward of the row's
+    ``data_source`` (:data:`DATA_SOURCE_REWARDS`); raises ValueError for any other."""
+    name = DATA_SOURCE_REWARDS.get(data_source)
+    if name is None:
+        raise ValueError(f"no built-in reward for data_source={data_source!r} (built-in: "
+                         f"{', '.join(DATA_SOURCE_REWARDS)}); set reward.function=path/to/file.py:compute_score")
+    return BUILTIN_REWARDS[name](response, answer, **extra)
 #: The leading parameters that mark verl's reward signature.
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
 
@@ -148,6 +162,8 @@ def get_reward_fn(spec: str = "auto", *, dataset: str | None = None) -> RewardFn
                 f"set reward.function to one of {', '.join(BUILTIN_REWARDS)} or path/to/file.py:function_name"
             )
         spec = DATASET_REWARDS[dataset]
+        if spec == "data_source":
+            return data_source_reward
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     return load_reward_plugin(spec, data_source=DATA_SOURCES.get(dataset, dataset))

@@ -198,8 +198,10 @@ class Trainer:
         if jax.process_count() > 1:  # TFDS does not guard two processes building one dataset
             data_dir = os.path.join(data_dir, f"process{jax.process_index()}")
         tokenize = lambda text: self.tokenizer.encode(text, add_bos=True)  # noqa: E731
-        self._train_iterator = lambda state=None: train_iterator(cfg, tokenize, data_dir=data_dir, state=state)
-        self._val_iterator = lambda: val_iterator(cfg, tokenize, data_dir=data_dir)
+        chat = self.tokenizer.apply_chat_template if getattr(self.tokenizer, "chat_template", None) else None
+        self._train_iterator = lambda state=None: train_iterator(cfg, tokenize, data_dir=data_dir, state=state,
+                                                                 chat_template=chat)
+        self._val_iterator = lambda: val_iterator(cfg, tokenize, data_dir=data_dir, chat_template=chat)
 
         trajectories, micro = sizes.trajectories_per_step, sizes.micro_batch_trajectories
         # actor.skip_old_log_prob: old_logp from the update itself (detached) when it is exactly

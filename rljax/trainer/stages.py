@@ -291,8 +291,9 @@ def score(c: Components, traj, prompts, *, max_error_fraction: float):
 
     responses = [c.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]]) for i in range(traj.batch_size)]
     answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
+    extras = [prompts[traj.group_id[i]].reward_extra() if not traj.is_padding[i] else {} for i in range(traj.batch_size)]
     return score_batch(c.reward_fn, responses, answers, list(traj.uid), max_error_fraction=max_error_fraction,
-                       is_padding=traj.is_padding)
+                       is_padding=traj.is_padding, extras=extras if any(extras) else None)
 
 
 def reward(c: Components, b) -> dict:

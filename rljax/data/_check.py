@@ -1,0 +1,185 @@
+"""The data pre-flight: :func:`check` reads a config's dataset as the trainer will, before
+anything is written, and raises one-line :class:`~rljax.config.ConfigError` s.
+
+Pure Python (no TFDS, no JAX): the files are streamed by :mod:`rljax.data._local`'s
+readers, every prompt is formatted and tokenized exactly as the trainer does (so a config
+that passes here does not fail the same way after compilation), and only counts are kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rljax.config import ConfigError
+
+#: Answers of the train split looked at to tell the answer form from what the reward expects.
+ANSWER_SAMPLE = 64
+
+
+def check(config, tokenizer=None) -> None:
+    """Checks ``config.data`` against its files; raises :class:`ConfigError` (one line).
+
+    In order, per split (train, then test): the files exist and hold records with the
+    prompt and answer fields (``data.prompt_key`` / ``data.answer_key`` / ``data.messages_key``);
+    the tokenizer has a chat template when prompts need one (message lists, or
+    ``data.apply_chat_template=true``) and it renders them; the answers have the form the
+    reward expects (the first :data:`ANSWER_SAMPLE` train answers: GSM8K's ``#### 42`` or a
+    number for the GSM8K reward; a ``data_source`` with a built-in reward for
+    ``reward.function=auto`` on ``data.dataset=local``); every prompt under
+    ``data.max_prompt_length`` / ``data.filter_overlong_prompts`` / ``data.truncation``; at
+    least ``data.train_batch_size`` train prompts kept and one test prompt.
+
+    Args:
+      config: a resolved :class:`~rljax.config.Config`.
+      tokenizer: the run's tokenizer (None: :func:`rljax.tokenizer.tokenizer_for` of ``config.model``).
+    """
+    from rljax.data._prompts import prepare_prompts
+    from rljax.data._source import formatter
+
+    if tokenizer is None:
+        from rljax.tokenizer import tokenizer_for
+
+        tokenizer = tokenizer_for(config.model)
+    d = config.data
+    chat = tokenizer.apply_chat_template if getattr(tokenizer, "chat_template", None) else None
+    fmt = formatter(d, chat)
+
+    def tokenize(text):  # as the trainer does
+        return tokenizer.encode(text, add_bos=True)
+
+    for split in ("train", "test"):
+        where, rows = _rows(d, split)
+        if split == "train":
+            _check_answers(config, where, rows)
+        try:
+            stats = prepare_prompts(_formatted(rows(), fmt, where, split), tokenize, max_length=d.max_prompt_length,
+                                    filter_overlong=d.filter_overlong_prompts, truncation=d.truncation).stats
+        except ConfigError as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith(where) else f"{where}, {split} split: {msg}") from None
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
+        _check_counts(d, where, split, stats)
+
+
+def _formatted(rows: Iterator[dict], fmt: Callable, where: str, split: str) -> Iterator[dict]:
+    for r in rows:
+        try:
+            text = fmt(r["prompt"])
+        except ConfigError as e:
+            raise ConfigError(f"{where}, {split} split: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a chat template is the user's (tokenizer's) code
+            raise ConfigError(f"{where}, {split} split, row {r['index']}: the chat template failed to render the "
+                              f"prompt ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+        yield {"prompt": text, "answer": r["answer"], "index": r["index"]}
+
+
+def _rows(d, split: str) -> tuple[str, Callable[[], Iterator[dict]]]:
+    """``(where, rows)``: ``rows()`` streams the split's rows as ``{"prompt", "answer", "index"}``
+    (``solution`` for gsm8k, ``data_source`` / ``extra_info`` for local), prompts before formatting."""
+    if d.dataset == "embedded":
+        from rljax.data._embedded import embedded_examples
+
+        return "data.dataset=embedded", lambda: iter(embedded_examples(d.embedded, split))
+    from rljax.data import _local
+
+    where = f"data.path={d.path!r}"
+    root = Path(d.path).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"{where} is not a directory (cwd {os.getcwd()}); expected a directory holding "
+                          "train*.jsonl|.json|.parquet and test* files" +
+                          (", or a datasets.save_to_disk directory" if d.dataset == "local" else ""))
+    test_names = _local.TEST_NAMES if d.dataset == "local" else ("test",)
+    try:
+        files = _local.split_files(root, test_names=test_names)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
+    if split not in files:
+        names = "test* (or validation*)" if d.dataset == "local" else "test*"
+        raise ConfigError(f"{where} has no {split} file: expected {names}.jsonl, .json or .parquet files, or a "
+                          f"datasets directory with a {split} split (the run validates on the test split)")
+    if d.dataset == "local":
+        def rows():
+            return _local.local_rows(files[split], prompt_key=d.prompt_key, answer_key=d.answer_key,
+                                     messages_key=d.messages_key)
+    else:
+        prompt_key, answer_key = _local.gsm8k_keys(d)
+
+        def rows():
+            return (ex for _, ex in _local.local_examples(files[split], prompt_key=prompt_key, answer_key=answer_key))
+    return where, _guarded(rows, where)
+
+
+def _guarded(rows: Callable[[], Iterator[dict]], where: str) -> Callable[[], Iterator[dict]]:
+    def guarded():
+        try:
+            yield from rows()
+        except ImportError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        except (ValueError, OSError, KeyError) as e:
+            raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
+    return guarded
+
+
+def _check_answers(config, where: str, rows: Callable[[], Iterator[dict]]) -> None:
+    """The first :data:`ANSWER_SAMPLE` train answers have the form the run's reward expects."""
+    from rljax.reward._plugin import DATA_SOURCE_REWARDS
+    from rljax.reward._rules import normalize_number
+
+    d, spec = config.data, config.reward.function
+    sample = [r for r in itertools.islice(rows(), ANSWER_SAMPLE) if str(r["answer"]).strip()]
+    if not sample:
+        return
+    n = len(sample)
+    key = f"data.answer_key={d.answer_key!r}" if d.answer_key else "the answer field"
+    if d.dataset == "local" and spec == "auto":
+        for r in sample:
+            if r["data_source"] not in DATA_SOURCE_REWARDS:
+                raise ConfigError(
+                    f"{where}: reward.function=auto has no built-in reward for data_source={r['data_source']!r} "
+                    f"(row {r['index']}; built-in: {', '.join(DATA_SOURCE_REWARDS)}); set "
+                    "reward.function=path/to/file.py:compute_score (verl's signature works)")
+    if d.dataset == "gsm8k" and spec in ("auto", "gsm8k"):
+        # the reference is what follows '####' (a bare number also works)
+        if not any("####" in r["solution"] or normalize_number(r["solution"]) is not None for r in sample):
+            raise ConfigError(
+                f"{where}: no '####' in 100% of the first {n} answers ({key}; reward.function={spec} compares the "
+                "number after '####'): set data.answer_key or reward.function")
+    gsm8k_rows = [r for r in sample if spec == "gsm8k" or (
+        d.dataset == "local" and spec == "auto" and DATA_SOURCE_REWARDS.get(r["data_source"]) == "gsm8k")]
+    if d.dataset == "local" and gsm8k_rows and not any(_numeric(r["answer"]) for r in gsm8k_rows):
+        raise ConfigError(
+            f"{where}: no number in 100% of the first {len(gsm8k_rows)} answers ({key}; the GSM8K reward compares "
+            "numbers): set data.answer_key or reward.function")
+
+
+def _numeric(answer: str) -> bool:
+    from rljax.reward._rules import extract_gsm8k_answer, normalize_number
+
+    return normalize_number(answer) is not None or extract_gsm8k_answer(answer, fallback_last_number=False) is not None
+
+
+def _check_counts(d, where: str, split: str, stats) -> None:
+    need = d.train_batch_size if split == "train" else 1
+    if stats.kept >= need:
+        return
+    if stats.total and stats.filtered == stats.total:
+        raise ConfigError(
+            f"{where}, {split} split: all {stats.total} prompts are longer than data.max_prompt_length="
+            f"{d.max_prompt_length} tokens (the longest has {stats.longest}) and data.filter_overlong_prompts=true "
+            "drops them; raise data.max_prompt_length or set data.truncation=left|right with filtering off"
+        )
+    if stats.total == 0:
+        raise ConfigError(f"{where}: the {split} split is empty")
+    kept = f"{stats.kept} usable prompt{'s' if stats.kept != 1 else ''}"
+    dropped = (f"{stats.total} rows: {stats.filtered} filtered as overlong, "
+               f"{stats.no_answer} with an empty or null answer")
+    if split == "train":
+        raise ConfigError(f"{where}, train split: {kept} ({dropped}) are fewer than data.train_batch_size="
+                          f"{d.train_batch_size}; use a smaller batch or a larger dataset")
+    raise ConfigError(f"{where}, test split: no usable prompt to validate on ({dropped})")
