@@ -339,6 +339,9 @@ class TraceConfig:
     alert_spike_factor: float = _f(10.0, "alert when KL / grad norm / entropy is this many times its running median",
                                    gt=1.0)
     alert_spike_window: int = _f(20, "steps in the running median of the spike alerts", ge=1)
+    alert_rollout_probs_diff_max: float = _f(
+        0.5, "alert (rollout_mismatch) when training/rollout_probs_diff_max, the largest gap between a response "
+        "token's sampler and learner probability, exceeds this", gt=0.0, le=1.0)
     rollout_dump: bool = _f(False, "every process writes the trajectories it generated (uids, sessions, token ids, "
                                    "rollout log-probs) to rollouts/process<p>/step<k>.npz (debugging; multi-process "
                                    "checks)")

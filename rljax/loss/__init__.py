@@ -20,6 +20,7 @@ from rljax.loss._estimators import get_adv_estimator, register_adv_estimator, re
 from rljax.loss._aggregate import AGGREGATION_MODES, aggregate
 from rljax.loss._correction import rollout_correction_weights
 from rljax.loss._kl import adaptive_kl_coef, entropy_from_logits, kl_penalty, mean_sequence_kl
+from rljax.loss._mismatch import rollout_mismatch
 from rljax.loss._masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rljax.loss._policy import get_policy_loss, policy_loss, register_policy_loss
 from rljax.loss._roles import Role, action_mask
@@ -53,6 +54,7 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "rollout_correction_weights",
+    "rollout_mismatch",
     "staleness_filter",
     "value_loss",
 ]

@@ -14,6 +14,8 @@ An alert is ``(name, message)``; the tracer writes ``alerts/<name> = 1`` into
   ``trace.alert_spike_window`` steps (entropy also when it falls below median / factor).
 * ``batch_leak``: a field of a finished step's batch is still referenced (the runner's
   live-batch registry).
+* ``rollout_mismatch``: ``training/rollout_probs_diff_max`` (the largest gap between a token's
+  sampler and learner probability) above ``trace.alert_rollout_probs_diff_max``.
 
 Each alert has a severity (:data:`SEVERITY`).
 """
@@ -38,6 +40,7 @@ SEVERITY = {
     "kl_spike": "warning",
     "grad_norm_spike": "warning",
     "entropy_spike": "warning",
+    "rollout_mismatch": "warning",
 }
 
 #: metric -> (alert name, also alert when the value collapses below median / factor)
@@ -115,6 +118,17 @@ class SpikeDetector:
                     alerts.append((name, f"{key}={v:.4g} < running median {med:.4g} / {self.factor}"))
             hist.append(float(v))
         return alerts
+
+
+def mismatch_alert(metrics: Mapping, threshold: float) -> Optional[Alert]:
+    """The sampler's and the learner's probability of one token differ by more than ``threshold``."""
+    v = metrics.get("training/rollout_probs_diff_max")
+    if v is not None and (not np.isfinite(v) or v > threshold):
+        mean = metrics.get("training/rollout_probs_diff_mean", float("nan"))
+        return ("rollout_mismatch", f"training/rollout_probs_diff_max={v:.4g} (mean {mean:.3g}) > "
+                                    f"trace.alert_rollout_probs_diff_max={threshold}: the sampler's token "
+                                    "probabilities are not the learner's (stale or unsynced weights, precision)")
+    return None
 
 
 def checksum_alerts(signatures: Mapping[str, Mapping[str, dict]]) -> list[Alert]:

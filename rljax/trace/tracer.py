@@ -230,6 +230,7 @@ class Tracer:
         else:
             found = []
         found += self.spikes.update(metrics)
+        found += [a for a in (A.mismatch_alert(metrics, self.cfg.trace.alert_rollout_probs_diff_max),) if a]
         for name, msg in found:
             self._alert(step, name, msg, out)
         for ev in events:

@@ -347,7 +347,23 @@ def model_inputs(b) -> dict:
 
 def old_log_prob(c: Components, b) -> dict:
     old_logp, entropy = c.logprob_fn(c.actor.params, model_inputs(b))
-    return {"old_logp": old_logp, "entropy": entropy}
+    return {"old_logp": old_logp, "entropy": entropy, "rollout_mismatch": rollout_mismatch(old_logp, b)}
+
+
+_mismatch = jax.jit(rl.rollout_mismatch)
+
+
+def rollout_mismatch(old_logp, b) -> dict:
+    """verl's ``training/rollout_*`` mismatch metrics of the learner's ``old_logp`` against the
+    sampler's ``rollout_logp`` over the loss mask (:func:`rljax.loss.rollout_mismatch`; host
+    floats), computed where ``old_logp`` is (none in ``algorithm.bypass_mode``, which has no
+    learner log-probs to compare)."""
+    s = {k: float(v) for k, v in to_host(_mismatch(old_logp, b["rollout_logp"], b["loss_mask"])).items()}
+    out = {f"training/rollout_{k}": s[k] for k in ("probs_diff_max", "probs_diff_mean", "probs_diff_std",
+                                                    "logprobs_diff_max", "logprobs_diff_mean", "logprobs_diff_std")}
+    out["training/rollout_actor_probs_pearson_corr"] = s["pearson_corr"]
+    out["training/rollout_probs_diff_valid"] = int(s["tokens"] > 0)
+    return out
 
 
 def reference(c: Components, b) -> dict:
@@ -395,6 +411,7 @@ def actor_minibatch(c: Components, b) -> dict:
     out = {}
     if c.old_logp_in_update:  # the update's own log-probs before its step (detached), [B, T] on the mesh
         out["old_logp"] = metrics.pop("old_logp")
+        out["rollout_mismatch"] = rollout_mismatch(out["old_logp"], b)
     return {"actor_metrics": to_host(metrics), "optimizer_steps": int(c.actor.step), **out}
 
 
@@ -430,6 +447,7 @@ def step_metrics(c: Components, b) -> dict:
         "perf/rollout_tokens_per_s": (b["rollout_tokens_per_s"] if "rollout_tokens_per_s" in b
                                       else traj.stats.tokens_per_s),
         **b["reward_report"].metrics(),
+        **(b["rollout_mismatch"] if "rollout_mismatch" in b else {}),
     }
     if getattr(traj, "num_turns", None) is not None:
         from rljax.env._stage import episode_metrics
