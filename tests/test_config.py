@@ -457,6 +457,7 @@ def test_describe_lists_every_key():
 def test_model_presets_match_rljax_models():
     models = pytest.importorskip("rljax.models.config")
     assert set(C._schema.MODEL_PRESETS) == set(models.PRESETS)
+    assert C.PRESET_POSITIONS == {k: v.max_position_embeddings for k, v in models.PRESETS.items()}
 
 
 def test_loss_names_are_accepted_by_config():

@@ -209,9 +209,9 @@ def test_memory_alert(tmp_path):
 
 
 @pytest.mark.parametrize("key,name,values", [
-    ("actor/ppo_kl", "kl_spike", [0.01, 0.012, 0.009, 0.011, 0.5]),
-    ("actor/grad_norm", "grad_norm_spike", [1.0, 1.1, 0.9, 1.0, 30.0]),
-    ("actor/entropy", "entropy_spike", [1.0, 1.1, 0.9, 1.0, 0.01]),
+    ("actor/ppo_kl", "kl_spike", [0.01, 0.012, 0.009, 0.011] * 3 + [0.5]),
+    ("actor/grad_norm", "grad_norm_spike", [1.0, 1.1, 0.9, 1.0] * 3 + [30.0]),
+    ("actor/entropy", "entropy_spike", [1.0, 1.1, 0.9, 1.0] * 3 + [0.01]),
 ])
 def test_spike_alerts(key, name, values):
     det = A.SpikeDetector(factor=10, window=20)
@@ -219,6 +219,15 @@ def test_spike_alerts(key, name, values):
     assert all(not f for f in fired[:-1]) and fired[-1][0][0] == name
     calm = A.SpikeDetector(factor=100, window=20)
     assert not any(calm.update({key: v}) for v in values)
+
+
+def test_spike_alerts_stay_quiet_without_a_baseline():
+    """Issue 25: a 6-step run alerted 'ppo_kl=-0.0015 > 10.0 x running median 1e-06'."""
+    det = A.SpikeDetector(factor=10, window=20)
+    assert not any(det.update({"actor/ppo_kl": v, "actor/grad_norm": g})
+                   for v, g in zip([0.0, 0.0, 0.0, 0.0, 0.0, -0.0015], [1.0, 1.0, 1.0, 1.0, 1.0, 50.0]))
+    zero = A.SpikeDetector(factor=10, window=20)  # exactly on-policy: KL 0 at every step is no baseline
+    assert not any(zero.update({"actor/ppo_kl": v}) for v in [0.0] * 12 + [-0.0015])
 
 
 def test_host_rows_reads_only_owning_shards_and_matches_numpy():

@@ -42,6 +42,8 @@ LORA_SAVE_MODULES = ("lm_head", "embed_tokens")
 #: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
 #: that validating a config does not import JAX).
 MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b")
+#: Each preset's ``max_position_embeddings`` (kept in sync by the same test), for the pre-flight.
+PRESET_POSITIONS = {"tiny": 512, "qwen2.5-0.5b": 32768, "qwen2.5-1.5b": 131072, "llama-3.2-1b": 131072}
 #: ``model.*`` keys that override a preset's ``rljax.models.ModelConfig`` field of the same name
 #: (the vocabulary is the tokenizer's).
 MODEL_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

@@ -44,6 +44,7 @@ def check(config, tokenizer=None) -> None:
 
         tokenizer = tokenizer_for(config.model)
     d = config.data
+    check_positions(config)
     chat = tokenizer.apply_chat_template if getattr(tokenizer, "chat_template", None) else None
     fmt = formatter(d, chat)
 
@@ -63,6 +64,39 @@ def check(config, tokenizer=None) -> None:
         except (ValueError, OSError) as e:
             raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
         _check_counts(d, where, split, stats)
+
+
+def model_positions(model_cfg) -> tuple[int, str]:
+    """``(max_position_embeddings, where it comes from)`` of the run's model: ``model.path``'s
+    config.json (transformers' default 4096 when absent, as :func:`rljax.models.hf.config_from_hf`),
+    ``model.max_position_embeddings``, or the preset's."""
+    import json
+
+    if model_cfg.path:
+        file = Path(model_cfg.path).expanduser() / "config.json"
+        value = json.loads(file.read_text()).get("max_position_embeddings", 4096)
+        return int(value), f"model.path's config.json max_position_embeddings={value}"
+    if model_cfg.max_position_embeddings is not None:
+        return model_cfg.max_position_embeddings, f"model.max_position_embeddings={model_cfg.max_position_embeddings}"
+    from rljax.config import PRESET_POSITIONS
+
+    value = PRESET_POSITIONS[model_cfg.name]
+    return value, f"model.name={model_cfg.name}'s max_position_embeddings={value}"
+
+
+def check_positions(config) -> None:
+    """A prompt and its response fit the model's positions: ``data.max_prompt_length +
+    data.max_response_length`` (multi-turn: plus another ``max_response_length`` of context,
+    as the sampler reserves) at most ``max_position_embeddings``."""
+    d = config.data
+    need = d.max_prompt_length + d.max_response_length * (2 if config.env.function is not None else 1)
+    have, where = model_positions(config.model)
+    if need > have:
+        parts = f"data.max_prompt_length={d.max_prompt_length} + data.max_response_length={d.max_response_length}"
+        if config.env.function is not None:
+            parts += " x 2 (multi-turn context)"
+        raise ConfigError(f"{parts} = {need} tokens exceed {where}; shorten the lengths or use a model with more "
+                          "positions")
 
 
 def _formatted(rows: Iterator[dict], fmt: Callable, where: str, split: str) -> Iterator[dict]:

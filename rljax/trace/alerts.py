@@ -49,8 +49,9 @@ SPIKE_METRICS = {
     "actor/grad_norm": ("grad_norm_spike", False),
     "actor/entropy": ("entropy_spike", True),
 }
-#: Spikes are judged once this many earlier steps are in the window.
-MIN_HISTORY = 3
+#: Spikes are judged once this many earlier steps are in the window (a baseline; the first
+#: steps of a run, with KL near 0 on-policy, are none).
+MIN_HISTORY = 10
 #: Values below this are treated as this (a KL of exactly 0 has no meaningful ratio).
 SPIKE_FLOOR = 1e-6
 
@@ -109,8 +110,8 @@ class SpikeDetector:
             if v is None or not np.isfinite(v):
                 continue
             hist = self.history[key]
-            if len(hist) >= MIN_HISTORY:
-                med = max(float(np.median(np.abs(hist))), SPIKE_FLOOR)
+            med = float(np.median(np.abs(hist))) if len(hist) >= MIN_HISTORY else 0.0
+            if med > SPIKE_FLOOR:  # no baseline yet, or a zero one (exactly on-policy KL): no ratio to judge
                 a = abs(float(v))
                 if a > self.factor * med:
                     alerts.append((name, f"{key}={v:.4g} > {self.factor} x running median {med:.4g}"))

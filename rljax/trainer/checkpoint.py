@@ -63,8 +63,15 @@ def _no_replica_parallel_saves_on_cpu() -> bool:
         from orbax.checkpoint._src.metadata import array_metadata_store
     except ImportError:  # another orbax layout: keep its default
         return False
+    from absl import logging as absl_logging
+
     handler = ocp.type_handlers.ArrayHandler(use_replica_parallel=False, array_metadata_store=array_metadata_store.Store())
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # the override is ours: no "overriding jax.Array" warning per run
+    try:
+        ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    finally:
+        absl_logging.set_verbosity(verbosity)
     return True
 
 
