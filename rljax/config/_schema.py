@@ -242,6 +242,25 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class OverlongBufferConfig:
+    enable: bool = _f(False, "DAPO's soft overlong penalty: add min(-(l - (max_resp_len - len)) / len * penalty_factor, 0) "
+                             "to the reward of a response of l tokens (0 until the last len tokens before the limit, "
+                             "then linear down to -penalty_factor); its metrics reward/overlong_penalty/mean and "
+                             "reward/overlong_frac")
+    len: int = _f(0, "the buffer: penalised tokens before the limit (1..max_resp_len when enabled)", ge=0)
+    penalty_factor: float = _f(1.0, "the penalty of a response that reaches the limit", ge=0.0)
+    log: bool = _f(True, "log reward/overlong_penalty/mean and reward/overlong_frac (verl: the per-sample "
+                         "overlong_reward / overlong extra info)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardKwargsConfig:
+    max_resp_len: Optional[int] = _f(None, "the length limit of the overlong penalty (null: "
+                                           "data.max_response_length)", ge=1)
+    overlong_buffer_cfg: OverlongBufferConfig = _section(OverlongBufferConfig, "DAPO's overlong reward shaping")
+
+
+@dataclasses.dataclass(frozen=True)
 class RewardConfig:
     function: str = _f("auto", "auto | embedded | gsm8k | exact_match | path/to/file.py:function_name")
     max_error_fraction: float = _f(0.1, "fail the step when more of the batch raises in the reward", ge=0.0, le=1.0)
@@ -250,6 +269,8 @@ class RewardConfig:
               "null: 0 for the built-in rewards, min(8, CPUs) for a path:function plugin)", ge=0)
     timeout_s: float = _f(30.0, "per-sample time limit of a reward in a worker; over it the sample scores 0 "
                                 "and counts in reward/timeouts", gt=0.0)
+    reward_kwargs: RewardKwargsConfig = _section(RewardKwargsConfig, "reward shaping (verl's reward_kwargs of the DAPO "
+                                                                      "reward manager)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -135,6 +135,7 @@ def validate(config) -> None:
             raise ConfigError(f"trainer.{key}={name!r} names a run directory component; "
                               "use a non-empty name without '/' or '\\' (not '.' or '..')")
     check_async(config)
+    check_reward_shaping(config)
     m = config.model
     if m.path is None and m.name not in MODEL_PRESETS:
         raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")
@@ -154,6 +155,16 @@ def validate(config) -> None:
         raise ConfigError(f"model.hidden_size={m.hidden_size} does not divide into model.num_heads={m.num_heads} heads; "
                           "set model.head_dim")
     _validate_lora(config)
+
+
+def check_reward_shaping(config) -> None:
+    """``reward.reward_kwargs``: the overlong buffer fits in the length limit."""
+    kw = config.reward.reward_kwargs
+    ob = kw.overlong_buffer_cfg
+    limit = kw.max_resp_len or config.data.max_response_length
+    if ob.enable and not 1 <= ob.len <= limit:
+        raise ConfigError(f"reward.reward_kwargs.overlong_buffer_cfg.len={ob.len} must be in [1, {limit}] (the "
+                          "max_resp_len, default data.max_response_length) with overlong_buffer_cfg.enable=true")
 
 
 def _validate_lora(config) -> None:

@@ -64,10 +64,11 @@ def rollout_episodes(c, b) -> dict:
 
 def episode_reward(c, b) -> dict:
     """The ``reward`` stage of a multi-turn run: each session's final reward."""
-    from rljax.trainer.stages import place
+    from rljax.trainer.stages import overlong_shaping, place
 
     scores, report = episode_scores(b["trajectories"], c.reward_fn, b["prompts"],
                                     max_error_fraction=c.cfg.reward.max_error_fraction)
+    scores = overlong_shaping(c, b["trajectories"], scores)
     return {"scores": place({"scores": scores}, c.mesh)["scores"], "reward_report": report}
 
 

@@ -8,6 +8,7 @@ timeouts, crash isolation, parallel scoring). Pure Python and NumPy.
 """
 
 from rljax.reward._batch import RewardError, RewardReport, score_batch
+from rljax.reward._overlong import overlong_metrics, overlong_penalty
 from rljax.reward._plugin import (
     BUILTIN_REWARDS,
     DATA_SOURCES,
@@ -45,5 +46,7 @@ __all__ = [
     "load_reward_plugin",
     "make_reward",
     "normalize_number",
+    "overlong_metrics",
+    "overlong_penalty",
     "score_batch",
 ]

@@ -305,8 +305,29 @@ def reward(c: Components, b) -> dict:
     share = rollout_share(c)
     bound = c.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
     scores, report = score(c, b["trajectories"], b["prompts"], max_error_fraction=bound)
+    scores = overlong_shaping(c, b["trajectories"], scores)
     return {"scores": assemble({"scores": scores.astype(np.float32)}, c.mesh, share)["scores"],
             "reward_report": report}
+
+
+def overlong_penalty(c: Components, rows) -> Optional[np.ndarray]:
+    """DAPO's overlong penalty of each row (0 on padding; :func:`rljax.reward.overlong_penalty`),
+    ``None`` unless ``reward.reward_kwargs.overlong_buffer_cfg.enable``."""
+    kw = c.cfg.reward.reward_kwargs
+    ob = kw.overlong_buffer_cfg
+    if not ob.enable:
+        return None
+    from rljax.reward import overlong_penalty as penalty
+
+    p = penalty(rows.response_length, max_resp_len=kw.max_resp_len or c.cfg.data.max_response_length,
+                buffer_len=ob.len, penalty_factor=ob.penalty_factor)
+    return np.where(np.asarray(rows.is_padding), np.float32(0), p)
+
+
+def overlong_shaping(c: Components, traj, scores: np.ndarray) -> np.ndarray:
+    """The task scores plus the overlong penalty (the scores unchanged when it is off)."""
+    p = overlong_penalty(c, traj)
+    return scores if p is None else np.asarray(scores, np.float32) + p
 
 
 def gather_rollout(c: Components, b) -> dict:
@@ -449,6 +470,11 @@ def step_metrics(c: Components, b) -> dict:
         **b["reward_report"].metrics(),
         **(b["rollout_mismatch"] if "rollout_mismatch" in b else {}),
     }
+    penalty = overlong_penalty(c, rows)
+    if penalty is not None and c.cfg.reward.reward_kwargs.overlong_buffer_cfg.log:
+        from rljax.reward import overlong_metrics
+
+        m.update(overlong_metrics(penalty, real))
     if getattr(traj, "num_turns", None) is not None:
         from rljax.env._stage import episode_metrics
 
