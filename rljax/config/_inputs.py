@@ -46,6 +46,17 @@ def check_inputs(config) -> None:
     _check_tp(config, vocab, vocab_from)
     _check_lora_saved_modules(config)
     _check_data(config, tokenizer)
+    _check_loggers(config)
+
+
+def _check_loggers(config) -> None:
+    """wandb / mlflow in ``trainer.logger`` are installed (found, not imported: both are heavy)."""
+    import importlib.util
+
+    for name in config.trainer.logger:
+        if name in ("wandb", "mlflow") and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"trainer.logger names {name}, which is not installed: pip install 'rljax[{name}]' "
+                              "(or drop it from trainer.logger)")
 
 
 # ---------------------------------------------------------------------------- reward

@@ -33,6 +33,8 @@ LOGPROB_IMPLS = ("auto", "chunked", "naive", "pallas")
 TRUNCATIONS = ("error", "left", "right")
 CORRECTIONS = ("none", "token", "sequence")
 DATASETS = ("embedded", "gsm8k", "local")
+#: Experiment loggers of ``trainer.logger`` (:mod:`rljax.trace.loggers`).
+LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
 EMBEDDED_TASKS = ("add", "reverse", "lookup")
 DTYPES = ("float32", "bfloat16")
 #: Projections that may carry LoRA adapters (rljax.models.lora.TARGETS; HF / PEFT names).
@@ -350,6 +352,13 @@ class TrainerConfig:
         "bounded versioned queue (async_training.*) while the learner trains")
     balance_batch: bool = _f(
         True, "packed learner: deal each micro-batch's rows to dp shards by token count (perf/dp_token_imbalance)")
+    logger: tuple[Literal[LOGGERS], ...] = _f(
+        ("console", "tensorboard"), "experiment loggers (verl's key): console (progress lines), tensorboard "
+        "(<run dir>/tensorboard), wandb (pip install 'rljax[wandb]'; WANDB_MODE=offline works without network), "
+        "mlflow (pip install 'rljax[mlflow]'; MLFLOW_TRACKING_URI, default sqlite:///<run dir>/mlflow.db); every "
+        "one gets the metrics.jsonl names, wandb and mlflow also the config and the sample tables")
+    log_val_generations: int = _f(0, "validation samples (prompt, response, reward, ground truth, uid) written per "
+                                     "evaluation to generations.jsonl and each logger's table (verl's key)", ge=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +374,8 @@ class TraceConfig:
     alert_rollout_probs_diff_max: float = _f(
         0.5, "alert (rollout_mismatch) when training/rollout_probs_diff_max, the largest gap between a response "
         "token's sampler and learner probability, exceeds this", gt=0.0, le=1.0)
+    log_train_generations: int = _f(0, "training samples per step written to generations.jsonl and each "
+                                       "logger's table (python -m rljax.trace samples RUN_DIR prints them)", ge=0)
     rollout_dump: bool = _f(False, "every process writes the trajectories it generated (uids, sessions, token ids, "
                                    "rollout log-probs) to rollouts/process<p>/step<k>.npz (debugging; multi-process "
                                    "checks)")

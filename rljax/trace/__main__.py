@@ -1,4 +1,4 @@
-"""``python -m rljax.trace summary|check RUN_DIR``
+"""``python -m rljax.trace summary|check|samples RUN_DIR``
 
 summary: topology, non-default config fields with sources, shape and memory ledgers,
 stage-time split and tracing overhead, as tables.
@@ -19,6 +19,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["samples"]:  # python -m rljax.trace samples RUN_DIR [--step K]
+        from rljax.trace.samples import main as samples
+
+        return samples(argv[1:])
     p = _Parser(prog="python -m rljax.trace", description="Explain a run from its directory.")
     p.add_argument("command", choices=("summary", "check"))
     p.add_argument("run_dir")

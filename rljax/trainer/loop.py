@@ -29,7 +29,9 @@ import numpy as np
 
 from rljax.config import Config, derive, on_policy_blockers
 from rljax.loss import adaptive_kl_coef
-from rljax.trace import MetricsWriter, Tracer, plot_report
+from rljax.trace import Tracer, plot_report
+from rljax.trace.loggers import open_run_logs
+from rljax.trace.samples import TrainSamples, sample_rows
 from rljax.trainer.checkpoint import Checkpointer
 from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, StopRequested, StopSignals,
                                  cut_metrics, wait_for_save)
@@ -316,7 +318,7 @@ class Trainer:
         self.stop_save_timeout_s = cfg.trainer.stop_save_timeout_s  # how long a stop waits for a save
         self._skipped = {"actor": int(self.c.actor.skipped),
                          "critic": int(self.c.critic.skipped) if self.c.critic is not None else 0}
-        self.metrics = MetricsWriter(run_dir, enabled=self.main)
+        self.metrics, self.samples = open_run_logs(cfg, run_dir, enabled=self.main)  # + wandb / mlflow, samples
         self.stage_s: dict[str, float] = {}
         self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, ledger_sources=self.ledger_sources)
         self.schedule = None
@@ -326,8 +328,12 @@ class Trainer:
             self.schedule = AsyncSchedule(self)
             if self._restored_meta.get("async"):
                 self.schedule.restore(self._restored_meta["async"])
+        observers = [self.tracer]
+        if cfg.trace.log_train_generations:
+            observers.append(TrainSamples(self.samples, decode=self.tokenizer.decode,
+                                          limit=cfg.trace.log_train_generations))
         self.runner = StepRunner(sync_stages(self.c) if self.schedule is None else self.schedule.stages,
-                                 observers=[self.tracer])
+                                 observers=observers)
 
     @property
     def state(self):
@@ -489,14 +495,17 @@ class Trainer:
             if self.schedule is not None:  # pause the rollout thread; validate the newest pushed weights
                 stack.enter_context(self.schedule.sampler_lock)
                 self.schedule._install_pending()
-            self._validate_batches(c, scores, env_rows)
+            samples = self._validate_batches(c, scores, env_rows)
+        self.samples.write("val", self.step, samples)
         self._time("testing", t)
         if env_rows:  # held-out tool use, logged beside val/score/mean
             called, turns = (np.concatenate(x) for x in zip(*env_rows))
             self.val_env = {"val/env/tool_call_rate": float(called.mean()), "val/env/num_turns/mean": float(turns.mean())}
         return float(np.mean(scores)) if scores else float("nan")
 
-    def _validate_batches(self, c, scores, env_rows) -> None:
+    def _validate_batches(self, c, scores, env_rows) -> list[dict]:
+        """Scores the held-out split into ``scores``; returns the first ``trainer.log_val_generations`` samples."""
+        samples, keep = [], self.cfg.trainer.log_val_generations
         for i, prompts in enumerate(self._val_iterator()):
             uids = [f"val-{i}-{j}" for j in range(len(prompts))]
             if c.env is not None:  # multi-turn: episodes, scored by their final reward
@@ -512,6 +521,10 @@ class Trainer:
                                           decode=self.val_decode)
                 s, _ = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
             scores.extend(s[~traj.is_padding].tolist())
+            if len(samples) < keep:
+                samples += sample_rows(traj, prompts, s, decode=c.tokenizer.decode, step=self.step, split="val",
+                                       limit=keep - len(samples))
+        return samples
 
     def run(self) -> RunSummary:
         """Trains to ``trainer.total_steps``. Any stop (an exception in a stage, the reward error
