@@ -107,6 +107,15 @@ def _lora(cfg: Config, mcfg, params, mesh):
     return L.LoRAParams(base=params, adapters=adapters, config=lcfg), L.base_signature(params, name=name)
 
 
+def policy_params(cfg: Config, mesh, tokenizer):
+    """``(model_config, graphdef, params, lora_base)``: the policy a run of ``cfg`` starts from (its
+    HF checkpoint or seeded preset; with LoRA, adapters at init on that base and the base's
+    signature). ``python -m rljax.export`` rebuilds it to put a checkpoint's weights on."""
+    mcfg, graphdef, params = _model(cfg, mesh, tokenizer)
+    params, base = _lora(cfg, mcfg, params, mesh)
+    return mcfg, graphdef, params, base
+
+
 def _optimizer(optim, grad_clip, total_steps: int):
     """AdamW from an ``actor.optim`` / ``critic.optim`` section; ``total_steps`` counts updates."""
     return make_optimizer(lr=optim.lr, weight_decay=optim.weight_decay, warmup_steps=optim.warmup_steps,
