@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in the run directory (sets trainer.resume_mode=auto); "
                         "--resume=N from checkpoint N (same as trainer.resume_from=N)")
+    p.add_argument("--resume-unverified", action="store_true",
+                   help="with --resume: restore a checkpoint that has no digest (its bytes cannot be verified; "
+                        "refused otherwise)")
+    p.add_argument("--resume-from-weights", action="store_true",
+                   help="with --resume under another task, dataset or reward: take the policy weights of the run's "
+                        "checkpoint, start the optimizer and the data position fresh")
     p.add_argument("--print-config", action="store_true",
                    help="print every config key with its value, source and one-line doc, then exit (writes nothing)")
     p.add_argument("--coordinator", help="multi-host: HOST:PORT of process 0 (jax.distributed.initialize)")
@@ -79,22 +85,56 @@ def resolve_config(args) -> tuple:
     ``trainer.output_dir`` and ``trainer.resume_mode`` (after the ``key=value`` ones), so
     ``config.resolved.yaml`` records them.
     """
-    from rljax.config import ConfigError, parse_mesh_spec, resolve, validate_for_mesh
+    from rljax.config import ConfigError, resolve
 
+    try:
+        cfg, prov = resolve(args.config or DEFAULT_PRESET, _overrides(args))
+        _validate_mesh(cfg)
+    except (ConfigError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    return cfg, prov
+
+
+def _overrides(args) -> list:
     overrides = list(args.overrides)
     if args.mesh is not None:
         overrides.append(f"trainer.mesh={args.mesh}")
     if args.run_dir is not None:
         overrides.append(f"trainer.output_dir={args.run_dir}")
-    if args.resume:
+    if args.resume or args.resume_unverified or args.resume_from_weights:
         overrides.append("trainer.resume_mode=auto")
+    return overrides
+
+
+def _validate_mesh(cfg) -> None:
+    from rljax.config import parse_mesh_spec, validate_for_mesh
+
+    if cfg.trainer.mesh:
+        validate_for_mesh(cfg, parse_mesh_spec(cfg.trainer.mesh))
+
+
+def resume_config(args, cfg, prov, run_dir: str) -> tuple:
+    """A resume runs with the run's recorded configuration (:func:`rljax._resume.plan`): the
+    overrides on top are listed; a change that would break the run, or change its task without
+    ``--resume-from-weights``, is a UsageError before anything is written."""
+    from rljax._resume import ResumeRefused, plan
+    from rljax.config import ConfigError
+
     try:
-        cfg, prov = resolve(args.config or DEFAULT_PRESET, overrides)
-        if cfg.trainer.mesh:
-            validate_for_mesh(cfg, parse_mesh_spec(cfg.trainer.mesh))
-    except (ConfigError, ValueError) as e:
+        planned = plan(args.config, _overrides(args), run_dir, from_weights=args.resume_from_weights)
+        if planned is None:
+            return cfg, prov
+        cfg, prov, lines = planned
+        _validate_mesh(cfg)
+    except (ConfigError, ResumeRefused, ValueError) as e:
         raise UsageError(str(e)) from None
+    for line in lines:
+        print(f"rljax: {line}")
     return cfg, prov
+
+
+#: What a run writes beside its checkpoints; a fresh launch never appends to them.
+RUN_FILES = ("metrics.jsonl", "trace.jsonl", "rollout_uids.jsonl", "generations.jsonl", "trace_summary.json")
 
 
 def run_directory(cfg) -> str:
@@ -237,6 +277,9 @@ def main(argv=None) -> int:
             return 0
         args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
         run_dir = os.path.abspath(run_directory(cfg))
+        if args.resume:
+            cfg, prov = resume_config(args, cfg, prov, run_dir)
+            run_dir = os.path.abspath(run_directory(cfg))
         check_run_dir(run_dir)
         check_resume_from(run_dir, cfg.trainer.resume_from)
         check_inputs(cfg)  # before the lock creates the run directory
@@ -248,6 +291,11 @@ def main(argv=None) -> int:
         if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
             raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume "
                              "(trainer.resume_mode=auto) to continue it or --run-dir for a new run")
+        old = [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
+        if not args.resume and old:
+            raise UsageError(f"run directory {run_dir} holds a previous run's {', '.join(old)} (no checkpoint); a new "
+                             "run does not append to them: pass --resume to start that run over from step 0 (its "
+                             "records are cut back) or --run-dir for a new run")
         setup_devices(args, cfg.trainer.mesh,
                       cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0)
         if args.distributed:
@@ -305,10 +353,6 @@ def _run(args, cfg, prov, run_dir) -> int:
                 trace_groups=cfg.trace.groups)
     main_process = jax.process_index() == 0
     if main_process:
-        os.makedirs(run_dir, exist_ok=True)
-        write_resolved(cfg, prov, os.path.join(run_dir, "config.resolved.yaml"))
-        with open(os.path.join(run_dir, "topology.json"), "w") as fh:
-            json.dump(topo, fh, indent=2)
         changed = non_default_fields(cfg, prov)
         print(f"rljax: mesh {spec} on {topo['world_size']} {topo['platform']} device(s), "
               f"{topo['process_count']} process(es); actor_dp = {topo['actor_dp_derivation']}")
@@ -325,13 +369,18 @@ def _run(args, cfg, prov, run_dir) -> int:
     from rljax.trainer.checkpoint import CheckpointError
 
     try:
-        trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None))
+        trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None),
+                          resume_unverified=args.resume_unverified, resume_from_weights=args.resume_from_weights)
     except ConfigError as e:  # data problems found while building the run (an empty split, a missing file)
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
     except CheckpointError as e:
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 1
+    if main_process:  # after the restore succeeded: a refused resume leaves the run's record as it was
+        write_resolved(cfg, prov, os.path.join(run_dir, "config.resolved.yaml"))
+        with open(os.path.join(run_dir, "topology.json"), "w") as fh:
+            json.dump(topo, fh, indent=2)
     from rljax.trainer.guard import NonFiniteUpdateError, StopRequested
 
     try:
@@ -339,11 +388,11 @@ def _run(args, cfg, prov, run_dir) -> int:
     except (NonFiniteUpdateError, CheckpointError) as e:  # the run stopped itself; its saves are committed
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 1
-    except StopRequested as e:  # SIGTERM: the current step was saved
+    except StopRequested as e:  # SIGTERM or SIGINT: the current step was saved
         print(f"rljax.launch: {e}", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(f"rljax.launch: interrupted after step {trainer.step}", file=sys.stderr)
+        return 130 if e.signal_name == "SIGINT" else 143
+    except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is abandoned
+        print(f"rljax.launch: interrupted during step {trainer.step}; {trainer.resume_point()}", file=sys.stderr)
         return 130
     if main_process:
         print(format_summary(summary))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rljax.trainer.checkpoint import DIGEST_FILE, Checkpointer, CheckpointError, nonfinite_leaves
+from rljax.trainer.checkpoint import DIGEST_FILE, Checkpointer, CheckpointError, CheckpointMismatch, nonfinite_leaves
 
 
 @pytest.fixture(scope="module")
@@ -93,20 +93,20 @@ def test_other_damage_is_one_line_naming_the_checkpoint(tmp_path, mesh, damage):
 
 
 def test_damage_without_digest_is_caught_by_orbax_or_finiteness(tmp_path, mesh):
-    """A checkpoint without a digest (e.g. from before verification) is restored with a notice;
-    one orbax cannot read is reported as damaged, not a traceback."""
+    """A checkpoint without a digest (e.g. from before verification) is restored, when asked
+    for, with a notice; one orbax cannot read is reported as damaged, not a traceback."""
     lines = []
     ck = _ckpt(tmp_path, lines, max_to_keep=3)
     _save(ck, mesh, [1, 2])
     os.remove(os.path.join(ck.step_dir(2), DIGEST_FILE))
-    state, _ = ck.restore(2, _state(mesh, 0.0))
+    state, _ = ck.restore(2, _state(mesh, 0.0), allow_unverified=True)
     assert float(state["actor"]["mu"][0]) == 2.0
     assert any("checkpoint 2 has no digest" in l and "unverified" in l for l in lines)
     path = _largest_data_file(ck.step_dir(2))
     with open(path, "r+b") as fh:
         fh.truncate(os.path.getsize(path) // 2)
     with pytest.raises(CheckpointError, match="checkpoint 2 .* is damaged: orbax cannot read it"):
-        ck.restore(2, _state(mesh, 0.0))
+        ck.restore(2, _state(mesh, 0.0), allow_unverified=True)
     ck.close()
 
 
@@ -132,7 +132,7 @@ def test_restore_checks_finiteness_of_an_unverified_checkpoint(tmp_path, mesh):
     _save(ck, mesh, [2], value=float("inf"))
     os.remove(os.path.join(ck.step_dir(2), DIGEST_FILE))
     with pytest.raises(CheckpointError, match=r"restored non-finite values in actor\.(mu|w)"):
-        ck.restore(2, _state(mesh, 0.0))
+        ck.restore(2, _state(mesh, 0.0), allow_unverified=True)
     ck.close()
 
 
@@ -186,4 +186,41 @@ def test_saving_replicated_arrays_compiles_no_per_device_slices(tmp_path, mesh):
     assert compiles == [], f"saving 4 replicated arrays on {mesh.size} devices compiled {len(compiles)} programs"
     restored, _ = ck.restore(1, state)
     np.testing.assert_array_equal(restored["actor"]["w3"], state["actor"]["w3"])
+    ck.close()
+
+
+def test_a_checkpoint_without_digest_is_never_restored_unasked(tmp_path, mesh):
+    """Issue 28 (5): digest missing (a kill between commit and digest) and one byte flipped: the
+    changed weight was restored "unverified". Now it is refused, naming the newest intact one."""
+    ck = _ckpt(tmp_path, max_to_keep=None)
+    _save(ck, mesh, [8, 10])
+    os.remove(os.path.join(ck.step_dir(10), DIGEST_FILE))
+    path = _largest_data_file(ck.step_dir(10))
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CheckpointError) as e:
+        ck.restore(10, _state(mesh, 0.0))
+    msg = str(e.value)
+    assert "\n" not in msg and "checkpoint 10" in msg and "is unverified" in msg and "has no digest" in msg
+    assert "--resume-unverified" in msg and "newest intact checkpoint is 8" in msg and "--resume=8" in msg
+    state, _ = ck.restore(8, _state(mesh, 0.0))
+    assert float(state["actor"]["mu"][0]) == 8.0
+    ck.close()
+
+
+def test_a_changed_shape_is_a_mismatch_not_damage(tmp_path, mesh):
+    """Issue 28 (5): a resume with a changed model shape said "checkpoint 10 is damaged", and so
+    did the advised --resume=8, though both were intact."""
+    ck = _ckpt(tmp_path, max_to_keep=None)
+    _save(ck, mesh, [8, 10])
+    other = _state(mesh, 0.0)
+    other["actor"]["mu"] = jnp.zeros((24,))
+    for step in (10, 8):
+        with pytest.raises(CheckpointMismatch) as e:
+            ck.restore(step, other)
+        msg = str(e.value)
+        assert "damaged" not in msg and "\n" not in msg
+        assert f"checkpoint {step}" in msg and "actor.mu: (16,) in the checkpoint, (24,) in this run" in msg
+        assert ck.verify(step) == ("verified", "")
     ck.close()

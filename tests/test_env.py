@@ -150,7 +150,11 @@ def test_env_stop_must_be_one_token():
     rt = EnvRuntime.from_config(resolve(overrides=["data.embedded.task=lookup", "env.function=lookup"])[0],
                                 CharTokenizer())
     assert rt.stop_id == CharTokenizer().encode("?")[0] and issubclass(rt.env_cls, LookupEnv)
-    assert rt.env_cls.sandbox.timeout_s == 5.0
+    assert rt.env_cls.sandbox is None and rt.sandbox_probe is None  # no python tool: no sandbox to probe
+    rt = EnvRuntime.from_config(resolve(overrides=["env.function=tools", "env.sandbox.require=[non_root]"])[0],
+                                CharTokenizer())
+    assert rt.env_cls.sandbox.timeout_s == 5.0 and rt.sandbox_probe["non_root"]
+    assert rt.sandbox_probe["line"].startswith("sandbox: non_root yes")
 
 
 def test_tool_env_subclass_with_own_tools():

@@ -188,9 +188,9 @@ def test_score_batch_isolates_errors_and_logs_uids(caplog):
     assert report.num_scored == 10 and report.error_fraction == pytest.approx(0.4)
     assert report.metrics()["reward/errors"] == 4.0
     assert report.first_error.startswith("u1: KeyError")
-    logged = " ".join(r.getMessage() for r in caplog.records)
-    for uid in report.error_uids:
-        assert f"uid {uid} " in logged
+    logged = [r.getMessage() for r in caplog.records]  # the first three by uid, then one count (issue 25)
+    assert [f"uid {uid} " in m for uid, m in zip(report.error_uids[:3], logged)] == [True] * 3
+    assert len(logged) == 4 and "1 more sample(s)" in logged[3]
 
 
 def test_score_batch_raises_over_the_threshold():

@@ -80,7 +80,7 @@ def test_error_messages_name_what_happened(pool):
 
 
 def test_error_bound_still_stops_the_step(pool):
-    with pytest.raises(RewardError, match="2/4 rows"):
+    with pytest.raises(RewardError, match=r"50.0% of the batch \(2/4\)"):
         score_batch(pool, ["exit", "raise", "a", "a"], ["a"] * 4, list("wxyz"), max_error_fraction=0.25)
 
 

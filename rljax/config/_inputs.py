@@ -63,19 +63,17 @@ def _check_loggers(config) -> None:
 
 
 def _check_reward(config) -> None:
-    from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES, load_reward_plugin
+    from rljax.reward import check
 
-    spec = config.reward.function
-    if spec != "auto" and spec not in BUILTIN_REWARDS:
-        load_reward_plugin(spec, data_source=DATA_SOURCES.get(config.data.dataset))
+    check(config)  # the plugin is imported in a child process (an exit or hang at import is one line)
 
 
 def _check_env(config) -> None:
     """A user's environment file loads and names a class with ``step(turn)``."""
     if config.env.function is not None:
-        from rljax.env._protocol import load_env
+        from rljax.env import check
 
-        load_env(config.env.function)
+        check(config)  # loads it; probes the python tool's sandbox against env.sandbox.require
 
 
 def _check_estimator(config) -> None:

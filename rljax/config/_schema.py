@@ -269,10 +269,30 @@ class RewardConfig:
     num_workers: Optional[int] = _f(
         None, "reward worker processes (0: in the trainer's process, no timeout or crash isolation; "
               "null: 0 for the built-in rewards, min(8, CPUs) for a path:function plugin)", ge=0)
-    timeout_s: float = _f(30.0, "per-sample time limit of a reward in a worker; over it the sample scores 0 "
-                                "and counts in reward/timeouts", gt=0.0)
+    timeout_s: Optional[float] = _f(
+        None, "per-sample time limit of a reward in a worker (null: 30 s); over it the sample scores 0 and counts in "
+              "reward/timeouts; a limit needs workers: with reward.num_workers=0 it must stay null", gt=0.0)
+    memory_mb: Optional[int] = _f(4096, "memory (data segment: heap and private mappings) limit of each reward "
+                                        "worker (null: none); a sample over it scores 0 and its worker is replaced",
+                                  ge=64)
+    clip: Optional[float] = _f(None, "clip scores to [-clip, clip] (null: a score beyond 1e6 in magnitude stops the "
+                                     "run as a bug)", gt=0.0)
+    import_timeout_s: float = _f(60.0, "the plugin is first imported in a child process before the run starts; an "
+                                       "import that takes longer (or exits the process) is a one-line error", gt=0.0)
     reward_kwargs: RewardKwargsConfig = _section(RewardKwargsConfig, "reward shaping (verl's reward_kwargs of the DAPO "
                                                                       "reward manager)")
+
+
+SANDBOX_PROTECTIONS = ("non_root", "private_uid", "private_tmp", "no_network")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    require: tuple[Literal[SANDBOX_PROTECTIONS], ...] = _f(
+        SANDBOX_PROTECTIONS, "protections of the python tool's sandbox without which the run refuses to start (probed "
+                             "at start); non_root holds always: model code never runs as root")
+    tmp_mb: int = _f(64, "size of a call's private tmpfs (/tmp, /var/tmp, /dev/shm, /run/lock, ...)", ge=1)
+    max_files: int = _f(1024, "files (inodes) of a call's private tmpfs", ge=16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +309,7 @@ class EnvConfig:
     continuation: Literal["kv", "reprefill"] = _f(
         "kv", "how a turn continues the context: kv (the session keeps its slot and KV cache; observations are "
               "appended by an extend prefill) | reprefill (each turn re-prefills the whole context; the reference)")
+    sandbox: SandboxConfig = _section(SandboxConfig, "the python tool's sandbox: required protections, tmpfs quota")
 
 
 @dataclasses.dataclass(frozen=True)

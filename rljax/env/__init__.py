@@ -13,11 +13,12 @@ first use, so the launcher can load and check a user's ``env.function`` file (wh
 from rljax.env._calculator import CalculatorError, calculate, calculator
 from rljax.env._protocol import (BUILTIN_ENVS, CalculatorPythonEnv, Environment, Example, LookupEnv, Step, Turn,
                                  ToolEnv, env_metrics, load_env, parse_tool_call, python_tool_code)
-from rljax.env._sandbox import PythonSandbox, ToolResult
+from rljax.env._sandbox import PythonSandbox, SandboxUnavailable, ToolResult
+from rljax.env._check import check, run_sandbox
 
 __all__ = ["BUILTIN_ENVS", "CalculatorError", "CalculatorPythonEnv", "Environment", "EpisodeTrajectories", "Example",
-           "LookupEnv", "PythonSandbox", "Step", "ToolEnv", "ToolResult", "Turn", "calculate", "calculator",
-           "env_metrics", "episode_scores", "load_env", "parse_tool_call", "python_tool_code", "run_episodes"]
+           "LookupEnv", "PythonSandbox", "SandboxUnavailable", "Step", "ToolEnv", "ToolResult", "Turn", "calculate", "calculator",
+           "check", "env_metrics", "episode_scores", "load_env", "parse_tool_call", "python_tool_code", "run_episodes", "run_sandbox"]
 
 _ROLLOUT = ("EpisodeTrajectories", "episode_scores", "run_episodes")
 

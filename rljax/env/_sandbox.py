@@ -1,7 +1,6 @@
 """The Python tool: model-written code in a sandboxed, short-lived subprocess.
 
-Every call gets a fresh interpreter in a private temporary working directory (deleted after
-the call) and these limits:
+Model-written code never runs as root. Every call gets a fresh interpreter and these limits:
 
 * wall clock ``timeout_s``: past it the process group is killed (``SIGKILL``), and when the
   sandbox runs as root every process of the call's private user id as well (a child that
@@ -13,13 +12,24 @@ the call) and these limits:
   fork bomb stops at a few dozen processes;
 * no inherited environment (``python -I``; ``PATH``/``HOME``/``LANG`` only), so secrets in
   the trainer's environment variables are not readable;
-* when run as root (the usual container): a private user id per call, leased host-wide so no
-  two live calls of any process share one (no write
-  access to the project, the run directory or other sandboxes), a private network
-  namespace (no network: only a down loopback) and a private mount namespace in which
-  ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are the call's own directory. Not as root those
-  three are skipped (:attr:`PythonSandbox.isolation` says what applies);
-* stdout and stderr go to a file in the working directory, cut to ``max_output_chars``.
+* as root: a private user id per call, leased host-wide so no two live calls of any process
+  share one (no access to the project, the run directory, ``/etc/shadow`` or other
+  sandboxes); dropping to it needs only ``CAP_SETUID``/``CAP_SETGID``, and a launcher that
+  cannot drop refuses to run the code at all (exit 126);
+* a private network namespace (no network, not even localhost) and a private mount
+  namespace in which ``/tmp`` is a size- and file-count-limited tmpfs (``tmp_mb``,
+  ``max_files``) bound over every other world-writable directory (``/var/tmp``, ``/dev/shm``,
+  ``/run/lock``, ...: :func:`world_writable_dirs`), so nothing a call writes reaches the host.
+  With ``CAP_SYS_ADMIN`` directly; without it (Docker's default) through a user namespace where
+  the kernel allows one (as root the launcher maps it for a child, as another user the call
+  maps its own uid);
+* stdout and stderr go to a file, cut to ``max_output_chars``.
+
+What really holds is measured, not assumed: :meth:`PythonSandbox.probe` runs one call that
+tries its uid, a localhost connection and a file in every world-writable directory, then
+looks for those files on the host; :meth:`PythonSandbox.require` refuses (one line, what is
+missing and how to get it) when a protection the run requires (``env.sandbox.require``)
+does not hold. The trainer prints the probe in one line and records it in the trace summary.
 
 A timeout, crash or error is returned as text (the observation the model sees) with flags;
 it never raises into the trainer. Calls run concurrently (``run_many``).
@@ -49,35 +59,101 @@ import time
 from collections.abc import Sequence
 
 _LAUNCHER = r"""
-import ctypes, os, resource, sys
-cpu, mem, fsize, nproc, uid, isolate = (int(x) for x in sys.argv[1:7])
-base, exe = sys.argv[7], sys.argv[8]
-if isolate:
-    libc = ctypes.CDLL(None, use_errno=True)
-    CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
-    MS_REC, MS_PRIVATE, MS_BIND, MS_RDONLY, MS_REMOUNT = 16384, 1 << 18, 4096, 1, 32
-    ok = libc.unshare(CLONE_NEWNS | CLONE_NEWNET) == 0 and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
-    work = os.getcwd().encode()
-    for d in (b"/var/tmp", b"/dev/shm", b"/tmp"):  # /tmp last: it hides the path of work
-        ok = ok and (not os.path.isdir(d) or libc.mount(work, d, None, MS_BIND, None) == 0)
-    if ok:  # the interpreter may live where the private uid cannot look (/root/...): mount it in /tmp
-        os.chdir("/tmp")
-        os.mkdir(".python", 0o755)
-        ok = libc.mount(base.encode(), b"/tmp/.python", None, MS_BIND | MS_REC, None) == 0
-        exe = "/tmp/.python/" + os.path.relpath(exe, base)
-    if not ok:
-        sys.stderr.write("sandbox: namespaces unavailable; running without a private uid\n")
-        uid = -1
+import ctypes, os, resource, signal, sys
+cpu, mem, fsize, nproc, uid, tmp_mb, max_files, userns = (int(x) for x in sys.argv[1:9])
+base, exe, dirs = sys.argv[9], sys.argv[10], [d for d in sys.argv[11].split(":") if d]
+libc = ctypes.CDLL(None, use_errno=True)
+NEWNS, NEWNET, NEWUSER = 0x00020000, 0x40000000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+code = open("main.py", "rb").read()
+def drop():
+    try:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    except OSError as e:
+        sys.stderr.write(f"sandbox: cannot drop root to the private uid {uid} ({e.strerror}; needs CAP_SETUID and "
+                         "CAP_SETGID): refusing to run model-written code as root\n")
+        os._exit(126)
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self stays this uid's (for a user namespace's maps)
+def private_tmp(owner):
+    # a size- and file-count-limited tmpfs on /tmp, bound over every other world-writable directory
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return False
+    opts = f"size={tmp_mb}m,nr_inodes={max_files},mode=0700,uid={owner},gid={owner}".encode()
+    if libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        return False
+    for d in dirs:
+        if d != "/tmp" and libc.mount(b"/tmp", d.encode(), None, MS_BIND, None) != 0:
+            return False
+    os.mkdir("/tmp/.python", 0o755)  # the interpreter may live where the private uid cannot look (/root/...)
+    if libc.mount(base.encode(), b"/tmp/.python", None, MS_BIND | MS_REC, None) != 0:
+        return False
+    with open("/tmp/main.py", "wb") as f:
+        f.write(code)
+    os.chown("/tmp/main.py", owner, owner)
+    os.chdir("/tmp")
+    return True
+def mapped_user_namespace():
+    # Root without CAP_SYS_ADMIN: a child enters a user namespace whose map this launcher (root with
+    # CAP_SETUID) writes: root, for the set-up, and the private uid, to which the child drops before
+    # exec. This launcher only waits and passes the call's status on. True in a mapped child.
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = libc.unshare(NEWUSER | NEWNS | NEWNET) == 0
+        os.write(w1, b"1" if ok else b"0")
+        if ok and os.read(r2, 1) != b"1":
+            sys.stderr.write("sandbox: the user namespace could not be mapped\n")
+            os._exit(126)
+        return ok
+    ok = os.read(r1, 1) == b"1"
+    try:
+        for name in ("uid_map", "gid_map") if ok else ():
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(f"0 0 1\n{uid} {uid} 1\n")
+    except OSError:
+        ok = False
+    os.write(w2, b"1" if ok else b"0")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    status = os.waitpid(pid, 0)[1]
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+private = False
+if uid >= 0 and libc.unshare(NEWNS | NEWNET) == 0:  # root with CAP_SYS_ADMIN: namespaces, then the private uid
+    private = private_tmp(uid)
+    drop()
+elif uid >= 0:  # root without CAP_SYS_ADMIN: a user namespace where allowed; CAP_SETUID alone drops the uid
+    if userns and mapped_user_namespace():
+        private = private_tmp(uid)
+    drop()
+else:  # not root: an unprivileged user namespace where allowed
+    me, grp = os.getuid(), os.getgid()  # inside a new user namespace they read as unmapped until mapped
+    if userns and libc.unshare(NEWUSER | NEWNS | NEWNET) == 0:  # an unprivileged user namespace, where allowed
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{me} {me} 1"), ("gid_map", f"{grp} {grp} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        private = private_tmp(me)
+if os.getuid() == 0 or os.geteuid() == 0:
+    sys.stderr.write("sandbox: refusing to run model-written code as root (cannot drop to a private uid)\n")
+    os._exit(126)
+if private:
+    exe = "/tmp/.python/" + os.path.relpath(exe, base)
+    os.environ.update(HOME="/tmp", TMPDIR="/tmp")
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 for res, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
                (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(res, (v, v))
-if uid >= 0:
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-os.execv(exe, [exe, "-I", "main.py"])
+try:
+    os.execv(exe, [exe, "-I", "main.py"])
+except OSError as e:
+    sys.stderr.write(f"sandbox: uid {os.getuid()} cannot run the interpreter {exe} ({e.strerror}): install Python "
+                     "where every user can read it, or give the sandbox private_tmp (the interpreter is then mounted)\n")
+    os._exit(126)
 """
 
 #: First private user id of sandbox calls (when running as root) and how many there are.
@@ -180,6 +256,45 @@ def _own_process_count(uid: int) -> int:
         return 0
 
 
+#: The protections :meth:`PythonSandbox.probe` checks by their effect, and what gives each.
+PROTECTIONS = {
+    "non_root": "the code runs as a non-root user (as root: a private uid, which needs CAP_SETUID)",
+    "private_uid": "the code runs as a uid of its own, neither root nor the trainer's (needs root with CAP_SETUID)",
+    "private_tmp": "writes to /tmp, /var/tmp, /dev/shm, /run/lock and other world-writable directories stay in a "
+                   "size- and file-limited private tmpfs (needs CAP_SYS_ADMIN, e.g. docker --cap-add SYS_ADMIN, or "
+                   "unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1 and a seccomp profile "
+                   "that allows unshare)",
+    "no_network": "no network, not even localhost (same needs as private_tmp)",
+}
+#: ``env.sandbox.require``'s default: everything.
+DEFAULT_REQUIRE = ("non_root", "private_uid", "private_tmp", "no_network")
+
+
+class SandboxUnavailable(RuntimeError):
+    """A protection the configuration requires does not hold on this machine (one line)."""
+
+
+def world_writable_dirs() -> list[str]:
+    """Directories any user may write (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``, ...),
+    found one level under ``/``, ``/var``, ``/run`` and ``/dev``; ``/tmp`` first, symlinks resolved."""
+    out = ["/tmp"] if os.path.isdir("/tmp") else []
+    for parent in ("/", "/var", "/run", "/dev"):
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.realpath(os.path.join(parent, name))
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (os.path.isdir(path) and st.st_mode & 0o002 and path not in out and ":" not in path
+                    and not path.startswith(("/proc", "/sys"))):
+                out.append(path)
+    return out
+
+
 class PythonSandbox:
     """Runs Python source in sandboxed subprocesses (see the module docstring).
 
@@ -190,10 +305,14 @@ class PythonSandbox:
       max_output_chars: stdout+stderr beyond this is cut (with a marker).
       nproc: processes (threads included) a call may have.
       max_concurrent: calls run at once by :meth:`run_many`.
+      tmp_mb, max_files: size and file count of the call's private tmpfs (``env.sandbox``).
+      user_namespace: try an unprivileged user namespace where CAP_SYS_ADMIN is missing (False:
+        never, what a container whose seccomp profile blocks them gets).
     """
 
     def __init__(self, *, timeout_s: float = 5.0, cpu_s: int | None = None, memory_mb: int = 256,
-                 max_output_chars: int = 1000, nproc: int = 16, max_concurrent: int = 8):
+                 max_output_chars: int = 1000, nproc: int = 16, max_concurrent: int = 8, tmp_mb: int = 64,
+                 max_files: int = 1024, user_namespace: bool = True):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s is {timeout_s!r}; accepted: a number > 0")
         if memory_mb < 64:
@@ -204,13 +323,91 @@ class PythonSandbox:
         self.max_output_chars = int(max_output_chars)
         self.nproc = int(nproc)
         self.max_concurrent = max(1, int(max_concurrent))
+        self.tmp_mb, self.max_files, self.user_namespace = int(tmp_mb), int(max_files), bool(user_namespace)
         self.root = os.geteuid() == 0 and sys.platform.startswith("linux")
+        self.dirs = world_writable_dirs()
+        self._probe: dict | None = None
 
     @property
     def isolation(self) -> dict:
-        """What applies on this machine."""
-        return {"rlimits": True, "clean_environment": True, "private_uid": self.root,
-                "no_network": self.root, "private_tmp": self.root}
+        """What holds on this machine, by :meth:`probe` (rlimits and a clean environment always)."""
+        p = self.probe()
+        return {"rlimits": True, "clean_environment": True, **{k: p[k] for k in PROTECTIONS}}
+
+    def probe(self) -> dict:
+        """Runs one call that tries what model code might: its uid, a connection to a listening
+        localhost port, a file in every world-writable directory; then checks the host for the
+        files. Returns ``{protection: held, ..., "uid", "escaped", "dirs", "quota"}`` (cached)."""
+        if self._probe is not None:
+            return self._probe
+        import json
+        import socket
+        import uuid
+
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        mark = f".rljax-probe-{uuid.uuid4().hex}"
+        code = (f"import json, os, socket\nr = {{'uid': os.getuid()}}\n"
+                f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).close(); r['net'] = True\n"
+                f"except OSError:\n    r['net'] = False\n"
+                f"for d in {self.dirs!r}:\n"
+                f"    try:\n        open(os.path.join(d, {mark!r}), 'w').write('x')\n    except OSError:\n        pass\n"
+                f"print(json.dumps(r))\n")
+        try:
+            result = self.run(code)
+        finally:
+            listener.close()
+        escaped = []
+        for d in self.dirs:
+            path = os.path.join(d, mark)
+            if os.path.exists(path):
+                escaped.append(d)
+                os.remove(path)
+        try:
+            seen = json.loads(result.output.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            seen = None
+        if seen is None:  # the sandbox could not run at all: nothing holds that needs it to run
+            self._probe = {"non_root": False, "private_uid": False, "private_tmp": False, "no_network": False,
+                           "uid": None, "escaped": escaped, "dirs": self.dirs, "quota": None,
+                           "error": " ".join(result.output.split())[-300:]}
+            return self._probe
+        uid = int(seen["uid"])
+        private_tmp = not escaped
+        self._probe = {"non_root": uid != 0, "private_uid": uid not in (0, os.getuid()),
+                       "private_tmp": private_tmp, "no_network": not seen["net"], "uid": uid, "escaped": escaped,
+                       "dirs": self.dirs,
+                       "quota": f"{self.tmp_mb} MB, {self.max_files} files" if private_tmp else None}
+        return self._probe
+
+    def describe(self) -> str:
+        """The probe in one line: ``sandbox: non_root yes (uid 61007), private_tmp yes (...), ...``."""
+        p = self.probe()
+        parts = []
+        for k in PROTECTIONS:
+            extra = ""
+            if k in ("non_root", "private_uid") and p["uid"] is not None:
+                extra = f" (uid {p['uid']})"
+            elif k == "private_tmp":
+                extra = (f" ({len(p['dirs'])} world-writable dirs on a private tmpfs of {p['quota']})" if p[k]
+                         else f" (writes reached the host in {', '.join(p['escaped']) or 'none'})")
+            parts.append(f"{k} {'yes' if p[k] else 'NO'}{extra}")
+        err = f"; the probe call failed: {p['error']}" if p.get("error") else ""
+        return "sandbox: " + ", ".join(parts) + err
+
+    def require(self, names) -> None:
+        """Raises :class:`SandboxUnavailable` naming each protection of ``names`` that does not
+        hold, and what gives it. Model code never runs as root whatever ``names`` says."""
+        p = self.probe()
+        names = tuple(dict.fromkeys(("non_root", *names)))
+        missing = [n for n in names if not p[n]]
+        if missing:
+            how = "; ".join(f"{n}: {PROTECTIONS[n]}" for n in missing)
+            err = f" (the probe call failed: {p['error']})" if p.get("error") else ""
+            raise SandboxUnavailable(f"the python tool's sandbox lacks {', '.join(missing)}{err}: {how}; or drop it "
+                                     f"from env.sandbox.require (now {list(names)}) to run without it")
 
     def run(self, code: str) -> ToolResult:
         return self.run_many([code])[0]
@@ -261,8 +458,8 @@ class PythonSandbox:
         nproc = self.nproc if self.root else _own_process_count(os.getuid()) + self.nproc
         env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "TMPDIR": work}
         args = [sys.executable, "-S", "-c", _LAUNCHER, str(self.cpu_s), str(self.memory_mb << 20),
-                str(self.max_output_chars * 4 + 4096), str(nproc), str(uid), str(int(self.root)), sys.base_prefix,
-                os.path.realpath(sys.executable) if not self.root else _base_executable()]
+                str(self.max_output_chars * 4 + 4096), str(nproc), str(uid), str(self.tmp_mb), str(self.max_files),
+                str(int(self.user_namespace)), sys.base_prefix, _base_executable(), ":".join(self.dirs)]
         try:
             proc = subprocess.Popen(args, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

@@ -10,7 +10,7 @@ is unchanged: they read ``loss_mask`` (1 only on policy tokens) and the attentio
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -27,23 +27,25 @@ class EnvRuntime:
     max_obs_tokens: int
     max_response_tokens: int  # T: model turns + observations
     continuation: str = "kv"  # env.continuation: "kv" (slots keep their KV cache) or "reprefill"
+    sandbox_probe: Optional[dict] = None  # what the python tool's sandbox really holds (None: no python tool)
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> "EnvRuntime":
         from rljax.config import ConfigError
-        from rljax.env._protocol import ToolEnv, load_env
-        from rljax.env._sandbox import PythonSandbox
+        from rljax.env._check import run_sandbox
+        from rljax.env._protocol import load_env
 
         e = cfg.env
         ids = tokenizer.encode(e.stop)
         if len(ids) != 1:
             raise ConfigError(f"env.stop={e.stop!r} is {len(ids)} tokens of the tokenizer; it must be exactly one token")
         env_cls = load_env(e.function)
-        if issubclass(env_cls, ToolEnv):
-            env_cls = type(env_cls.__name__, (env_cls,), {
-                "sandbox": PythonSandbox(timeout_s=e.timeout_s, memory_mb=e.memory_mb)})
+        sandbox = run_sandbox(cfg, env_cls)  # probed: a required protection missing is a ConfigError
+        if sandbox is not None:
+            env_cls = type(env_cls.__name__, (env_cls,), {"sandbox": sandbox})
         return cls(env_cls=env_cls, stop_id=int(ids[0]), max_turns=e.max_turns, max_obs_tokens=e.max_obs_tokens,
-                   max_response_tokens=cfg.data.max_response_length, continuation=e.continuation)
+                   max_response_tokens=cfg.data.max_response_length, continuation=e.continuation,
+                   sandbox_probe=None if sandbox is None else {**sandbox.probe(), "line": sandbox.describe()})
 
     def run(self, sampler, prompts, uids, *, n: int, decode, tokenizer):
         return run_episodes(sampler, prompts, uids=uids, n=n, decode=decode, env_cls=self.env_cls,

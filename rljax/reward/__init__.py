@@ -7,12 +7,14 @@ with ``reward.num_workers > 0``, a :class:`RewardPool` of worker processes (per-
 timeouts, crash isolation, parallel scoring). Pure Python and NumPy.
 """
 
-from rljax.reward._batch import RewardError, RewardReport, score_batch
+from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, score_batch
+from rljax.reward._check import check, probe_plugin
 from rljax.reward._overlong import overlong_metrics, overlong_penalty
 from rljax.reward._plugin import (
     BUILTIN_REWARDS,
     DATA_SOURCES,
     DATASET_REWARDS,
+    InProcessReward,
     get_reward_fn,
     load_reward_plugin,
     make_reward,
@@ -29,6 +31,10 @@ from rljax.reward._rules import (
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "InProcessReward",
+    "MAX_ABS_SCORE",
+    "check",
+    "probe_plugin",
     "DATA_SOURCES",
     "DATASET_REWARDS",
     "Outcome",

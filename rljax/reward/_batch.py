@@ -18,6 +18,9 @@ from rljax.reward._pool import Outcome, RewardPool
 
 logger = logging.getLogger("rljax.reward")
 _MAX_MSG = 200
+_MAX_WARNINGS = 3  # per batch: the first failures by uid, then one count
+#: Without ``reward.clip``, a score beyond this magnitude stops the run (a bug, not a reward).
+MAX_ABS_SCORE = 1e6
 
 
 class RewardError(RuntimeError):
@@ -91,13 +94,20 @@ def score_batch(
     max_error_fraction: float,
     is_padding: Sequence[bool] | np.ndarray | None = None,
     extras: Sequence[Mapping] | None = None,
+    clip: float | None = None,
 ) -> tuple[np.ndarray, RewardReport]:
     """Scores each row with ``fn(response, answer, **extra)``, isolating failures.
 
-    A row whose call raises, or returns a non-number or a non-finite value, scores 0, is
-    counted in ``report.errors`` and its uid is logged (warning, ``rljax.reward`` logger;
-    the message, never the response text). Padding rows are not scored (score 0, not
+    A row whose call raises, or returns a non-number or a non-finite value, scores 0 and is
+    counted in ``report.errors``; the first few are logged by uid, the rest as one count
+    (warning, ``rljax.reward`` logger; the message, never the response text). A batch over
+    the error bound (every sample failing, say) stops with one line: the count and the
+    first error, no per-sample warnings. Padding rows are not scored (score 0, not
     counted). The error fraction is ``errors / non-padding rows``.
+
+    Scores are clipped to ``[-clip, clip]`` (``reward.clip``); without a clip, a score beyond
+    ``MAX_ABS_SCORE`` in magnitude stops the run with one line (a reward of 1e30 is a bug
+    that would swamp the advantages, never a reward).
 
     With a :class:`RewardPool` the rows are scored in parallel in its worker processes; a row
     that runs past the pool's timeout or crashes its worker also scores 0 and counts as an
@@ -109,12 +119,14 @@ def score_batch(
       max_error_fraction: the largest accepted error fraction, in ``[0, 1]``.
       is_padding: ``[B]`` bool, rows added only to make shapes divide the mesh.
       extras: per-row keyword arguments for ``fn`` (e.g. ``{"uid": ..., "row": ...}``).
+      clip: ``reward.clip``; None: ``fn.clip`` when ``fn`` has one (:func:`rljax.reward.make_reward`).
 
     Returns:
       ``(scores, report)``: ``scores`` is ``[B]`` float32.
 
     Raises:
-      RewardError: when ``errors / non-padding rows > max_error_fraction``.
+      RewardError: when ``errors / non-padding rows > max_error_fraction``, or a score's
+        magnitude is over ``MAX_ABS_SCORE`` without a clip.
       ValueError: mismatched lengths or a bad ``max_error_fraction``.
     """
     n = len(responses)
@@ -137,19 +149,35 @@ def score_batch(
         restarts = fn.restarts - before
     else:
         outcomes = [_call(fn, *item) for item in items]
-    error_uids, first, timeouts = [], None, 0
+    if clip is None:
+        clip = getattr(fn, "clip", None)
+    error_uids, first, timeouts, failed = [], None, 0, []
     for i, out in zip(rows, outcomes):
         scores[i] = out.score
         if out.error is not None:
             error_uids.append(uids[i])
             timeouts += out.timeout
             first = first or f"{uids[i]}: {out.error}"
-            logger.warning("reward failed for uid %s (scored 0): %s", uids[i], out.error)
+            failed.append((uids[i], out.error))
     num_scored = len(rows)
     report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first, timeouts, restarts)
     if report.error_fraction > max_error_fraction:
+        every = "every sample of the batch" if report.errors == num_scored else f"{report.error_fraction:.1%} of the batch"
         raise RewardError(
-            f"reward failed for {report.errors}/{num_scored} rows ({report.error_fraction:.1%}), more than "
+            f"reward failed on {every} ({report.errors}/{num_scored}), more than "
             f"reward.max_error_fraction={max_error_fraction}; first error: {first}"
         )
+    for uid, error in failed[:_MAX_WARNINGS]:
+        logger.warning("reward failed for uid %s (scored 0): %s", uid, error)
+    if len(failed) > _MAX_WARNINGS:
+        logger.warning("reward failed for %d more sample(s) of this batch (scored 0)", len(failed) - _MAX_WARNINGS)
+    if clip is not None:
+        np.clip(scores, -clip, clip, out=scores)
+    else:
+        big = np.flatnonzero(np.abs(scores) > MAX_ABS_SCORE)
+        if big.size:
+            i = int(big[0])
+            raise RewardError(f"reward.function returned {float(scores[i]):.3g} for uid {uids[i]} ({big.size} sample(s) "
+                              f"over {MAX_ABS_SCORE:g} in magnitude): a score that large swamps the advantages; fix "
+                              "the reward or set reward.clip=C to clip scores to [-C, C]")
     return scores, report

@@ -169,19 +169,39 @@ def get_reward_fn(spec: str = "auto", *, dataset: str | None = None) -> RewardFn
     return load_reward_plugin(spec, data_source=DATA_SOURCES.get(dataset, dataset))
 
 
+class InProcessReward:
+    """The reward function called in the trainer's process (``reward.num_workers=0``), with the
+    section's ``clip`` for :func:`rljax.reward.score_batch`."""
+
+    def __init__(self, fn: RewardFn, *, clip: float | None = None):
+        self.fn, self.clip = fn, clip
+
+    def __call__(self, response, answer, **extra):
+        return self.fn(response, answer, **extra)
+
+
 def make_reward(reward_cfg, *, dataset: str | None = None):
     """What :func:`rljax.reward.score_batch` scores with for a ``reward`` config section: the
-    function itself (``reward.num_workers=0``) or a :class:`~rljax.reward.RewardPool` of
-    ``reward.num_workers`` worker processes with ``reward.timeout_s`` per sample. ``null``
-    workers: 0 for the built-in rewards, ``min(8, CPUs)`` for a plugin. The function is
-    loaded here first, so a broken plugin is a :class:`ConfigError` before any worker starts.
-    Close a pool when done."""
-    from rljax.reward._pool import RewardPool, default_num_workers
+    function itself (``reward.num_workers=0``, an :class:`InProcessReward`) or a
+    :class:`~rljax.reward.RewardPool` of ``reward.num_workers`` worker processes with
+    ``reward.timeout_s`` per sample (null: 30 s) and ``reward.memory_mb`` each. ``null``
+    workers: 0 for the built-in rewards without a timeout, ``min(8, CPUs)`` otherwise. A plugin
+    is loaded first (in a child process when workers will run it, so the trainer never imports
+    it), so a broken plugin is a :class:`ConfigError` before any worker starts. Close a pool
+    when done."""
+    from rljax.reward._check import probe_plugin
+    from rljax.reward._pool import DEFAULT_TIMEOUT_S, RewardPool, default_num_workers
 
-    fn = get_reward_fn(reward_cfg.function, dataset=dataset)
     workers, timeout_s = reward_cfg.num_workers, reward_cfg.timeout_s
     if workers is None:
-        workers = default_num_workers(reward_cfg.function)
+        workers = default_num_workers(reward_cfg.function) if timeout_s is None else default_num_workers("")
     if workers == 0:
-        return fn
-    return RewardPool(reward_cfg.function, dataset=dataset, num_workers=workers, timeout_s=timeout_s)
+        return InProcessReward(get_reward_fn(reward_cfg.function, dataset=dataset), clip=reward_cfg.clip)
+    spec = reward_cfg.function
+    if spec != "auto" and spec not in BUILTIN_REWARDS:
+        probe_plugin(spec, data_source=DATA_SOURCES.get(dataset, dataset), timeout_s=reward_cfg.import_timeout_s)
+    else:
+        get_reward_fn(spec, dataset=dataset)  # auto against a dataset without a default: ConfigError here
+    return RewardPool(spec, dataset=dataset, num_workers=workers,
+                      timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
+                      memory_mb=reward_cfg.memory_mb, clip=reward_cfg.clip)

@@ -14,7 +14,10 @@ rljax.reward._worker``), not forks of the trainer: the trainer has JAX's threads
 which ``fork`` would copy in an undefined state, and a fresh interpreter imports only the
 reward code (never JAX or TensorFlow; ~0.3 s to start). Messages travel as pickles over
 two pipes per worker; a worker dies with the trainer (``PR_SET_PDEATHSIG`` on Linux, and
-end-of-file on its pipe elsewhere).
+end-of-file on its pipe elsewhere). Workers run in their own session and ignore SIGINT,
+SIGTERM and SIGHUP: a Ctrl-C or a scheduler's SIGTERM to the job's process group reaches
+the trainer, which finishes the step with every sample scored, saves, and closes the pool
+(SIGKILL for a worker that does not exit).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Optional
 
 _START_TIMEOUT_S = 120.0
 _MAX_START_FAILURES = 3
+#: ``reward.timeout_s: null`` in workers.
+DEFAULT_TIMEOUT_S = 30.0
 
 
 class RewardWorkerError(RuntimeError):
@@ -50,7 +55,7 @@ class Outcome:
 
 
 class _Worker:
-    def __init__(self, spec: str, dataset: Optional[str]):
+    def __init__(self, spec: str, dataset: Optional[str], memory_mb: Optional[int] = None):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         import rljax
@@ -61,8 +66,9 @@ class _Worker:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "rljax.reward._worker", str(to_child_r), str(from_child_w), spec,
-                 dataset or "", str(os.getpid())],
-                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
+                 dataset or "", str(os.getpid()), str(memory_mb or 0)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)  # out of the terminal's / scheduler's process group
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -112,20 +118,25 @@ class RewardPool:
       dataset: ``data.dataset`` (what ``auto`` resolves against).
       num_workers: worker processes (>= 1).
       timeout_s: per-sample time limit.
+      memory_mb: memory (data-segment) limit of each worker (``reward.memory_mb``; None: none). A
+        sample that runs out of it scores 0 and its worker is replaced (what it leaked goes).
+      clip: ``reward.clip``, read by :func:`rljax.reward.score_batch`.
 
     The workers start in the background at construction; :meth:`map` waits for them.
     Call :meth:`close` when done (a context manager does it).
     """
 
-    def __init__(self, spec: str, *, dataset: Optional[str] = None, num_workers: int, timeout_s: float):
+    def __init__(self, spec: str, *, dataset: Optional[str] = None, num_workers: int, timeout_s: float,
+                 memory_mb: Optional[int] = None, clip: Optional[float] = None):
         if num_workers < 1:
             raise ValueError(f"reward.num_workers={num_workers}: a pool needs at least 1 worker")
         if not timeout_s > 0:
             raise ValueError(f"reward.timeout_s={timeout_s} must be > 0")
         self.spec, self.dataset, self.timeout_s = spec, dataset, float(timeout_s)
+        self.memory_mb, self.clip = memory_mb, clip
         self.restarts = 0
         self._start_failures = 0
-        self._workers = [_Worker(spec, dataset) for _ in range(num_workers)]
+        self._workers = [_Worker(spec, dataset, memory_mb) for _ in range(num_workers)]
 
     @property
     def num_workers(self) -> int:
@@ -141,7 +152,7 @@ class RewardPool:
 
     def _replace(self, w: _Worker) -> None:
         w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self.spec, self.dataset)
+        self._workers[self._workers.index(w)] = _Worker(self.spec, self.dataset, self.memory_mb)
         self.restarts += 1
 
     def _on_message(self, w: _Worker, results: list) -> None:
@@ -158,7 +169,7 @@ class RewardPool:
                 results[w.task] = Outcome(0.0, why)
             self._replace(w)
             return
-        task, score, error = msg
+        task, score, error, *retire = msg
         if task == "init":
             if error is not None:
                 raise RewardWorkerError(f"a reward worker cannot load reward.function={self.spec!r}: {error}")
@@ -167,6 +178,8 @@ class RewardPool:
         if task == w.task:
             results[task] = Outcome(0.0, error) if error is not None else Outcome(float(score))
             w.task = None
+            if retire:  # out of reward.memory_mb: a fresh worker takes its place
+                self._replace(w)
 
     def map(self, items: Sequence[tuple[str, str, Mapping]]) -> list[Outcome]:
         """Scores ``(response, answer, extra)`` items in parallel; one :class:`Outcome` each, in order."""

@@ -1,4 +1,4 @@
-"""A reward worker process: ``python -m rljax.reward._worker IN_FD OUT_FD SPEC DATASET``.
+"""A reward worker process: ``python -m rljax.reward._worker IN_FD OUT_FD SPEC DATASET PARENT MEMORY_MB``.
 
 Started by :class:`rljax.reward.RewardPool` (never by hand). It loads the reward function
 once (``reward.function``), then answers ``(task_id, response, answer, extra)`` messages on
@@ -31,10 +31,27 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _limit_memory(memory_mb: int) -> None:
+    """``reward.memory_mb``: the data-segment limit (heap and private mappings, Linux >= 4.7) of this
+    worker, set before the plugin loads; not the address space, which a plugin importing a large
+    library (torch) reserves by gigabytes without using it."""
+    if memory_mb > 0:
+        import resource
+
+        limit = memory_mb << 20
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit if hard < 0 else min(limit, hard), hard))
+
+
 def main(argv: list[str]) -> int:
     in_fd, out_fd, spec, dataset, parent = int(argv[0]), int(argv[1]), argv[2], argv[3] or None, int(argv[4])
+    memory_mb = int(argv[5]) if len(argv) > 5 else 0
     _die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the pool
+    _limit_memory(memory_mb)
+    # The terminal's Ctrl-C and the scheduler's SIGTERM to the job's processes are the trainer's
+    # to handle: it finishes the step (these workers score it whole), saves, and closes the pool.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     from multiprocessing.connection import Connection
 
     inbox, outbox = Connection(in_fd, writable=False), Connection(out_fd, readable=False)
@@ -57,6 +74,9 @@ def main(argv: list[str]) -> int:
         task, response, answer, extra = msg
         try:
             result = (task, _as_score(fn(response, answer, **extra)), None)
+        except MemoryError:  # over reward.memory_mb: this sample fails, a fresh worker replaces this one
+            outbox.send((task, None, f"MemoryError: over reward.memory_mb={memory_mb} MB", "retire"))
+            return 3
         except BaseException as e:  # noqa: BLE001 - a user reward may raise anything, sys.exit included
             result = (task, None, f"{type(e).__name__}: {_short(e)}")
         outbox.send(result)

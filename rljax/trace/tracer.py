@@ -140,6 +140,7 @@ class Tracer:
         self._stages_seen: list[str] = []
         self._async: Optional[dict] = None  # trainer.mode=async: staleness histogram, drops, trained rows
         self._rollout: Optional[dict] = None  # uids generated per process
+        self.sandbox: Optional[dict] = None  # the python tool's sandbox probe (env.sandbox), set by the trainer
         self._ledgers_done = not cfg.trace.ledgers
         self._compiled_peak: Optional[int] = None
         self._config = self._config_facts()
@@ -355,6 +356,8 @@ class Tracer:
             summary["async"] = self._async
         if self._rollout is not None:
             summary["rollout"] = self._rollout
+        if self.sandbox is not None:
+            summary["sandbox"] = self.sandbox
         if error:
             summary["error"] = error
             summary["failed_at_step"] = step

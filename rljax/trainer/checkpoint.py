@@ -13,10 +13,15 @@ Checkpoint states:
 
 * *verified*: a digest is present, the files match it and the arrays were finite;
 * *unverified*: committed but no digest (the run stopped between the commit and the
-  digest, or the checkpoint predates verification); restored with a notice, its values
-  checked to be finite;
+  digest, or the checkpoint predates verification); never restored unless asked for
+  (``allow_unverified``, the launcher's ``--resume-unverified``), because its bytes cannot be
+  told from damaged ones: a resume names it with the newest verified checkpoint instead;
 * *damaged*: the files do not match the digest, a file is missing, the digest is
   unreadable, the values are not finite, or orbax cannot read it.
+
+A checkpoint that is intact but does not fit this run (another model shape, another LoRA
+shape) is a :class:`CheckpointMismatch`, listing the arrays and both shapes: never
+reported as damage.
 
 The keep-N rule (``trainer.max_checkpoints``) runs after a new checkpoint is committed and
 its digest written, and never deletes the newest verified checkpoint. Old checkpoints
@@ -77,6 +82,30 @@ def _no_replica_parallel_saves_on_cpu() -> bool:
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used (damaged, missing, or its save failed); the message is one line."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """An intact checkpoint whose arrays do not fit this run's structure (the configuration
+    changed); the message lists what differs with both values."""
+
+
+def _leaf_shapes(tree) -> dict[str, tuple]:
+    out = {}
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = getattr(x, "shape", None)
+        if shape is not None:
+            out[_leaf_name(path)] = tuple(shape)
+    return out
+
+
+def structure_diff(saved, like, limit: int = 4) -> list[str]:
+    """What differs between the saved arrays and this run's (``name: shape (saved) vs shape
+    (this run)``, ``name: only in the checkpoint`` ...); empty when they fit."""
+    a, b = _leaf_shapes(saved), _leaf_shapes(like)
+    out = [f"{k}: {a[k]} in the checkpoint, {b[k]} in this run" for k in a if k in b and a[k] != b[k]]
+    out += [f"{k}: only in the checkpoint" for k in a if k not in b]
+    out += [f"{k}: only in this run" for k in b if k not in a]
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
 
 
 def _sha256(path: str) -> str:
@@ -319,11 +348,21 @@ class Checkpointer:
                 return s
         return None
 
-    def _damaged(self, step: int, reason: str) -> CheckpointError:
+    def _damaged(self, step: int, reason: str, what: str = "is damaged") -> CheckpointError:
         intact = self.newest_intact(before=step)
         hint = (f"the newest intact checkpoint is {intact}: resume from it with --resume={intact} "
                 f"(or trainer.resume_from={intact})" if intact is not None else "no older intact checkpoint remains")
-        return CheckpointError(f"checkpoint {step} in {self.directory} is damaged: {reason}; {hint}")
+        return CheckpointError(f"checkpoint {step} in {self.directory} {what}: {reason}; {hint}")
+
+    def _structure_diff(self, step: int, like: Any) -> list[str]:
+        """:func:`structure_diff` against checkpoint ``step``'s recorded array metadata (empty
+        when the metadata is unreadable: that is damage, not a mismatch)."""
+        try:
+            saved = self._manager.item_metadata(step)["state"]
+            saved = getattr(saved, "tree", saved)
+        except Exception:  # noqa: BLE001 - unreadable metadata: reported as damage by the caller
+            return []
+        return structure_diff(saved, like) if saved else []
 
     # ------------------------------------------------------------------ restore
 
@@ -360,24 +399,38 @@ class Checkpointer:
         out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"])
 
-    def restore(self, step: int, like: Any) -> tuple[Any, dict]:
+    def restore(self, step: int, like: Any, *, allow_unverified: bool = False) -> tuple[Any, dict]:
         """Restore checkpoint ``step`` into the structure, dtypes and shardings of ``like``
         after verifying its digest, then check that every restored value is finite.
 
+        Args:
+          allow_unverified: restore a checkpoint that has no digest (``--resume-unverified``);
+            otherwise it is refused like a damaged one.
+
         Raises:
-          CheckpointError: the checkpoint is damaged (names it, why, and the newest intact one).
+          CheckpointMismatch: the checkpoint is intact but its arrays do not fit ``like``.
+          CheckpointError: the checkpoint is damaged or unverified (names it, why, and the
+            newest intact one).
         """
         status, reason = self.verify(step)
         if status == "damaged":
             raise self._damaged(step, reason)
         if status == "unverified":
-            self.echo(f"checkpoint: checkpoint {step} {reason}; restoring it unverified "
-                      "(its values are still checked to be finite)")
+            if not allow_unverified:
+                raise self._damaged(step, f"it {reason}, so its bytes cannot be checked (pass --resume-unverified "
+                                          "to restore it anyway, its values still checked to be finite)",
+                                    what="is unverified")
+            self.echo(f"checkpoint: checkpoint {step} {reason}; restoring it unverified (--resume-unverified; "
+                      "its values are still checked to be finite)")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                       meta=ocp.args.JsonRestore()))
         except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for unreadable files
+            diff = self._structure_diff(step, like)
+            if diff:
+                raise CheckpointMismatch(f"checkpoint {step} in {self.directory} is intact but does not fit this run "
+                                         f"(the configuration changed): {'; '.join(diff)}") from e
             first = " ".join(str(e).split())[:200]
             raise self._damaged(step, f"orbax cannot read it ({type(e).__name__}: {first})") from e
         bad = nonfinite_leaves(out["state"])

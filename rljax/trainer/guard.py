@@ -4,12 +4,13 @@
   line naming what was non-finite (the loss, which gradient groups) and raises the
   ``alerts/nonfinite_update`` alert; ``trainer.max_skipped_updates`` consecutive such
   steps stop the run with :class:`NonFiniteUpdateError`.
-* :class:`StopSignals`: SIGTERM (what SLURM and TPU maintenance send before a kill)
-  becomes a request the loop honours at the next step boundary with a final save.
+* :class:`StopSignals`: SIGTERM (what SLURM and TPU maintenance send before a kill) and
+  SIGINT (Ctrl-C) become a request the loop honours at the next step boundary with a final
+  save.
 * :func:`wait_for_save`: a stop waits (bounded) for the in-flight checkpoint to commit and
   says so if it gives up.
-* :func:`cut_metrics`: on resume, ``metrics.jsonl`` is cut back to the restored step so
-  every step appears once.
+* :func:`cut_jsonl`: on resume, ``metrics.jsonl``, ``trace.jsonl`` and
+  ``rollout_uids.jsonl`` are cut back to the restored step so every step appears once.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ class NonFiniteUpdateError(RuntimeError):
 
 
 class StopRequested(Exception):
-    """Raised by the loop after a SIGTERM-requested final save (exit status 143, like a plain SIGTERM)."""
+    """Raised by the loop after a SIGTERM- or SIGINT-requested final save (exit status 143 or
+    130, like the plain signal)."""
+
+    def __init__(self, message: str, signal_name: str = "SIGTERM"):
+        super().__init__(message)
+        self.signal_name = signal_name
 
 
 def _finite(x) -> bool:
@@ -89,16 +95,32 @@ class NonFiniteMonitor:
 
 
 class StopSignals:
-    """While active, SIGTERM sets :attr:`requested` instead of killing the process (main thread
-    only; elsewhere it is a no-op). The previous handler comes back on exit."""
+    """While active, SIGTERM and SIGINT (Ctrl-C) set :attr:`requested` instead of killing the
+    process: the loop finishes the step, saves it and stops. A second SIGINT raises
+    ``KeyboardInterrupt`` at once (the step in flight is abandoned, nothing of it is saved).
+    Main thread only (elsewhere a no-op); the previous handlers come back on exit.
 
-    def __init__(self, signals=(signal.SIGTERM,)):
+    The one-line notice of the first signal goes straight to stderr's descriptor (a handler
+    must not re-enter a buffered ``print`` it interrupted).
+    """
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
         self.signals = tuple(signals)
         self.requested: Optional[str] = None
         self._previous: dict = {}
 
     def _handler(self, signum, frame):
-        self.requested = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.requested is None:
+            self.requested = name
+            note = (f"rljax: {name}: finishing the current step, then saving it and stopping"
+                    + (" (Ctrl-C again to stop at once, losing the step)" if signum == signal.SIGINT else "") + "\n")
+            try:
+                os.write(2, note.encode())
+            except OSError:
+                pass
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
@@ -128,20 +150,25 @@ def wait_for_save(checkpointer, timeout_s: float, echo: Callable[[str], None] = 
     return done
 
 
-def cut_metrics(run_dir: str, step: int) -> int:
-    """Drops the records of ``metrics.jsonl`` after ``step`` (written by a run that went on
-    past its last checkpoint); returns how many were dropped. Atomic (write, then rename)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+#: The per-step records of a run directory, cut back to the restored step on resume.
+RUN_RECORDS = ("metrics.jsonl", "trace.jsonl", "rollout_uids.jsonl", "generations.jsonl")
+
+
+def cut_jsonl(path: str, step: int) -> int:
+    """Drops the records of a JSONL file (``metrics.jsonl``, ``trace.jsonl``,
+    ``rollout_uids.jsonl``) whose ``step`` is after ``step`` (written by a run that went on
+    past its last checkpoint) and any line cut short by a kill; returns how many were
+    dropped. Atomic (write, then rename)."""
     if not os.path.exists(path):
         return 0
     keep, dropped = [], 0
-    with open(path) as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             if not line.strip():
                 continue
             try:
                 rec_step = json.loads(line).get("step")
-            except ValueError:  # a line cut short by a kill
+            except (ValueError, AttributeError):  # a line cut short by a kill
                 dropped += 1
                 continue
             if isinstance(rec_step, int) and rec_step > step:
@@ -150,7 +177,12 @@ def cut_metrics(run_dir: str, step: int) -> int:
                 keep.append(line if line.endswith("\n") else line + "\n")
     if dropped:
         tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.writelines(keep)
         os.replace(tmp, path)
     return dropped
+
+
+def cut_metrics(run_dir: str, step: int) -> int:
+    """:func:`cut_jsonl` of ``run_dir/metrics.jsonl``."""
+    return cut_jsonl(os.path.join(run_dir, "metrics.jsonl"), step)

@@ -34,7 +34,7 @@ from rljax.trace.loggers import open_run_logs
 from rljax.trace.samples import TrainSamples, sample_rows
 from rljax.trainer.checkpoint import Checkpointer
 from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, StopRequested, StopSignals,
-                                 cut_metrics, wait_for_save)
+                                 RUN_RECORDS, cut_jsonl, wait_for_save)
 from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, make_packed_values_fn
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
 from rljax.trainer.remat import for_run as remat_for_run
@@ -187,9 +187,13 @@ class Trainer:
       mesh: the learner mesh (``rljax.sharding.make_mesh``).
       run_dir: where outputs and checkpoints go.
       resume: continue from the newest complete checkpoint in ``run_dir``.
+      resume_unverified: also restore a checkpoint without a digest (refused otherwise).
+      resume_from_weights: take only the policy (and critic) weights of the checkpoint; the
+        optimizer state and the data position start fresh (a resume under another task).
     """
 
-    def __init__(self, cfg: Config, mesh, run_dir: str, *, resume: bool = False, echo: Callable = print):
+    def __init__(self, cfg: Config, mesh, run_dir: str, *, resume: bool = False, echo: Callable = print,
+                 resume_unverified: bool = False, resume_from_weights: bool = False):
         from rljax.data import train_iterator, val_iterator
         from rljax.reward import make_reward
         from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
@@ -322,7 +326,7 @@ class Trainer:
         self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), max_to_keep=cfg.trainer.max_checkpoints,
                                          echo=echo)
         if resume:
-            self._restore()
+            self._restore(unverified=resume_unverified, weights_only=resume_from_weights)
         self.nonfinite = NonFiniteMonitor(cfg.trainer.max_skipped_updates, echo=echo)
         self.stop_save_timeout_s = cfg.trainer.stop_save_timeout_s  # how long a stop waits for a save
         self._skipped = {"actor": int(self.c.actor.skipped),
@@ -330,6 +334,9 @@ class Trainer:
         self.metrics, self.samples = open_run_logs(cfg, run_dir, enabled=self.main)  # + wandb / mlflow, samples
         self.stage_s: dict[str, float] = {}
         self.tracer = Tracer(cfg, mesh, run_dir, enabled=self.main, ledger_sources=self.ledger_sources)
+        if env_runtime is not None and env_runtime.sandbox_probe is not None:  # what the python tool's sandbox holds
+            echo(env_runtime.sandbox_probe["line"])
+            self.tracer.sandbox = env_runtime.sandbox_probe
         self.schedule = None
         if cfg.trainer.mode == "async":
             from rljax.trainer.async_loop import AsyncSchedule
@@ -364,14 +371,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _restore(self) -> None:
+    def _restore(self, *, unverified: bool = False, weights_only: bool = False) -> None:
         """Restores the newest checkpoint (or ``trainer.resume_from``) after verifying it; a damaged
-        one is a :class:`~rljax.trainer.checkpoint.CheckpointError` naming the newest intact one.
-        ``metrics.jsonl`` is cut back to the restored step, so every step appears once."""
+        or unverified one is a :class:`~rljax.trainer.checkpoint.CheckpointError` naming the newest
+        intact one. ``metrics.jsonl``, ``trace.jsonl`` and ``rollout_uids.jsonl`` are cut back to the
+        restored step, so every step appears once. ``weights_only``: the policy's weights alone."""
         chosen = self.cfg.trainer.resume_from
         latest = self.checkpointer.select(chosen)
         if latest is None:
             self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
+            self._cut_records(-1)
             return
         c = self.c
         try:
@@ -380,25 +389,49 @@ class Trainer:
             saved = None
         if saved is not None and (self.lora_base is not None or "lora" in saved):
             self._check_lora_checkpoint(latest, saved.get("lora"))
-        state, meta = self.checkpointer.restore(latest, self._checkpoint_state())
+        state, meta = self.checkpointer.restore(latest, self._checkpoint_state(), allow_unverified=unverified)
         if chosen is not None:
             self.checkpointer.discard_newer(latest)
         if self.lora_base is not None:  # adapters only were saved: they go back onto this run's base
             state["actor"] = state["actor"].replace(params=c.actor.params.replace(adapters=state["actor"].params))
-        c.actor, c.critic = state["actor"], state.get("critic")
         self.step, c.version = int(meta["step"]), int(meta["version"])
-        if c.kl_ctrl is not None and "kl_coef" in meta:
-            c.kl_ctrl.value = float(meta["kl_coef"])
-        c.data = self._train_iterator(state=meta["data"])
-        c.sampler.update_weights(_sampler_weights(c.actor.params), c.version)
         self.resumed_from = latest
-        self._restored_meta = dict(meta)
-        self.echo(f"resume: restored step {self.step} (weight version {c.version}) from checkpoint {latest}")
-        if self.main:
-            dropped = cut_metrics(self.run_dir, self.step)
+        if weights_only:  # another task: this run's fresh optimizer states and data position, the saved weights
+            c.actor = c.actor.replace(params=state["actor"].params)
+            if c.critic is not None:
+                c.critic = c.critic.replace(params=state["critic"].params)
+            task = (meta.get("config") or {}).get("data", {})
+            self.echo(f"resume: --resume-from-weights: the policy weights of checkpoint {latest} (trained on "
+                      f"data.dataset={task.get('dataset', '?')}); the optimizer state and the data position start "
+                      f"fresh; steps continue from {self.step + 1}")
+        else:
+            c.actor, c.critic = state["actor"], state.get("critic")
+            if c.kl_ctrl is not None and "kl_coef" in meta:
+                c.kl_ctrl.value = float(meta["kl_coef"])
+            c.data = self._train_iterator(state=meta["data"])
+            self._restored_meta = dict(meta)
+            self.echo(f"resume: restored step {self.step} (weight version {c.version}) from checkpoint {latest}")
+        c.sampler.update_weights(_sampler_weights(c.actor.params), c.version)
+        self._cut_records(self.step)
+
+    def _cut_records(self, step: int) -> None:
+        """The records a previous launch wrote after ``step`` are dropped: those steps run again."""
+        if not self.main:
+            return
+        for name in RUN_RECORDS:
+            dropped = cut_jsonl(os.path.join(self.run_dir, name), step)
             if dropped:
-                self.echo(f"resume: removed {dropped} metrics.jsonl record(s) after step {self.step} "
-                          "(they are run again)")
+                self.echo(f"resume: removed {dropped} {name} record(s) after step {max(step, 0)} (they are run again)")
+
+    def resume_point(self) -> str:
+        """Which checkpoint the next ``--resume`` restores and the step it starts from."""
+        steps = self.checkpointer.all_steps()
+        pending = self.checkpointer.pending
+        if pending is not None and pending not in steps:
+            steps = sorted(steps + [pending])
+        if not steps:
+            return "no checkpoint was saved: the next --resume starts from step 1"
+        return f"the newest checkpoint is step {steps[-1]}: the next --resume starts from step {steps[-1] + 1}"
 
     def _check_lora_checkpoint(self, step: int, saved: Optional[dict]) -> None:
         """``CheckpointError`` unless checkpoint ``step`` holds adapters of this run's LoRA shape
@@ -504,17 +537,23 @@ class Trainer:
             if self.schedule is not None:  # pause the rollout thread; validate the newest pushed weights
                 stack.enter_context(self.schedule.sampler_lock)
                 self.schedule._install_pending()
-            samples = self._validate_batches(c, scores, env_rows)
+            samples, reports = self._validate_batches(c, scores, env_rows)
         self.samples.write("val", self.step, samples)
         self._time("testing", t)
+        errors, scored = sum(r.errors for r in reports), sum(r.num_scored for r in reports)
+        # held-out reward failures, counted like the training ones
+        self.val_env = {"val/reward/errors": float(errors), "val/reward/error_fraction": errors / max(scored, 1)}
         if env_rows:  # held-out tool use, logged beside val/score/mean
             called, turns = (np.concatenate(x) for x in zip(*env_rows))
-            self.val_env = {"val/env/tool_call_rate": float(called.mean()), "val/env/num_turns/mean": float(turns.mean())}
+            self.val_env.update({"val/env/tool_call_rate": float(called.mean()),
+                                 "val/env/num_turns/mean": float(turns.mean())})
         return float(np.mean(scores)) if scores else float("nan")
 
-    def _validate_batches(self, c, scores, env_rows) -> list[dict]:
-        """Scores the held-out split into ``scores``; returns the first ``trainer.log_val_generations`` samples."""
+    def _validate_batches(self, c, scores, env_rows) -> tuple[list[dict], list]:
+        """Scores the held-out split into ``scores``; returns the first ``trainer.log_val_generations``
+        samples and each batch's reward report."""
         samples, keep = [], self.cfg.trainer.log_val_generations
+        reports = []
         for i, prompts in enumerate(self._val_iterator()):
             uids = [f"val-{i}-{j}" for j in range(len(prompts))]
             if c.env is not None:  # multi-turn: episodes, scored by their final reward
@@ -522,18 +561,20 @@ class Trainer:
 
                 traj = c.env.run(c.sampler, prompts, uids, n=self.cfg.rollout.val_kwargs.n, decode=self.val_decode,
                                  tokenizer=c.tokenizer)
-                s, _ = episode_scores(traj, c.reward_fn, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
+                s, report = episode_scores(traj, c.reward_fn, prompts,
+                                           max_error_fraction=self.cfg.reward.max_error_fraction)
                 real = ~np.asarray(traj.is_padding)
                 env_rows.append((traj.tool_calls[real] > 0, traj.num_turns[real]))
             else:
                 traj = c.sampler.generate([p.ids for p in prompts], uids=uids, n=self.cfg.rollout.val_kwargs.n,
                                           decode=self.val_decode)
-                s, _ = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
+                s, report = score(c, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
+            reports.append(report)
             scores.extend(s[~traj.is_padding].tolist())
             if len(samples) < keep:
                 samples += sample_rows(traj, prompts, s, decode=c.tokenizer.decode, step=self.step, split="val",
                                        limit=keep - len(samples))
-        return samples
+        return samples, reports
 
     def run(self) -> RunSummary:
         """Trains to ``trainer.total_steps``. Any stop (an exception in a stage, the reward error
@@ -577,7 +618,7 @@ class Trainer:
         saved = f"saved checkpoint {self.step}" if done else f"the save of step {self.step} did not finish"
         self.metrics.close()
         raise StopRequested(f"stopped by {self._stop.requested} after step {self.step}; {saved}; "
-                            "continue with --resume")
+                            f"{self.resume_point()}", self._stop.requested)
 
     def _run(self) -> RunSummary:
         cfg = self.cfg

@@ -1,0 +1,125 @@
+"""A resume keeps its run (issue 25 item 5, issue 28 item 3): the recorded configuration, refusals
+before anything is written, no appending to another run's files, records cut back on resume.
+
+Everything here stops before JAX starts (seconds); the runs that train are in
+tests/test_reliability_signals.py (slow).
+"""
+
+import hashlib
+import json
+import os
+import signal
+
+import pytest
+from launching import launch
+
+from rljax._resume import ResumeRefused, plan
+from rljax.config import resolve, write_resolved
+from rljax.trainer.guard import StopSignals, cut_jsonl
+
+
+def _run_dir(tmp_path, overrides=("trainer.total_steps=60", "rollout.n=4"), checkpoints=(20,)):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg, prov = resolve("default", list(overrides))
+    write_resolved(cfg, prov, run / "config.resolved.yaml")
+    (run / "topology.json").write_text('{"mesh": {"dp": 1}}\n')
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(0, 21)))
+    for s in checkpoints:
+        (run / "checkpoints" / str(s)).mkdir(parents=True)
+    return run
+
+
+def _digests(run) -> dict:
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_bare_resume_restores_the_recorded_configuration_with_overrides_listed(tmp_path):
+    """Issue 25 (4): a bare --resume used the preset's defaults (a finished 60-step run went on to 300)."""
+    run = _run_dir(tmp_path)
+    cfg, _, lines = plan(None, ["trainer.resume_mode=auto"], str(run))
+    assert cfg.trainer.total_steps == 60 and cfg.rollout.n == 4
+    assert lines == [f"resume: the run's recorded configuration {run}/config.resolved.yaml, no overrides"]
+    cfg, _, lines = plan(None, ["trainer.total_steps=80", "trainer.resume_mode=auto"], str(run))
+    assert cfg.trainer.total_steps == 80 and cfg.rollout.n == 4
+    assert lines[0].endswith("with overrides: trainer.total_steps=80 (was 60)")
+
+
+def test_a_recorded_resume_from_is_not_inherited(tmp_path):
+    run = _run_dir(tmp_path, overrides=("trainer.total_steps=60", "trainer.resume_from=8"))
+    cfg, _, _ = plan(None, ["trainer.resume_mode=auto"], str(run))
+    assert cfg.trainer.resume_from is None
+    cfg, _, _ = plan(None, ["trainer.resume_from=20", "trainer.resume_mode=auto"], str(run))
+    assert cfg.trainer.resume_from == 20
+
+
+@pytest.mark.parametrize("override, names", [
+    ("model.hidden_size=48", "model.hidden_size: null in the run, 48 now"),
+    ("actor.lora.rank=4", "actor.lora.rank: 0 in the run, 4 now"),
+    ("algorithm.adv_estimator=gae", "a critic exists in only one of them"),
+])
+def test_a_key_that_would_break_the_run_is_refused_even_from_weights(tmp_path, override, names):
+    run = _run_dir(tmp_path)
+    for from_weights in (False, True):
+        with pytest.raises(ResumeRefused, match="resume would break the run") as e:
+            plan(None, [override], str(run), from_weights=from_weights)
+        assert names in str(e.value)
+
+
+def test_another_task_needs_resume_from_weights(tmp_path):
+    """Issue 28 (5): --config tool_lookup --resume continued the addition task's run silently."""
+    run = _run_dir(tmp_path)
+    with pytest.raises(ResumeRefused) as e:
+        plan("tool_lookup", [], str(run))
+    msg = str(e.value)
+    assert "resume under another task" in msg and "env.function: null in the run, 'lookup' now" in msg
+    assert "--resume-from-weights" in msg and "\n" not in msg
+    cfg, _, _ = plan("tool_lookup", [], str(run), from_weights=True)
+    assert cfg.env.function == "lookup"
+
+
+def test_refused_resumes_exit_2_and_change_no_file_of_the_run(tmp_path):
+    """Issue 25 (4): a refused resume (LoRA onto a full run) overwrote config.resolved.yaml and topology.json."""
+    run = _run_dir(tmp_path)
+    before = _digests(run)
+    for args in (["--resume", "actor.lora.rank=4"], ["--resume", "model.num_layers=3"],
+                 ["--config", "tool_lookup", "--resume"]):
+        out = launch("--run-dir", str(run), *args, timeout=120)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("rljax.launch: error: resume ")
+        assert _digests(run) == before
+
+
+def test_a_fresh_launch_never_appends_to_an_existing_runs_files(tmp_path):
+    """Issue 28 (5): a fresh launch into a directory without checkpoints appended to the old metrics.jsonl."""
+    run = _run_dir(tmp_path, checkpoints=())
+    before = _digests(run)
+    out = launch("--run-dir", str(run), timeout=120)
+    assert out.returncode == 2 and "holds a previous run's metrics.jsonl" in out.stderr
+    assert "--resume" in out.stderr and out.stderr.count("\n") == 1
+    assert _digests(run) == before
+
+
+def test_records_after_the_restored_step_are_cut_from_every_record_file(tmp_path):
+    """Issue 28 (8): replayed steps were written twice into trace.jsonl and rollout_uids.jsonl."""
+    for name in ("trace.jsonl", "rollout_uids.jsonl"):
+        path = tmp_path / name
+        lines = [json.dumps({"step": s, "uid": f"u{s}"}) for s in (1, 2, 2, 3, 4)] + ['{"step": 5, "ui']
+        path.write_text("\n".join(lines))
+        assert cut_jsonl(str(path), 2) == 3
+        assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 2]
+        assert cut_jsonl(str(path), -1) == 3 and path.read_text() == ""
+
+
+def test_sigint_is_a_stop_request_and_a_second_one_interrupts():
+    """Issue 28 (6): Ctrl-C saved nothing (SIGTERM saved the step)."""
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # a repeated SIGTERM stays a request
+        assert stop.requested == "SIGTERM"
