@@ -151,7 +151,8 @@ def test_resume_from_weights_starts_another_task_from_the_policy(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     refused = launch("--run-dir", run, "--resume", "data.embedded.task=reverse", "trainer.total_steps=2")
     assert refused.returncode == 2 and "--resume-from-weights" in refused.stderr
-    r = launch("--run-dir", run, "--resume-from-weights", "data.embedded.task=reverse", "trainer.total_steps=2")
+    r = launch("--run-dir", run, "--resume-from-weights", "data.embedded.task=reverse", "data.max_prompt_length=16",
+               "trainer.total_steps=2")
     assert r.returncode == 0, r.stderr[-3000:]
     line = [l for l in r.stdout.splitlines() if "--resume-from-weights" in l]
     assert line and "the policy weights of checkpoint 1" in line[0] and "start fresh" in line[0]
