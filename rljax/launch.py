@@ -318,6 +318,9 @@ def main(argv=None) -> int:
 def _run(args, cfg, prov, run_dir) -> int:
     import jax
 
+    from rljax.compilation_cache import setup as setup_compilation_cache
+
+    setup_compilation_cache(cfg.trainer.compilation_cache_dir, echo=print if jax.process_index() == 0 else None)
     from rljax.config import non_default_fields, write_resolved
     from rljax.sharding import make_mesh, topology
     from rljax.trainer.loop import Trainer, format_summary

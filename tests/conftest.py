@@ -27,6 +27,33 @@ import pytest  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def pytest_configure(config):
+    """One persistent compilation cache for the whole test session (rljax.compilation_cache):
+    $JAX_COMPILATION_CACHE_DIR when set (.ci/run sets a fresh one, shared by its default and
+    slow passes), else a fresh temporary directory made here, in the controller, before the
+    xdist workers start (they inherit the variable). Every worker and every run the tests
+    launch as a subprocess (trainer.compilation_cache_dir=auto reads the variable) loads a
+    program another one compiled instead of compiling it again; JAX's file lock makes the
+    shared directory safe. A fresh directory per session, so a run still compiles everything
+    once and catches compile errors."""
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        import tempfile
+
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config._rljax_jax_cache = tempfile.mkdtemp(
+            prefix="rljax-test-jax-cache-")
+    from rljax.compilation_cache import setup
+
+    setup("auto", echo=None, report_at_exit=False)
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_rljax_jax_cache", None)
+    if made:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (the default run, pyproject.toml): one worker per core, at most 4. Each worker
     compiles its own programs, and past a few workers memory grows faster than the run shrinks."""

@@ -380,6 +380,10 @@ class TrainerConfig:
         "one gets the metrics.jsonl names, wandb and mlflow also the config and the sample tables")
     log_val_generations: int = _f(0, "validation samples (prompt, response, reward, ground truth, uid) written per "
                                      "evaluation to generations.jsonl and each logger's table (verl's key)", ge=0)
+    compilation_cache_dir: Optional[str] = _f(
+        "auto", "persistent compilation cache: compiled programs are stored here and loaded by later launches "
+        "instead of compiled (rljax.compilation_cache). auto: $JAX_COMPILATION_CACHE_DIR if set, else "
+        "$XDG_CACHE_HOME/rljax/jax, else ~/.cache/rljax/jax; null: off")
 
 
 @dataclasses.dataclass(frozen=True)
