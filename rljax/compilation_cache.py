@@ -10,23 +10,28 @@ loaded from the cache and how many it compiled.
 
 What JAX 0.10 does with the directory, and what :func:`setup` adds:
 
-* JAX writes an entry ``<module>-<key>-cache`` with a plain ``Path.write_bytes`` (no
-  temporary file and rename) and takes its file lock (``.lockfile``, ``filelock``) around
-  reads and writes only when ``jax_compilation_cache_max_size`` is set. So a size bound is
-  set (:data:`MAX_BYTES`, least recently used entries evicted first), which turns the lock
-  on: processes of a multi-process run, several runs and pytest-xdist workers sharing the
-  directory never read half an entry nor write one twice at once. Only process 0 of a
-  multi-process run writes (JAX's rule); every process reads.
+* JAX writes an entry ``<module>-<key>-cache`` in place (``Path.write_bytes``, no temporary
+  file and rename) after checking that the key is absent, and reads one whole with
+  ``read_bytes``. It locks the directory (``filelock``) only when
+  ``jax_compilation_cache_max_size`` is set, and then scans and stats every entry on every
+  write to evict the least recently used: 0.1 s per write at 200 entries here, seconds at a
+  test session's thousands. So no size bound is given to JAX: processes sharing the
+  directory (a multi-process run, where only process 0 writes, several runs, pytest-xdist
+  workers) can read an entry while another writes it. Such a read fails to decompress (zlib
+  and zstd end with a checksum), JAX warns and compiles the program: the result is the same,
+  the load is lost. Two processes writing one key at once write the same program; Linux
+  serialises their ``write`` calls, so the entry ends whole either way.
+* A damaged entry (cut short by a kill during a write, changed bytes) does not break a run
+  either: JAX fails to decompress or deserialize it, warns, and compiles the program. JAX
+  never rewrites an existing key, though, so :func:`setup` checks the entries written since
+  its last check and deletes damaged ones (entries younger than a minute wait for the next
+  check: they may still be being written), then keeps the directory under
+  :data:`MAX_BYTES` by deleting the oldest entries.
 * The cache key covers the program, the compile options, the devices, ``XLA_FLAGS`` and the
   jax / jaxlib versions, so a different backend, device count or version never loads a
   wrong program; it misses.
 * Every program is cached: JAX's defaults skip programs that compile in under a second, and
   on CPU the many small programs of a run are most of its start-up.
-* A damaged entry (cut short by a kill during a write, changed bytes) does not break a run:
-  JAX fails to decompress or deserialize it, warns, and compiles the program. JAX never
-  rewrites an existing key, though, so :func:`setup` checks the entries written since its
-  last check (the compressed format's checksum), deletes damaged ones, and gives entries
-  that another JAX wrote without one the access-time record that eviction needs.
 
 The cache is trusted as code: whoever can write to the directory can make a run execute
 what they wrote there (JAX's warning), so keep it private to the user.
@@ -42,15 +47,15 @@ import time
 import zlib
 from typing import Callable, Optional
 
-#: Bound of the cache directory in bytes (least recently used entries are evicted first). A
-#: bound also makes JAX lock the directory around every read and write (see the module doc).
+#: Bound of the cache directory in bytes: at start-up :func:`setup` deletes the oldest entries
+#: beyond it (JAX's own bound costs a scan of the directory per write; see the module doc).
 MAX_BYTES = 8 << 30
+#: Entries younger than this may still be being written by another process: not checked yet.
+SETTLE_S = 60.0
 ENV = "JAX_COMPILATION_CACHE_DIR"
 _SUFFIX = "-cache"
-_ATIME_SUFFIX = "-atime"
-_CHECKED = ".rljax-checked"  # its mtime: entries older than this were checked intact
-_LOCK = ".lockfile"  # JAX's own lock file in the directory (jax._src.lru_cache)
-_LOCK_TIMEOUT_S = 60.0
+_ATIME_SUFFIX = "-atime"  # JAX's access-time record of an entry (written only with a size bound)
+_CHECKED = ".rljax-checked"  # its mtime: entries written before it were checked intact
 
 _HIT = "/jax/compilation_cache/cache_hits"
 _WRITE = "/jax/compilation_cache/cache_misses"  # JAX records it when it writes an entry
@@ -171,53 +176,60 @@ def _intact(data: bytes) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Directory:
-    """What :func:`check_entries` found: entries stored, damaged ones removed (their names)."""
+    """What :func:`check_entries` found: entries stored and their size, the names of damaged
+    entries it removed and of old ones it removed to stay under the bound."""
 
     path: str
     stored: int
-    removed: tuple[str, ...]
     size_bytes: int
+    removed: tuple[str, ...]
+    evicted: tuple[str, ...] = ()
 
 
-def check_entries(path: str) -> Directory:
-    """Under JAX's own lock: delete entries written since the last check that do not
-    decompress (with their access-time files), give entries without an access-time file one,
-    and count what is stored."""
-    import filelock
+def _remove(entry: str) -> None:
+    for p in (entry, entry[: -len(_SUFFIX)] + _ATIME_SUFFIX):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
 
+
+def check_entries(path: str, *, max_bytes: int = MAX_BYTES) -> Directory:
+    """Deletes the entries written since the last check (and settled) that do not decompress,
+    then the oldest entries while the directory holds more than ``max_bytes``; counts the rest."""
     os.makedirs(path, exist_ok=True)
     stamp = os.path.join(path, _CHECKED)
     since = os.path.getmtime(stamp) - 1.0 if os.path.exists(stamp) else float("-inf")
-    removed, stored, size = [], 0, 0
-    with filelock.FileLock(os.path.join(path, _LOCK), timeout=_LOCK_TIMEOUT_S):
-        started = time.time()
-        for name in sorted(os.listdir(path)):
-            if not name.endswith(_SUFFIX):
-                continue
-            entry = os.path.join(path, name)
-            atime = entry[: -len(_SUFFIX)] + _ATIME_SUFFIX
-            try:
-                st = os.stat(entry)
-                if st.st_mtime >= since:
-                    with open(entry, "rb") as fh:
-                        ok = _intact(fh.read())
-                    if not ok:
-                        os.remove(entry)
-                        if os.path.exists(atime):
-                            os.remove(atime)
+    settled = time.time() - SETTLE_S
+    removed, kept = [], []
+    for name in os.listdir(path):
+        if not name.endswith(_SUFFIX):
+            continue
+        entry = os.path.join(path, name)
+        try:
+            st = os.stat(entry)
+            if since <= st.st_mtime < settled:
+                with open(entry, "rb") as fh:
+                    if not _intact(fh.read()):
+                        _remove(entry)
                         removed.append(name)
                         continue
-                if not os.path.exists(atime):
-                    with open(atime, "wb") as fh:
-                        fh.write(time.time_ns().to_bytes(8, "little"))
-            except FileNotFoundError:  # evicted by a JAX that does not take the lock
-                continue
-            stored += 1
-            size += st.st_size
-        with open(stamp, "w") as fh:
-            fh.write(f"entries written before this file's mtime were checked intact ({started:.0f})\n")
-        os.utime(stamp, (started, started))
-    return Directory(path, stored, tuple(removed), size)
+        except FileNotFoundError:  # another process removed it meanwhile
+            continue
+        kept.append((st.st_mtime, name, st.st_size))
+    evicted = []
+    size = sum(k[2] for k in kept)
+    if size > max_bytes:  # the oldest first, down to 3/4 of the bound
+        for mtime, name, n in sorted(kept):
+            if size <= max_bytes * 3 // 4:
+                break
+            _remove(os.path.join(path, name))
+            evicted.append(name)
+            size -= n
+    with open(stamp, "w") as fh:
+        fh.write("rljax.compilation_cache: entries written before this file's mtime were checked intact\n")
+    os.utime(stamp, (settled, settled))
+    return Directory(path, len(kept) - len(evicted), size, tuple(sorted(removed)), tuple(evicted))
 
 
 # ---------------------------------------------------------------------------- set-up
@@ -263,17 +275,15 @@ def setup(value: Optional[str], *, echo: Optional[Callable[[str], None]] = print
         say(f"rljax: compilation cache off: {path}: {e.strerror or e} (trainer.compilation_cache_dir: a writable "
             "directory, auto, or null)")
         return None
-    except Exception as e:  # noqa: BLE001 -- the lock timed out: run without the cache, say so
-        jax.config.update("jax_enable_compilation_cache", False)
-        say(f"rljax: compilation cache off: {path}: {type(e).__name__}: {e}")
-        return None
     jax.config.update("jax_enable_compilation_cache", True)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    jax.config.update("jax_compilation_cache_max_size", -1)  # no per-write scan (see the module doc)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     jcc.set_cache_dir(path)
     damaged = f"; removed {len(found.removed)} damaged entr{'y' if len(found.removed) == 1 else 'ies'}" \
         if found.removed else ""
+    if found.evicted:
+        damaged += f"; removed the {len(found.evicted)} oldest to stay under {MAX_BYTES >> 30} GiB"
     say(f"rljax: compilation cache {path}: {found.stored} program(s) stored ({found.size_bytes / 2**20:.0f} MiB)"
         f"{damaged}; a program compiled before is loaded, not compiled (trainer.compilation_cache_dir; null: off)")
     if report_at_exit and echo is not None and not _reported:

@@ -78,7 +78,8 @@ def test_an_unusable_directory_turns_it_off_with_one_line(own_cache, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
-def test_a_damaged_entry_is_compiled_again_then_removed(own_cache, tmp_path, damage):
+def test_a_damaged_entry_is_compiled_again_then_removed(own_cache, tmp_path, damage, monkeypatch):
+    monkeypatch.setattr(cc, "SETTLE_S", 0.0)  # check entries however young (a run would wait a minute)
     path = tmp_path / "c"
     cc.setup(str(path), echo=None, report_at_exit=False)
     x = jnp.arange(16.0).reshape(4, 4)
@@ -170,6 +171,9 @@ def test_a_second_launch_loads_its_programs_and_matches(tmp_path):
     victim = os.path.join(cache, entries[len(entries) // 2])
     with open(victim, "r+b") as fh:
         fh.truncate(os.path.getsize(victim) // 2)
+    # as if the first launch had been killed while writing it, after its start-up check
+    checked = os.path.getmtime(os.path.join(cache, ".rljax-checked"))
+    os.utime(victim, (checked + 0.5, checked + 0.5))
     second = launch("--run-dir", str(tmp_path / "b"), *args)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "removed 1 damaged entry" in second.stdout
@@ -181,3 +185,18 @@ def test_a_second_launch_loads_its_programs_and_matches(tmp_path):
     a, b = strip(train_rows(tmp_path / "a")), strip(train_rows(tmp_path / "b"))
     assert a == b and len(a) == 2
     np.testing.assert_equal(len(os.listdir(cache)) > 0, True)
+
+
+def test_the_directory_stays_under_its_bound_oldest_first(tmp_path):
+    import time
+    import zlib
+
+    for i in range(8):  # 8 intact entries of ~1 KiB, entry 0 the oldest
+        p = tmp_path / f"jit_f-{i:02d}-cache"
+        p.write_bytes(zlib.compress(os.urandom(1024), 0))
+        os.utime(p, (time.time() - 1000 + i, time.time() - 1000 + i))
+    size = sum(p.stat().st_size for p in tmp_path.glob("*-cache"))
+    found = cc.check_entries(str(tmp_path), max_bytes=size // 2)
+    assert found.evicted == tuple(f"jit_f-{i:02d}-cache" for i in range(len(found.evicted)))
+    assert found.size_bytes <= size // 2 * 3 // 4 and found.stored == 8 - len(found.evicted) > 0
+    assert sorted(p.name for p in tmp_path.glob("*-cache"))[0] == f"jit_f-{len(found.evicted):02d}-cache"
