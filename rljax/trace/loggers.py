@@ -44,7 +44,8 @@ class ExperimentLoggers:
       ``<run dir>/mlartifacts``; ``mlflow ui --backend-store-uri`` that URI shows it), the
       config as params.
 
-    Metrics go with their ``metrics.jsonl`` names and step; sample rows go to a table per
+    Metrics go with their ``metrics.jsonl`` names and step (MLflow: the scalar ones; lists such
+    as ``perf/dp_tokens`` go to wandb as lists); sample rows go to a table per
     split (wandb ``<split>/generations``, MLflow artifact ``generations/<split>_step<k>.json``).
     """
 
@@ -77,11 +78,12 @@ class ExperimentLoggers:
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         values = _numbers(metrics)
         values.pop("step", None)
-        if not values:
-            return
-        if self._wandb is not None:
-            self._wandb.log(values, step=step)
-        if self._mlflow is not None:
+        if self._wandb is not None:  # per-shard lists (perf/dp_tokens) too: wandb keeps them as lists
+            lists = {k: list(v) for k, v in metrics.items() if isinstance(v, (list, tuple)) and v
+                     and all(isinstance(x, (int, float)) for x in v)}
+            if values or lists:
+                self._wandb.log({**values, **lists}, step=step)
+        if self._mlflow is not None and values:  # MLflow metrics are scalars
             self._mlflow.log_metrics(values, step=step, run_id=self._mlflow_run.info.run_id)
 
     def log_samples(self, split: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
