@@ -346,8 +346,8 @@ def test_check_cli_exits_1_on_an_error_alert_and_counts_na(tmp_path):
     _close(tracer)
     out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "ok")], capture_output=True,
                          text=True, timeout=120)
-    # 2 + the three trainer.mode=async checks
-    assert out.returncode == 0 and "5 not applicable" in out.stdout and "N/A   updates finite" in out.stdout, out.stdout
+    # 2 + the three trainer.mode=async checks + the algorithm.filter_groups one
+    assert out.returncode == 0 and "6 not applicable" in out.stdout and "N/A   updates finite" in out.stdout, out.stdout
     tracer, _ = _step(tmp_path / "bad", old_logp_shape=(B, T - 1))
     _close(tracer)
     out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "bad")], capture_output=True,

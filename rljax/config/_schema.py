@@ -50,6 +50,8 @@ PRESET_POSITIONS = {"tiny": 512, "qwen2.5-0.5b": 32768, "qwen2.5-1.5b": 131072, 
 #: (the vocabulary is the tokenizer's).
 MODEL_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                       "head_dim", "max_position_embeddings", "rope_theta", "tie_embeddings", "qkv_bias")
+#: ``algorithm.filter_groups.metric`` values (rljax.reward.FILTER_METRICS, kept in sync by a test).
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 #: Built-in reward functions (see :mod:`rljax.reward`); ``auto`` picks the dataset's own.
 REWARD_BUILTINS = ("auto", "embedded", "gsm8k", "exact_match")
 
@@ -129,6 +131,20 @@ class KLControlConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FilterGroupsConfig:
+    enable: bool = _f(False, "DAPO dynamic sampling: after the reward, drop the prompt groups whose metric has zero "
+                             "variance (no GRPO signal) and draw more prompt batches until data.train_batch_size groups "
+                             "are kept (the surplus of the last batch is dropped too); metrics train/num_gen_batches, "
+                             "train/kept_groups, train/dropped_groups, train/excess_groups; synchronous single-turn "
+                             "runs on one process")
+    metric: Literal[FILTER_METRICS] = _f("acc", "the per-trajectory value whose variance decides: acc (the task "
+                                                "reward), score / seq_reward / seq_final_reward (after the overlong "
+                                                "penalty)")
+    max_num_gen_batches: int = _f(10, "prompt batches one step may draw before it stops with an error (the data are "
+                                      "too easy or too hard for the filter); 0: no limit (verl's 0)", ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: str = _f("grpo", "advantage estimator: grpo, rloo, reinforce_plus_plus_baseline, gae, or "
                                     "path/to/file.py:function (your own, with the registry's signature)")
@@ -144,6 +160,8 @@ class AlgorithmConfig:
         False, "use the sampler's rollout_logp as old_logp (skip the learner's old log-prob pass; "
         "PPO ratios are then taken against the sampling policy)"
     )
+    filter_groups: FilterGroupsConfig = _section(FilterGroupsConfig, "DAPO dynamic sampling (verl's "
+                                                                      "algorithm.filter_groups)")
 
 
 @dataclasses.dataclass(frozen=True)

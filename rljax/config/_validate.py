@@ -136,6 +136,7 @@ def validate(config) -> None:
                               "use a non-empty name without '/' or '\\' (not '.' or '..')")
     check_async(config)
     check_reward_shaping(config)
+    check_filter_groups(config)
     m = config.model
     if m.path is None and m.name not in MODEL_PRESETS:
         raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")
@@ -155,6 +156,25 @@ def validate(config) -> None:
         raise ConfigError(f"model.hidden_size={m.hidden_size} does not divide into model.num_heads={m.num_heads} heads; "
                           "set model.head_dim")
     _validate_lora(config)
+
+
+def check_filter_groups(config) -> None:
+    """``algorithm.filter_groups``: groups of several samples, in the schedules that support it."""
+    fg = config.algorithm.filter_groups
+    if not fg.enable:
+        return
+    if config.rollout.n < 2:
+        raise ConfigError(f"algorithm.filter_groups.enable=true needs rollout.n>=2 (it drops groups whose samples all "
+                          f"score the same; rollout.n={config.rollout.n} makes every group one sample)")
+    if config.trainer.mode != "sync":
+        raise ConfigError("algorithm.filter_groups.enable=true runs with trainer.mode=sync only (not yet in the async "
+                          f"producer); trainer.mode={config.trainer.mode}")
+    if config.env.function is not None:
+        raise ConfigError("algorithm.filter_groups.enable=true runs single-turn rollouts only (not yet with "
+                          f"env.function={config.env.function})")
+    if fg.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
+        raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the KL "
+                          "penalty needs the learner's log-probs, computed after the filter; use score or acc")
 
 
 def check_reward_shaping(config) -> None:

@@ -9,6 +9,7 @@ timeouts, crash isolation, parallel scoring). Pure Python and NumPy.
 
 from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, score_batch
 from rljax.reward._check import check, probe_plugin
+from rljax.reward._filter import FILTER_METRICS, groups_to_keep
 from rljax.reward._overlong import overlong_metrics, overlong_penalty
 from rljax.reward._plugin import (
     BUILTIN_REWARDS,
@@ -36,6 +37,7 @@ __all__ = [
     "check",
     "probe_plugin",
     "DATA_SOURCES",
+    "FILTER_METRICS",
     "DATASET_REWARDS",
     "Outcome",
     "RewardError",
@@ -48,6 +50,7 @@ __all__ = [
     "extract_gsm8k_answer",
     "get_reward_fn",
     "gsm8k_ground_truth",
+    "groups_to_keep",
     "gsm8k_reward",
     "load_reward_plugin",
     "make_reward",

@@ -606,11 +606,53 @@ def check_rollout_unique(run: Run) -> Result:
     return PASS, name, f"{len(by_step)} step(s), every prompt uid generated once ({counts} uids)"
 
 
+def check_filtered_groups(run: Run) -> Result:
+    """``algorithm.filter_groups``: no uid the dynamic sampling dropped (zero variance, or past the full
+    batch) was trained: none is among the step's trained uids (``rollout_uids.jsonl``) or in a
+    trace record of the update, and the step's ``train/dropped_groups`` + ``train/excess_groups``
+    count them."""
+    name = "no dropped group trained (dynamic sampling)"
+    if not run.config_values.get("algorithm.filter_groups.enable"):
+        return NA, name, "algorithm.filter_groups.enable is false"
+    path = os.path.join(run.dir, "rollout_uids.jsonl")
+    if not os.path.exists(path):
+        return FAIL, name, "no rollout_uids.jsonl in the run directory"
+    by_step: dict[int, dict] = {}
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                rec = json.loads(line)
+                by_step[int(rec["step"])] = rec
+    traced: dict[int, set] = {}
+    for r in run.records:
+        if r.get("stage") == "actor_minibatch" and "uid" in r:
+            traced.setdefault(int(r["step"]), set()).add(str(r["uid"]))
+    total = 0
+    for step, rec in sorted(by_step.items()):
+        if "dropped" not in rec:
+            return FAIL, name, f"step {step}: its rollout_uids.jsonl record does not list the dropped uids"
+        dropped = rec["dropped"]
+        trained = {u for uids in rec["by_process"].values() for u in uids}
+        both = sorted(set(dropped) & (trained | traced.get(step, set())))
+        if both:
+            return FAIL, name, f"step {step}: dropped uid {both[0]} ({dropped[both[0]]}) was trained"
+        m = run.metrics.get(step)
+        if m is not None and "train/dropped_groups" in m:
+            counted = int(m["train/dropped_groups"]) + int(m.get("train/excess_groups", 0))
+            if counted != len(dropped):
+                return FAIL, name, (f"step {step}: {len(dropped)} uids dropped, train/dropped_groups + "
+                                    f"train/excess_groups = {counted}")
+        total += len(dropped)
+    if not by_step:
+        return FAIL, name, "rollout_uids.jsonl has no records"
+    return PASS, name, f"{len(by_step)} step(s), {total} dropped group(s), none trained"
+
+
 CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
     check_behaviour_logp, check_masks, check_padding, check_minibatch, check_actor_dp, check_versions, check_cleanup,
     check_alerts, check_updates, check_summary, check_async_staleness, check_async_future, check_async_drops,
-    check_rollout_unique)
+    check_rollout_unique, check_filtered_groups)
 
 
 def run_checks(run_dir: str) -> list[Result]:

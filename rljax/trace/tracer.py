@@ -61,7 +61,8 @@ KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_respo
               "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo", "algorithm.bypass_mode",
               "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.use_kl_loss",
               "rollout.n", "rollout.tp", "reward.function", "trainer.mesh", "trace.groups", "trainer.mode",
-              "rollout.placement", "async_training.max_staleness", "async_training.partial_rollout")
+              "rollout.placement", "async_training.max_staleness", "async_training.partial_rollout",
+              "algorithm.filter_groups.enable")
 TRACE_FILE = "trace.jsonl"
 SUMMARY_FILE = "trace_summary.json"
 #: One line per step: the prompt uids each process generated (``{"step", "by_process": {process: [uid]}}``).
@@ -272,6 +273,8 @@ class Tracer:
             rec = {"step": int(step), "by_process": by}
             if "batch_index" in item:
                 rec["batch_index"] = item["batch_index"]
+            if "dynamic_sampling" in fields:  # algorithm.filter_groups: the uids generated, not trained, and why
+                rec["dropped"] = fields["dynamic_sampling"]["dropped"]
             with open(os.path.join(self.run_dir, ROLLOUT_FILE), "a") as fh:
                 fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
@@ -510,6 +513,8 @@ class Tracer:
         g_resp = resp_len if view is None else np.asarray(view.response_length)
         w = ev.writes
         if ev.stage == "dataset_item":
+            if "dynamic_sampling" in fields:  # the kept groups' prompts (algorithm.filter_groups)
+                w = fields
             p = w["prompts"][g]
             return dict(row_index=int(p.index), position=int(p.position), prompt_tokens=len(p.ids),
                         truncated=bool(p.truncated), message_count=1, prompt_key=w["uids"][g],

@@ -205,6 +205,8 @@ def sync_stages(c: Components) -> list[Stage]:
         from rljax.env._stage import episode_reward, rollout_episodes
 
         rollout_fn, reward_fn = rollout_episodes, episode_reward
+    if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generate and score until the batch is full
+        rollout_fn, reward_fn = _filtered_stages(c, rollout_fn)
     stages = [Stage("dataset_item", lambda b: dataset_item(c, b), "data"),
               Stage("rollout_sessions", lambda b: _release_after(c, rollout_fn(c, b)), "gen"),
               Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard"),
@@ -224,6 +226,32 @@ def sync_stages(c: Components) -> list[Stage]:
                Stage("weight_sync", lambda b: weight_sync(c, b), "update_weights"),
                Stage("metrics", lambda b: step_metrics(c, b), "metrics")]
     return stages
+
+
+def _filtered_stages(c: Components, rollout_fn):
+    """``algorithm.filter_groups``: the rollout stage draws, generates and scores prompt batches
+    until the batch is full (:mod:`rljax.trainer.dynamic_sampling`; its reward time is in
+    ``timing_s/gen``); the reward stage places the kept rows' scores."""
+    from rljax.trainer import dynamic_sampling as ds
+
+    if rollout_share(c).processes > 1:
+        raise ValueError("algorithm.filter_groups.enable=true runs on one process (not yet on several: the kept "
+                         "groups would have to be agreed across processes)")
+
+    def task_score(c, traj, prompts):
+        return score(c, traj, prompts, max_error_fraction=c.cfg.reward.max_error_fraction)
+
+    def rollout(c, b):
+        return ds.filtered_rollout(c, b, rollout_fn=rollout_fn, score_fn=task_score, shape_fn=overlong_shaping)
+
+    def kept_reward(c, b):
+        from rljax.trainer.distribute import assemble
+
+        d = b["dynamic_sampling"]
+        return {"scores": assemble({"scores": d["scores"]}, c.mesh, rollout_share(c))["scores"],
+                "reward_report": d["reward_report"]}
+
+    return rollout, kept_reward
 
 
 def _release_after(c: Components, out: dict) -> dict:
@@ -377,8 +405,9 @@ _mismatch = jax.jit(rl.rollout_mismatch)
 def rollout_mismatch(old_logp, b) -> dict:
     """verl's ``training/rollout_*`` mismatch metrics of the learner's ``old_logp`` against the
     sampler's ``rollout_logp`` over the loss mask (:func:`rljax.loss.rollout_mismatch`; host
-    floats), computed where ``old_logp`` is (none in ``algorithm.bypass_mode``, which has no
-    learner log-probs to compare)."""
+    floats): in the ``old_log_prob`` stage, or in ``metrics`` when the update wrote ``old_logp``
+    (``actor.skip_old_log_prob``); none in ``algorithm.bypass_mode``, which has no learner
+    log-probs to compare."""
     s = {k: float(v) for k, v in to_host(_mismatch(old_logp, b["rollout_logp"], b["loss_mask"])).items()}
     out = {f"training/rollout_{k}": s[k] for k in ("probs_diff_max", "probs_diff_mean", "probs_diff_std",
                                                     "logprobs_diff_max", "logprobs_diff_mean", "logprobs_diff_std")}
@@ -432,7 +461,6 @@ def actor_minibatch(c: Components, b) -> dict:
     out = {}
     if c.old_logp_in_update:  # the update's own log-probs before its step (detached), [B, T] on the mesh
         out["old_logp"] = metrics.pop("old_logp")
-        out["rollout_mismatch"] = rollout_mismatch(out["old_logp"], b)
     return {"actor_metrics": to_host(metrics), "optimizer_steps": int(c.actor.step), **out}
 
 
@@ -470,6 +498,12 @@ def step_metrics(c: Components, b) -> dict:
         **b["reward_report"].metrics(),
         **(b["rollout_mismatch"] if "rollout_mismatch" in b else {}),
     }
+    if c.old_logp_in_update:  # the update wrote old_logp (the update must not read rollout_logp: the trace
+        m.update(rollout_mismatch(b["old_logp"], b))  # tells its behaviour log-prob by what it reads)
+    if "dynamic_sampling" in b:
+        from rljax.trainer.dynamic_sampling import metrics as ds_metrics
+
+        m.update(ds_metrics(b["dynamic_sampling"]))
     penalty = overlong_penalty(c, rows)
     if penalty is not None and c.cfg.reward.reward_kwargs.overlong_buffer_cfg.log:
         from rljax.reward import overlong_metrics

@@ -1,0 +1,137 @@
+"""DAPO dynamic sampling (``algorithm.filter_groups``): verl's keep rule on hand cases, one-line
+misuse errors (exit 2 from the launcher), and a real synchronous run that drops exactly the
+zero-variance groups, refills to full batches, marks every dropped uid in the trace, passes
+``python -m rljax.trace check`` (which fails when a dropped uid is trained), and resumes to the
+same prompt draws."""
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from rljax.reward import FILTER_METRICS, groups_to_keep
+
+
+def _verl_keep(uids, values):
+    """verl's RayDAPOTrainer.fit: keep a uid when np.std of its values > 0 or it has one sample."""
+    by = defaultdict(list)
+    for u, v in zip(uids, values):
+        by[u].append(v)
+    return {u for u, vs in by.items() if np.std(vs) > 0 or len(vs) == 1}
+
+
+CASES = [  # (group ids, values)
+    ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 1, 0]),
+    ([0, 0, 1, 1, 2, 2, 3], [0, 0, 0.5, 0.5, 0.1, 0.2, 7]),  # group 3 has one sample: kept, as verl's
+    ([0, 1, 0, 1], [-1.0, 2.0, -1.0, 2.0]),
+    ([0, 0, 1, 1], [1e-9, 0.0, 3.0, 3.0]),  # any spread keeps a group
+]
+
+
+@pytest.mark.parametrize("gid,values", CASES)
+def test_groups_to_keep_is_verls_rule(gid, values):
+    keep, std = groups_to_keep(values, gid, max(gid) + 1)
+    assert {g for g in range(max(gid) + 1) if keep[g]} == _verl_keep(gid, values)
+    for g in range(max(gid) + 1):
+        np.testing.assert_allclose(std[g], np.std([v for i, v in zip(gid, values) if i == g]))
+
+
+def test_groups_to_keep_ignores_padding_rows():
+    keep, _ = groups_to_keep([1, 1, 0, 5], [0, 0, 0, 1], 2, real=[True, True, False, False])
+    assert keep.tolist() == [False, False]  # group 0's real rows agree; group 1 has no real row
+    with pytest.raises(ValueError, match="group ids"):
+        groups_to_keep([1, 2], [0, 2], 2)
+
+
+def test_filter_metrics_listed_in_the_schema():
+    from rljax.config import _schema
+
+    assert _schema.FILTER_METRICS == FILTER_METRICS
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "rollout.n>=2"),
+    (["trainer.mode=async"], "trainer.mode=sync only"),
+    (["algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"], "seq_final_reward"),
+    (["algorithm.filter_groups.metric=accuracy"], "metric"),
+    (["algorithm.filter_groups.max_num_gen_batches=-1"], "max_num_gen_batches"),
+])
+def test_filter_groups_misuse_is_one_config_error_line(overrides, match):
+    from rljax.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match=match) as e:
+        resolve("default", ["algorithm.filter_groups.enable=true", *overrides])
+    assert "\n" not in str(e.value)
+
+
+def test_filter_groups_with_one_sample_exits_2_before_writing(tmp_path):
+    from launching import launch
+
+    out = launch("--run-dir", str(tmp_path / "run"), "algorithm.filter_groups.enable=true", "rollout.n=1",
+                 "algorithm.adv_estimator=reinforce_plus_plus_baseline", timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "rollout.n>=2" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+RUN = ["--mesh=dp2", "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+       "data.embedded.num_train=64", "data.embedded.num_test=16", "trainer.test_freq=-1",
+       "trainer.val_before_train=false", "trace.ledgers=false", "algorithm.filter_groups.enable=true",
+       "algorithm.filter_groups.max_num_gen_batches=0", "trainer.save_freq=1", "trace.rollout_dump=true"]
+
+
+def _records(path):
+    with open(path) as fh:
+        return {r["step"]: r for r in map(json.loads, fh)}
+
+
+@pytest.mark.slow
+def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
+    from launching import launch, metrics
+
+    from rljax.trace.check import run_checks
+
+    run = tmp_path / "run"
+    out = launch("--run-dir", str(run), *RUN, "trainer.total_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    uids = _records(run / "rollout_uids.jsonl")
+    ms = {m["step"]: m for m in metrics(run) if "train/kept_groups" in m}
+    for step in (1, 2):
+        m, rec = ms[step], uids[step]
+        trained = rec["by_process"]["0"]
+        assert m["train/kept_groups"] == len(trained) == 4  # always a full batch
+        assert m["train/dropped_groups"] + m["train/excess_groups"] == len(rec["dropped"])
+        assert m["train/num_gen_batches"] == 1 + (len(trained) + len(rec["dropped"]) - 1) // 4
+        assert not set(trained) & set(rec["dropped"])
+        # the trained rows: every kept group has some reward spread (the dump holds this process's rows)
+        dump = np.load(run / "rollouts" / "process0" / f"step{step}.npz")
+        assert sorted(set(dump["uid"].tolist())) == sorted(trained)
+    dropped_zero = [u for r in uids.values() for u, why in r["dropped"].items() if why.startswith("zero variance")]
+    assert dropped_zero, "the tiny random policy should fail every sample of some groups"
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    name = "no dropped group trained (dynamic sampling)"
+    assert checks[name][0] == "PASS", checks[name]
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+
+    # The check fails when a dropped uid is listed as trained.
+    bad = tmp_path / "tampered"
+    shutil.copytree(run, bad)
+    recs = [json.loads(line) for line in open(bad / "rollout_uids.jsonl")]
+    recs[0]["by_process"]["0"][0] = next(iter(recs[0]["dropped"]))
+    (bad / "rollout_uids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(bad))}
+    assert checks[name][0] == "FAIL" and "was trained" in checks[name][1], checks[name]
+
+    # Resume from step 1: step 2 draws the same prompt batches (kept and dropped uids alike).
+    again = tmp_path / "resumed"
+    shutil.copytree(run, again)
+    out = launch("--run-dir", str(again), *RUN, "trainer.total_steps=2", "--resume=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    resumed = _records(again / "rollout_uids.jsonl")
+    assert resumed[2]["by_process"] == uids[2]["by_process"] and resumed[2]["dropped"] == uids[2]["dropped"]
+    a, b = (np.load(d / "rollouts" / "process0" / "step2.npz") for d in (run, again))
+    np.testing.assert_array_equal(a["prompt_ids"], b["prompt_ids"])
