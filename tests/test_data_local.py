@@ -247,3 +247,47 @@ def test_gsm8k_preset_uses_the_tokenizers_chat_template(tmp_path):
     (p,) = build_prompts(cfg, "train", _encode(tok), data_dir=tmp_path / "tfds", chat_template=tok.apply_chat_template)
     assert p.prompt == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n1+1? Let's think "
                         "step by step and output the final answer after \"####\".<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_verl_train_files_and_val_files(tmp_path, tok):
+    """verl's data.train_files / data.val_files (one path, or its list form) instead of data.path."""
+    d = tmp_path / "data"
+    _parquet(d, "a.parquet", _verl_rows(6))
+    _parquet(d, "b.parquet", _verl_rows(4))
+    _parquet(d, "held_out.parquet", _verl_rows(2, "test"))
+    cfg, _ = resolve(None, ["data.dataset=local", f"data.train_files=[{d / 'a.parquet'}, {d / 'b.parquet'}]",
+                            f"data.val_files={d / 'held_out.parquet'}", "data.max_prompt_length=64",
+                            "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
+    check(cfg, tok)
+    kw = dict(data_dir=tmp_path / "tfds", chat_template=tok.apply_chat_template)
+    assert len(build_prompts(cfg, "train", _encode(tok), **kw)) == 10
+    assert [p.extra_info["split"] for p in build_prompts(cfg, "test", _encode(tok), **kw)] == ["test", "test"]
+    no_val, _ = resolve(None, ["data.dataset=local", f"data.train_files={d / 'a.parquet'}", "data.max_prompt_length=64",
+                               "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
+    with pytest.raises(ConfigError, match="data.val_files is not"):
+        check(no_val, tok)
+    with pytest.raises(ConfigError, match="need data.dataset=local"):
+        resolve(None, [f"data.train_files={d / 'a.parquet'}"])
+
+
+def test_parquet_is_read_by_record_batch_not_whole(tmp_path, monkeypatch):
+    """Streaming: a parquet split is never read as one table; the prepared prompts keep 9 bytes a row."""
+    import pyarrow.parquet as pq
+
+    from rljax.data import read_records
+
+    d = tmp_path / "data"
+    _parquet(d, "train.parquet", _verl_rows(12) * 50, row_group_size=200)
+
+    def whole(*a, **k):
+        raise AssertionError("read the whole file")
+
+    monkeypatch.setattr(pq, "read_table", whole)
+    monkeypatch.setattr(pq.ParquetFile, "read", whole)
+    rows = read_records(d / "train.parquet")
+    assert next(rows)["reward_model"]["ground_truth"] == "1" and sum(1 for _ in rows) == 599
+    _parquet(d, "test.parquet", _verl_rows(2))
+    prompts = build_prompts(_cfg(d, "data.apply_chat_template=false"), "train", _encode(CharTokenizer()),
+                            data_dir=tmp_path / "tfds")
+    assert len(prompts) == 600 and prompts[599].answer == "23"
+    assert prompts._positions.nbytes + prompts._truncated.nbytes == 9 * len(prompts)

@@ -86,6 +86,10 @@ class DataConfig:
         "parquet files or a datasets.save_to_disk directory, verl's parquet layout as is)")
     path: Optional[str] = _f(None, "gsm8k / local: directory holding train* and test* (local: also validation*) "
                                    ".jsonl, .json or .parquet files, or a datasets.save_to_disk directory")
+    train_files: Optional[str] = _f(None, "local, instead of data.path (verl's key): the train file, a "
+                                          "datasets.save_to_disk directory, or a list [a.parquet,b.parquet]")
+    val_files: Optional[str] = _f(None, "local, with data.train_files (verl's key): the validation file(s), as "
+                                        "data.train_files")
     data_dir: Optional[str] = _f(None, "TFDS data_dir for the prepared array_record files (null: TFDS default)")
     prompt_key: Optional[str] = _f(None, "field holding the prompt: text, or a list of {role, content} messages "
                                          "(null: gsm8k 'question'; local the first of prompt, question, problem, "

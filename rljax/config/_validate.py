@@ -119,9 +119,13 @@ def validate(config) -> None:
     if config.algorithm.bypass_mode and r.correction != "none":
         raise ConfigError(f"rollout.correction={r.correction} with algorithm.bypass_mode=true: the correction weights "
                           "would all be 1 (old_logp is the rollout log-prob); use rollout.correction=none")
-    if d.dataset in ("gsm8k", "local") and not d.path:
+    if d.dataset in ("gsm8k", "local") and not d.path and not (d.dataset == "local" and d.train_files):
+        local = " or a datasets.save_to_disk directory (or verl's data.train_files / data.val_files)"
         raise ConfigError(f"data.path is required for data.dataset={d.dataset}: the directory with train/test .jsonl, "
-                          ".json or .parquet files" + (" or a datasets.save_to_disk directory" if d.dataset == "local" else ""))
+                          ".json or .parquet files" + (local if d.dataset == "local" else ""))
+    if (d.train_files or d.val_files) and d.dataset != "local":
+        raise ConfigError(f"data.train_files / data.val_files name local files; they need data.dataset=local "
+                          f"(now {d.dataset})")
     check_template("data.prompt_template", d.prompt_template)
     check_reward_spec(config.reward.function)
     check_estimator_spec(config.algorithm.adv_estimator)

@@ -119,6 +119,7 @@ class LocalBuilderConfig(tfds.core.BuilderConfig):
     prompt_key: str | None = None
     answer_key: str | None = None
     messages_key: str | None = None
+    files: tuple = ()  # ((split, (path, ...)), ...)
 
 
 class RljaxLocal(tfds.core.GeneratorBasedBuilder):
@@ -128,18 +129,15 @@ class RljaxLocal(tfds.core.GeneratorBasedBuilder):
 
     VERSION = _VERSION
     BUILDER_CONFIGS = [LocalBuilderConfig(name="default", version=_VERSION)]
-    MANUAL_DOWNLOAD_INSTRUCTIONS = (
-        "Put train* / test* .jsonl, .json or .parquet files (or a datasets.save_to_disk directory) in a "
-        "directory and pass it as data.path."
-    )
 
     def _info(self):
         return tfds.core.DatasetInfo(builder=self, description="local files", features=_local_features(),
                                      disable_shuffling=True)
 
     def _split_generators(self, dl_manager):
-        files = _local.split_files(dl_manager.manual_dir, test_names=_local.TEST_NAMES)
-        return {split: self._generate_examples(paths) for split, paths in files.items()}
+        from pathlib import Path
+
+        return {split: self._generate_examples([Path(p) for p in paths]) for split, paths in self.builder_config.files}
 
     def _generate_examples(self, paths):
         cfg = self.builder_config

@@ -120,6 +120,8 @@ def _rows(d, split: str) -> tuple[str, Callable[[], Iterator[dict]]]:
         return "data.dataset=embedded", lambda: iter(embedded_examples(d.embedded, split))
     from rljax.data import _local
 
+    if d.dataset == "local" and d.train_files:
+        return _listed_rows(d, split)
     where = f"data.path={d.path!r}"
     root = Path(d.path).expanduser()
     if not root.is_dir():
@@ -146,6 +148,25 @@ def _rows(d, split: str) -> tuple[str, Callable[[], Iterator[dict]]]:
 
         def rows():
             return (ex for _, ex in _local.local_examples(files[split], prompt_key=prompt_key, answer_key=answer_key))
+    return where, _guarded(rows, where)
+
+
+def _listed_rows(d, split: str):
+    """``_rows`` for ``data.train_files`` / ``data.val_files`` (verl's keys)."""
+    from rljax.data import _local
+
+    key, spec = ("data.train_files", d.train_files) if split == "train" else ("data.val_files", d.val_files)
+    where = f"{key}={spec!r}"
+    if not spec:
+        raise ConfigError("data.train_files is set but data.val_files is not: name the validation file(s) too "
+                          "(the run validates on them)")
+    try:
+        files = _local.listed_files(spec, key)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+
+    def rows():
+        return _local.local_rows(files, prompt_key=d.prompt_key, answer_key=d.answer_key, messages_key=d.messages_key)
     return where, _guarded(rows, where)
 
 

@@ -79,6 +79,44 @@ def split_files(manual_dir: str | Path, *, test_names: tuple = ("test",)) -> dic
     return out
 
 
+def _listed(spec: str) -> list[str]:
+    """``a.parquet`` or verl's list form ``[a.parquet, b.parquet]`` -> the paths."""
+    text = spec.strip()
+    if text.startswith("[") and text.endswith("]"):
+        return [p.strip().strip("'\"") for p in text[1:-1].split(",") if p.strip()]
+    return [text]
+
+
+def listed_files(spec: str, key: str) -> list[Path]:
+    """The files of ``data.train_files`` / ``data.val_files`` (verl's keys): each entry a
+    ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``Dataset.save_to_disk`` directory."""
+    out: list[Path] = []
+    for entry in _listed(spec):
+        path = Path(entry).expanduser()
+        if path.is_file() and path.suffix in EXTENSIONS:
+            out.append(path)
+        elif path.is_dir() and (path / "state.json").is_file():
+            out.extend(_hf_split_files(path))
+        elif path.is_dir() and (path / "dataset_dict.json").is_file():
+            raise FileNotFoundError(f"{key}: {entry!r} is a DatasetDict directory; name one of its split directories "
+                                    f"({entry}/train) or pass it as data.path")
+        else:
+            raise FileNotFoundError(f"{key}: {entry!r} is not a .jsonl, .json or .parquet file nor a "
+                                    "datasets.save_to_disk directory")
+    return out
+
+
+def local_splits(data_cfg) -> dict[str, list[Path]]:
+    """``{split: [files]}`` of ``data.dataset=local``: ``data.train_files`` / ``data.val_files``
+    when set (verl's keys), else the split files under ``data.path`` (:func:`split_files`)."""
+    if data_cfg.train_files:
+        out = {"train": listed_files(data_cfg.train_files, "data.train_files")}
+        if data_cfg.val_files:
+            out["test"] = listed_files(data_cfg.val_files, "data.val_files")
+        return out
+    return split_files(data_cfg.path, test_names=TEST_NAMES)
+
+
 def check_not_empty(files: dict[str, list[Path]], manual_dir: str | Path) -> None:
     """Raises :class:`~rljax.config.ConfigError` naming a split whose files hold no record (TFDS
     would fail on it with an internal assertion)."""
@@ -92,12 +130,18 @@ def check_not_empty(files: dict[str, list[Path]], manual_dir: str | Path) -> Non
 
 def fingerprint(manual_dir: str | Path, *keys, test_names: tuple = ("test",)) -> str:
     """A short hash of the split files (relative path, size, mtime) and ``keys``: a changed file rebuilds."""
-    h = hashlib.sha1()
     root = Path(manual_dir).expanduser()
-    for split, files in sorted(split_files(root, test_names=test_names).items()):
-        for f in files:
+    return files_fingerprint(split_files(root, test_names=test_names), *keys, root=root)
+
+
+def files_fingerprint(files: dict[str, list[Path]], *keys, root: Path | None = None) -> str:
+    """A short hash of ``{split: [files]}`` (path, size, mtime) and ``keys``: a changed file rebuilds."""
+    h = hashlib.sha1()
+    for split, paths in sorted(files.items()):
+        for f in paths:
             st = f.stat()
-            h.update(f"{split}|{f.relative_to(root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            name = f.relative_to(root) if root is not None else f.resolve()
+            h.update(f"{split}|{name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
     for k in keys:
         h.update(f"key|{k}\n".encode())
     return h.hexdigest()[:12]

@@ -75,16 +75,16 @@ def _prepare(data_cfg, data_dir):
         builder = _builders.RljaxGsm8k(config=config, data_dir=data_dir, file_format="array_record")
         download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
     elif data_cfg.dataset == "local":
-        if not data_cfg.path:
-            raise ValueError("data.path is required for data.dataset=local")
-        files = _local.split_files(data_cfg.path, test_names=_local.TEST_NAMES)
-        _local.check_not_empty(files, data_cfg.path)
+        if not (data_cfg.path or data_cfg.train_files):
+            raise ValueError("data.path (or data.train_files) is required for data.dataset=local")
+        files = _local.local_splits(data_cfg)
+        _local.check_not_empty(files, data_cfg.path or data_cfg.train_files)
         keys = (data_cfg.prompt_key, data_cfg.answer_key, data_cfg.messages_key)
-        name = "local-" + _local.fingerprint(data_cfg.path, *map(str, keys), test_names=_local.TEST_NAMES)
-        config = _builders.LocalBuilderConfig(name=name, version=_builders._VERSION, prompt_key=keys[0],
-                                              answer_key=keys[1], messages_key=keys[2])
+        name = "local-" + _local.files_fingerprint(files, *map(str, keys))
+        config = _builders.LocalBuilderConfig(
+            name=name, version=_builders._VERSION, prompt_key=keys[0], answer_key=keys[1], messages_key=keys[2],
+            files=tuple((split, tuple(map(str, paths))) for split, paths in sorted(files.items())))
         builder = _builders.RljaxLocal(config=config, data_dir=data_dir, file_format="array_record")
-        download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
     else:
         raise ValueError(f"unknown data.dataset {data_cfg.dataset!r}; accepted: embedded, gsm8k, local")
     builder.download_and_prepare(download_config=download_config)
