@@ -135,3 +135,32 @@ def test_a_logger_that_is_not_installed_is_one_line_before_anything_is_written(t
     assert main(["--run-dir", str(run), "trainer.logger=[console,wandb]"]) == 2
     lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
     assert len(lines) == 1 and "pip install 'rljax[wandb]'" in lines[0] and not run.exists()
+
+
+def test_tensorboard_gets_the_metrics_and_the_sample_table(tmp_path):
+    """trainer.logger=[console,tensorboard]: what 'tensorboard --logdir' shows, read back with tensorboard itself."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rljax.trace.loggers import open_run_logs
+
+    cfg, _ = resolve(None, ["trainer.logger=[console,tensorboard]"])
+    metrics, samples = open_run_logs(cfg, str(tmp_path))
+    for step, m in METRICS.items():
+        metrics.write(step, m)
+    samples.write("val", 2, sample_rows(_traj(), PROMPTS, [1.0, 0.0, 0.5, 0.0], decode=_decode, step=2, split="val",
+                                        limit=3))
+    metrics.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0}).Reload()
+    assert set(acc.Tags()["scalars"]) == {k for m in METRICS.values() for k in m}
+    (tag,) = [t for t in acc.Tags()["tensors"] if t.startswith("val/generations")]
+    (event,) = acc.Tensors(tag)
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 2 and "| step | split | uid |" in text and "| fgh |" in text
+    cfg, _ = resolve(None, ["trainer.logger=[console]"])
+    off = tmp_path / "off"
+    off.mkdir()
+    metrics, samples = open_run_logs(cfg, str(off))
+    metrics.write(1, METRICS[1])
+    metrics.close()
+    assert not (off / "tensorboard").exists() and (off / "metrics.jsonl").is_file()

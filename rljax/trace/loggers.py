@@ -45,14 +45,16 @@ class ExperimentLoggers:
       config as params.
 
     Metrics go with their ``metrics.jsonl`` names and step (MLflow: the scalar ones; lists such
-    as ``perf/dp_tokens`` go to wandb as lists); sample rows go to a table per
-    split (wandb ``<split>/generations``, MLflow artifact ``generations/<split>_step<k>.json``).
+    as ``perf/dp_tokens`` go to wandb as lists); sample rows go to a table per split (wandb
+    ``<split>/generations``, MLflow artifact ``generations/<split>_step<k>.json``, TensorBoard's
+    Text tab ``<split>/generations`` through :attr:`text`).
     """
 
     def __init__(self, names: Sequence[str], *, run_dir: str, config: Mapping[str, Any] | None = None,
                  project: str = "rljax", experiment: str = "default", enabled: bool = True):
         self.names = tuple(n for n in names if n in SERVICES) if enabled else ()
         self._wandb = self._mlflow = None
+        self.text = None  # (tag, markdown, step) -> None: TensorBoard's Text tab (open_run_logs sets it)
         params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in (config or {}).items()}
         if "wandb" in self.names:
             import wandb  # deferred: heavy, and optional (the wandb extra)
@@ -90,6 +92,8 @@ class ExperimentLoggers:
         if not rows:
             return
         columns = list(rows[0])
+        if self.text is not None:
+            self.text(f"{split}/generations", markdown_table(columns, rows), step)
         if self._wandb is not None:
             import wandb
 
@@ -107,6 +111,15 @@ class ExperimentLoggers:
         if self._mlflow is not None:
             self._mlflow.end_run()
             self._mlflow = None
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows as a markdown table (TensorBoard renders it); ``|`` and newlines escaped in cells."""
+    def cell(v):
+        return str(v).replace("|", "\\|").replace("\n", "<br>")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 class LoggedMetrics:
@@ -139,4 +152,5 @@ def open_run_logs(config, run_dir: str, *, enabled: bool = True):
     loggers = ExperimentLoggers(t.logger, run_dir=run_dir, config=to_flat_dict(config), project=t.project_name,
                                 experiment=t.experiment_name, enabled=enabled)
     writer = MetricsWriter(run_dir, tensorboard="tensorboard" in t.logger, enabled=enabled)
+    loggers.text = writer.text  # TensorBoard's sample tables (Text tab)
     return LoggedMetrics(writer, loggers), SampleLog(run_dir, loggers=loggers, enabled=enabled)

@@ -81,6 +81,11 @@ class MetricsWriter:
             for name, f in scalars:
                 self._tb.add_scalar(name, f, global_step=step)
 
+    def text(self, tag: str, text: str, step: int) -> None:
+        """A markdown text (e.g. a sample table) to TensorBoard's Text tab; nothing without TensorBoard."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, global_step=int(step))
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
