@@ -57,6 +57,9 @@ def test_samples_cli_prints_a_step_and_refuses_bad_input_in_one_line(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["python -m rljax.trace samples: error: no samples at step 3; steps with samples: 2, 4"]
     assert samples_main([str(tmp_path / "nope")]) == 2
+    assert samples_main([str(tmp_path), "--step", "x"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "python -m rljax.trace samples: error: argument --step: invalid int value: 'x'"
 
 
 def test_trace_cli_dispatches_samples(tmp_path, capsys):

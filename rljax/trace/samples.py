@@ -124,8 +124,11 @@ def format_row(r: Mapping[str, Any]) -> str:
 def main(argv=None) -> int:
     """``python -m rljax.trace samples RUN_DIR [--step K] [--split val|train]``: the samples of
     step K (default: the newest step that has samples), validation first."""
-    p = argparse.ArgumentParser(prog="python -m rljax.trace samples",
-                                description="Print the sample completions of a run.")
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, exit 2
+            self.exit(2, f"{self.prog}: error: {message}\n")
+
+    p = Parser(prog="python -m rljax.trace samples", description="Print the sample completions of a run.")
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, default=None, help="the step (default: the newest with samples)")
     p.add_argument("--split", choices=("val", "train"), default=None, help="only validation or training samples")
