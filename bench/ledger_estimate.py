@@ -5,7 +5,7 @@
 
 Compiles (never runs) the actor update (``make_train_step``: value_and_grad of the actor loss
 and AdamW over one micro-batch) for abstract inputs and prints ``compiled.memory_analysis()``'s
-temporaries beside :func:`rljax.trainer.remat.activation_bytes` (or ``remat_bytes`` with remat)
+temporaries beside :func:`rljax.models.remat.activation_bytes` (or ``remat_bytes`` with remat)
 plus the gradients, and the ratio. Compiling the 31.6M update takes a minute or two per case on
 this CPU; memory is not allocated.
 """
@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from rljax.models.config import get_config
-    from rljax.trainer import remat as R
+    from rljax.models import remat as R
 
     tiny = get_config("tiny")
     m31 = tiny.replace(vocab_size=256, hidden_size=512, intermediate_size=2048, num_layers=8, num_heads=8,

@@ -1,8 +1,8 @@
 """``python -m rljax.launch [--mesh=dp8] [--config X] [key=value ...] [--run-dir DIR] [--resume[=N]] [--print-config]``
 
 Resolves and validates the configuration and checks it against the files it names
-(:func:`rljax.config.check_inputs`: reward plugin, checkpoint, tokenizer, dataset, ``tp``
-against the vocabulary) before JAX starts, so a mistake costs seconds and writes nothing;
+(:func:`rljax.preflight.check_inputs`: each package's ``check(cfg)`` — reward plugin,
+environment, checkpoint, tokenizer, ``tp`` against the vocabulary, dataset) before JAX starts, so a mistake costs seconds and writes nothing;
 then sets up the devices (virtual CPU devices on a CPU host; multi-host initialisation
 when asked), writes ``config.resolved.yaml`` and ``topology.json`` to the run directory,
 and trains. With no arguments it runs the embedded default preset. ``--print-config``
@@ -21,6 +21,15 @@ import json
 import os
 import sys
 
+from rljax._resume import ResumeRefused, plan
+from rljax._rundir import RunDirError, RunDirLock, check_resume_from, check_run_dir
+from rljax.config import format_config, non_default_fields, parse_mesh_spec, resolve, validate_for_mesh, write_resolved
+from rljax.errors import ConfigError, UsageError
+from rljax.preflight import check_inputs as preflight
+
+# JAX and what imports it (rljax.sharding, rljax.trainer's run) are imported inside functions:
+# setup_devices must set XLA_FLAGS / JAX_PLATFORMS before JAX starts.
+
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
 # What dp>1 on virtual CPU devices costs (bench/peer_trl.py: 31.6M model, dp8 vs dp1 on a
 # 2-core host: ~1.8x the step time, ~2.3x the peak memory).
@@ -28,10 +37,6 @@ _VIRTUAL_DEVICE_COST = ("; they share {cores} cores and one RAM, so dp{n} is no 
                         "holds its own parameters, gradients, optimizer state and sampler copy (~{n}x their memory); "
                         "use --mesh=dp1 for speed and memory, dp{n} to check a layout")
 DEFAULT_PRESET = "default"
-
-
-class UsageError(Exception):
-    """A command-line or configuration mistake: reported in one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,8 +90,6 @@ def resolve_config(args) -> tuple:
     ``trainer.output_dir`` and ``trainer.resume_mode`` (after the ``key=value`` ones), so
     ``config.resolved.yaml`` records them.
     """
-    from rljax.config import ConfigError, resolve
-
     try:
         cfg, prov = resolve(args.config or DEFAULT_PRESET, _overrides(args))
         _validate_mesh(cfg)
@@ -107,8 +110,6 @@ def _overrides(args) -> list:
 
 
 def _validate_mesh(cfg) -> None:
-    from rljax.config import parse_mesh_spec, validate_for_mesh
-
     if cfg.trainer.mesh:
         validate_for_mesh(cfg, parse_mesh_spec(cfg.trainer.mesh))
 
@@ -117,9 +118,6 @@ def resume_config(args, cfg, prov, run_dir: str) -> tuple:
     """A resume runs with the run's recorded configuration (:func:`rljax._resume.plan`): the
     overrides on top are listed; a change that would break the run, or change its task without
     ``--resume-from-weights``, is a UsageError before anything is written."""
-    from rljax._resume import ResumeRefused, plan
-    from rljax.config import ConfigError
-
     try:
         planned = plan(args.config, _overrides(args), run_dir, from_weights=args.resume_from_weights)
         if planned is None:
@@ -144,11 +142,9 @@ def run_directory(cfg) -> str:
 
 
 def check_inputs(cfg) -> None:
-    """:func:`rljax.config.check_inputs` (files, tokenizer, data, tp), as a UsageError."""
-    from rljax.config import ConfigError, check_inputs as check
-
+    """:func:`rljax.preflight.check_inputs` (every package's ``check(cfg)``), as a UsageError."""
     try:
-        check(cfg)
+        preflight(cfg)
     except ConfigError as e:
         raise UsageError(str(e)) from None
 
@@ -263,16 +259,12 @@ def _resume_arg(argv: list) -> list:
 
 
 def main(argv=None) -> int:
-    from rljax._rundir import RunDirError, RunDirLock, check_resume_from, check_run_dir
-
     # intermixed: overrides may come before and after options (`... rollout.n=4 --resume trainer.total_steps=8`)
     args = _parser().parse_intermixed_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
     lock = None
     try:
         cfg, prov = resolve_config(args)
         if args.print_config:
-            from rljax.config import format_config
-
             print(format_config(cfg, prov))
             return 0
         args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
@@ -321,7 +313,6 @@ def _run(args, cfg, prov, run_dir) -> int:
     from rljax.compilation_cache import setup as setup_compilation_cache
 
     setup_compilation_cache(cfg.trainer.compilation_cache_dir, echo=print if jax.process_index() == 0 else None)
-    from rljax.config import non_default_fields, write_resolved
     from rljax.sharding import make_mesh, topology
     from rljax.trainer.loop import Trainer, format_summary
 
@@ -368,7 +359,6 @@ def _run(args, cfg, prov, run_dir) -> int:
             print(f"rljax: rollout across {rs['processes']} processes: {rs['prompts_per_process']} prompt groups "
                   f"each, by process {rs['prompts_by_process']} ({rs['assembly']} learner batch)")
         print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
-    from rljax.config import ConfigError
     from rljax.trainer.checkpoint import CheckpointError
 
     try:

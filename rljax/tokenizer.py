@@ -16,6 +16,9 @@ from __future__ import annotations
 import os
 import string
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from rljax.errors import ConfigError
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 DEFAULT_CHARACTERS = string.digits + string.ascii_letters + " +-*/=()<>.,:;?!'\"_#\n"
@@ -183,3 +186,26 @@ def tokenizer_for(model_cfg):
     if spec == "char" or (spec is None and not model_cfg.path):
         return CharTokenizer()
     return load_tokenizer(spec or model_cfg.path)
+
+
+def checked_tokenizer(model_cfg):
+    """``(tokenizer, where its vocabulary comes from)`` for ``model.tokenizer`` / ``model.path``,
+    or a :class:`~rljax.errors.ConfigError` naming the key when the file is missing or unreadable
+    (what :func:`tokenizer_for` loads, checked for the launcher's preflight)."""
+    spec, path = model_cfg.tokenizer, model_cfg.path
+    if spec == "char" or (spec is None and not path):
+        return CharTokenizer(), "the char tokenizer's"
+    key, value = ("model.tokenizer", spec) if spec else ("model.path", path)
+    target = Path(value).expanduser()
+    file = target / "tokenizer.json" if target.is_dir() else target
+    if not file.is_file():
+        hint = "" if spec else "; set model.tokenizer to a tokenizer.json path, or 'char'"
+        raise ConfigError(f"{key}={value!r} has no tokenizer.json (looked for {str(file)!r}){hint}")
+    try:
+        tokenizer = load_tokenizer(str(file))
+    except ImportError as e:
+        raise ConfigError(f"{key}={value!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a corrupt tokenizer.json is the user's file
+        raise ConfigError(f"{key}={value!r}: {str(file)!r} is not a readable tokenizer.json "
+                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    return tokenizer, f"{str(file)!r}'s"

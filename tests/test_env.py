@@ -141,7 +141,7 @@ def test_env_config_checks():
 
 def test_env_stop_must_be_one_token():
     from rljax.config import resolve
-    from rljax.env._stage import EnvRuntime
+    from rljax.env import EnvRuntime
     from rljax.tokenizer import CharTokenizer
 
     cfg = resolve(overrides=["data.embedded.task=lookup", "env.function=lookup", "env.stop=<call>"])[0]

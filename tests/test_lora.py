@@ -119,7 +119,8 @@ def test_adapters_shard_with_the_base_on_a_mesh(base, devices):
 
 
 def test_modules_to_save_config_is_validated(tmp_path):
-    from rljax.config import ConfigError, check_inputs, resolve
+    from rljax.config import ConfigError, resolve
+    from rljax.preflight import check_inputs
 
     assert L.LoRAConfig(rank=2, modules_to_save=("embed_tokens", "lm_head")).modules_to_save == ("lm_head", "embed_tokens")
     with pytest.raises(ValueError, match="LoRAConfig.modules_to_save is .*accepted: a set of lm_head, embed_tokens"):

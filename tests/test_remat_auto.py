@@ -1,4 +1,4 @@
-"""model.remat=auto (rljax.trainer.remat): remat when the update's activation estimate exceeds both
+"""model.remat=auto (rljax.models.remat): remat when the update's activation estimate exceeds both
 the training state and 1/64 of the device's memory; true / false force it. model.remat_policy=auto:
 minimal when what it keeps is at most twice the state, else full."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from rljax.config import ConfigError, resolve
 from rljax.models.config import get_config
-from rljax.trainer import remat as R
+from rljax.models import remat as R
 
 #: The 31.6M model of bench/peer_trl.py, 8 prompts x 8, 8 + 32 tokens (on the command line).
 M31 = ["model.hidden_size=512", "model.intermediate_size=2048", "model.num_layers=8", "model.num_heads=8",

@@ -8,13 +8,14 @@
 (('default', 8), ('cli', 4))
 
 Pure Python plus PyYAML: the launcher resolves and validates the configuration before
-JAX initialises. Errors are :class:`ConfigError` (a ``ValueError``) with one line naming
-the key and what is accepted. Units of the batch sizes are documented in
+JAX initialises. Errors are :class:`ConfigError` (a ``ValueError``, defined in the leaf
+:mod:`rljax.errors` and re-exported here) with one line naming the key and what is accepted.
+Checks of the files and data a config names are each package's own ``check(cfg)``, run by
+:mod:`rljax.preflight`; this package imports no other rljax package but the leaves. Units of the batch sizes are documented in
 :mod:`rljax.config._schema`.
 """
 
-from rljax.config._errors import ConfigError
-from rljax.config._inputs import check_inputs
+from rljax.errors import ConfigError
 from rljax.config._resolve import (
     CLI,
     DEFAULT,
@@ -85,7 +86,6 @@ __all__ = [
     "TrainerConfig",
     "ValKwargsConfig",
     "apply_model_overrides",
-    "check_inputs",
     "check_reward_spec",
     "describe",
     "field_specs",

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import string
 import sys
 import types
 import typing
@@ -26,8 +25,10 @@ from typing import Any
 
 import yaml
 
-from rljax.config._errors import ConfigError
+from rljax.config._derived import derive
 from rljax.config._schema import Config
+from rljax.config._validate import apply_model_overrides, validate as validate_config
+from rljax.errors import ConfigError
 
 DEFAULT = "default"
 CLI = "cli"
@@ -388,9 +389,6 @@ _reads: set | None = None
 def _consumer_codes() -> frozenset:
     """The helpers in ``rljax/config`` that compute what a run uses (derived sizes, the model's
     shape): their reads count when the run calls them, not when validation does."""
-    from rljax.config._derived import derive
-    from rljax.config._validate import apply_model_overrides
-
     return frozenset({derive.__code__, apply_model_overrides.__code__})
 
 
@@ -501,9 +499,7 @@ def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[st
         _apply(values, provenance, {key: value}, CLI, chains)
     config = _build(Config, values)
     if validate:
-        from rljax.config._validate import validate as _validate
-
-        _validate(config)
+        validate_config(config)
     return config, Provenance(provenance, chains)
 
 
@@ -690,15 +686,3 @@ def load_resolved(path: str | os.PathLike):
         elif key in _section_keys():
             stack.append((indent, name))
     return _build(Config, values), Provenance(provenance, chains)
-
-
-def check_template(key: str, template: str | None) -> None:
-    """A prompt template must be a format string whose only field is ``{prompt}``."""
-    if template is None:
-        return
-    try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-    except ValueError as e:
-        raise ConfigError(f"{key}={template!r} is not a valid format string ({e}); use {{prompt}} and double other braces") from None
-    if fields != {"prompt"}:
-        raise ConfigError(f"{key}={template!r} must contain the field {{prompt}} and no other; found {sorted(fields) or 'none'}")

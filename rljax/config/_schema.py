@@ -344,7 +344,7 @@ class ModelConfig:
     remat: Literal["auto", "true", "false"] = _f(
         "auto", "rematerialise each layer in the backward pass (less activation memory, ~1/3 more update compute); "
         "auto: on when the update micro-batch's estimated activations per device exceed both the training state "
-        "(parameters + gradients + AdamW moments) and 1/64 of the device's memory (rljax.trainer.remat; the trainer "
+        "(parameters + gradients + AdamW moments) and 1/64 of the device's memory (rljax.models.remat; the trainer "
         "prints its choice)")
     remat_policy: Literal["auto", "full", "minimal"] = _f(
         "auto", "what a rematerialised layer keeps for the backward pass: full (its input only) | minimal (also its "

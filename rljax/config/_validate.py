@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Mapping
 
 from rljax._meshspec import MESH_AXES, parse_mesh_sizes
-from rljax.config._errors import ConfigError
-from rljax.config._resolve import check_template
 from rljax.config._schema import ADV_ESTIMATORS, GROUP_ESTIMATORS, MODEL_PRESETS, MODEL_SHAPE_FIELDS, REWARD_BUILTINS
+from rljax.errors import ConfigError
+
 
 def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, int] | None:
     """``"dp2,tp2"`` -> ``{"dp": 2, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
@@ -302,3 +303,15 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
         "grad_accum": per_mini // micro,
         "rollout_replicas": (r.num_devices if r.placement == "disaggregated" else devices) // r.tp,
     }
+
+
+def check_template(key: str, template: str | None) -> None:
+    """A prompt template must be a format string whose only field is ``{prompt}``."""
+    if template is None:
+        return
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise ConfigError(f"{key}={template!r} is not a valid format string ({e}); use {{prompt}} and double other braces") from None
+    if fields != {"prompt"}:
+        raise ConfigError(f"{key}={template!r} must contain the field {{prompt}} and no other; found {sorted(fields) or 'none'}")

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rljax.config import ConfigError
+from rljax.errors import ConfigError
 
 #: Answers of the train split looked at to tell the answer form from what the reward expects.
 ANSWER_SAMPLE = 64

@@ -22,6 +22,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from rljax.errors import ConfigError
 from rljax.reward import gsm8k_ground_truth
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
@@ -120,8 +121,6 @@ def local_splits(data_cfg) -> dict[str, list[Path]]:
 def check_not_empty(files: dict[str, list[Path]], manual_dir: str | Path) -> None:
     """Raises :class:`~rljax.config.ConfigError` naming a split whose files hold no record (TFDS
     would fail on it with an internal assertion)."""
-    from rljax.config import ConfigError
-
     for split, paths in files.items():
         if not any(True for p in paths for _ in read_records(p)):
             names = ", ".join(p.name for p in paths)

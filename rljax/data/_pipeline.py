@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rljax.config import ConfigError
+from rljax.errors import ConfigError
 from rljax.data._iterator import PromptIterator
 from rljax.data._prompts import PreparedPrompts, prepare_prompts
 from rljax.data._source import load_split

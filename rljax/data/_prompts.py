@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rljax.config import ConfigError
+from rljax.errors import ConfigError
 
 TRUNCATIONS = ("error", "left", "right")
 

@@ -16,16 +16,22 @@ from rljax.env._protocol import (BUILTIN_ENVS, CalculatorPythonEnv, Environment,
 from rljax.env._sandbox import PythonSandbox, SandboxUnavailable, ToolResult
 from rljax.env._check import check, run_sandbox
 
-__all__ = ["BUILTIN_ENVS", "CalculatorError", "CalculatorPythonEnv", "Environment", "EpisodeTrajectories", "Example",
-           "LookupEnv", "PythonSandbox", "SandboxUnavailable", "Step", "ToolEnv", "ToolResult", "Turn", "calculate", "calculator",
-           "check", "env_metrics", "episode_scores", "load_env", "parse_tool_call", "python_tool_code", "run_episodes", "run_sandbox"]
+__all__ = ["BUILTIN_ENVS", "CalculatorError", "CalculatorPythonEnv", "EnvRuntime", "Environment", "EpisodeTrajectories",
+           "Example", "LookupEnv", "PythonSandbox", "SandboxUnavailable", "Step", "ToolEnv", "ToolResult", "Turn",
+           "calculate", "calculator", "check", "env_metrics", "episode_metrics", "episode_scores", "load_env",
+           "parse_tool_call", "python_tool_code", "run_episodes", "run_sandbox"]
 
 _ROLLOUT = ("EpisodeTrajectories", "episode_scores", "run_episodes")
+_RUNTIME = ("EnvRuntime", "episode_metrics")
 
 
 def __getattr__(name):
     if name in _ROLLOUT:
-        from rljax.env import _rollout
+        from rljax.env import _rollout  # jax: the preflight loads env files before JAX may start
 
         return getattr(_rollout, name)
+    if name in _RUNTIME:
+        from rljax.env import _stage  # jax (through the episode rollout), as above
+
+        return getattr(_stage, name)
     raise AttributeError(f"module 'rljax.env' has no attribute {name!r}")

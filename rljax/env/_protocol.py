@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from rljax.env._calculator import CalculatorError, calculator
 from rljax.env._sandbox import PythonSandbox, ToolResult
+from rljax.errors import ConfigError
 
 STOP_REASONS = ("tool", "eos", "length")
 
@@ -225,8 +226,6 @@ def load_env(spec: str, *, key: str = "env.function") -> type:
     """The environment class a spec names: a built-in (``tools``, ``lookup``) or
     ``path/to/file.py:ClassName`` (a subclass of :class:`Environment`, or any class with a
     ``step(turn)`` method whose constructor takes the :class:`Example`)."""
-    from rljax.config import ConfigError
-
     if spec in BUILTIN_ENVS:
         return BUILTIN_ENVS[spec]
     if ":" not in spec:

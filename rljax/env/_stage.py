@@ -1,10 +1,11 @@
-"""The multi-turn rollout as stages of the step (:mod:`rljax.trainer.stages`).
+"""What the multi-turn stages of the step need (:mod:`rljax.trainer.stages`).
 
 With ``env.function`` set, the step's ``rollout_sessions`` stage runs episodes
-(:func:`rollout_episodes`: one session per sample, several turns each) and the ``reward``
-stage scores each session's final reward (:func:`episode_reward`); every learner-side stage
-is unchanged: they read ``loss_mask`` (1 only on policy tokens) and the attention mask
-(every token present), so observations are context and never trained on.
+(``rollout_episodes``: one session per sample, several turns each, through
+:meth:`EnvRuntime.run`) and the ``reward`` stage scores each session's final reward
+(``episode_reward``); every learner-side stage is unchanged: they read ``loss_mask`` (1 only
+on policy tokens) and the attention mask (every token present), so observations are context
+and never trained on.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rljax.env._rollout import episode_scores, run_episodes
+from rljax.env._check import run_sandbox
+from rljax.env._protocol import load_env
+from rljax.env._rollout import run_episodes
+from rljax.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -31,10 +35,6 @@ class EnvRuntime:
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> "EnvRuntime":
-        from rljax.config import ConfigError
-        from rljax.env._check import run_sandbox
-        from rljax.env._protocol import load_env
-
         e = cfg.env
         ids = tokenizer.encode(e.stop)
         if len(ids) != 1:
@@ -52,26 +52,6 @@ class EnvRuntime:
                             tokenizer=tokenizer, stop_id=self.stop_id, max_turns=self.max_turns,
                             max_response_tokens=self.max_response_tokens, max_obs_tokens=self.max_obs_tokens,
                             continuation=self.continuation)
-
-
-def rollout_episodes(c, b) -> dict:
-    """The ``rollout_sessions`` stage of a multi-turn run."""
-    traj = c.env.run(c.sampler, b["prompts"], b["uids"], n=c.cfg.rollout.n, decode=c.decode, tokenizer=c.tokenizer)
-    used = int(traj.min_version.min())
-    if used != b["weight_version"]:
-        raise RuntimeError(f"rollout used weight version {used}, the learner is at {b['weight_version']}: the weight "
-                           "sync did not reach the sampler")
-    return {"trajectories": traj}
-
-
-def episode_reward(c, b) -> dict:
-    """The ``reward`` stage of a multi-turn run: each session's final reward."""
-    from rljax.trainer.stages import overlong_shaping, place
-
-    scores, report = episode_scores(b["trajectories"], c.reward_fn, b["prompts"],
-                                    max_error_fraction=c.cfg.reward.max_error_fraction)
-    scores = overlong_shaping(c, b["trajectories"], scores)
-    return {"scores": place({"scores": scores}, c.mesh)["scores"], "reward_report": report}
 
 
 def episode_metrics(traj) -> dict[str, Any]:

@@ -17,9 +17,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.models.config import ModelConfig
-from rljax.models.lora import LoRAParams, effective_base
+from rljax.models.adapters import LoRAParams, effective_base
+from rljax.models.params import (abstract_params, create_model, merge, param_logical_axes,  # noqa: F401
+                                 param_shardings, split)
 from rljax.models.transformer import Transformer
-from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, tree_logical_shardings, with_logical_constraint
+from rljax.sharding import KV_CACHE_AXES, kv_cache_sharding, with_logical_constraint
 
 
 @flax.struct.dataclass
@@ -46,59 +48,6 @@ class KVCache:
 KV_CACHE_LOGICAL_AXES = KVCache(k=KV_CACHE_AXES, v=KV_CACHE_AXES)
 
 
-def create_model(config: ModelConfig, *, rngs: nnx.Rngs | None = None, seed: int = 0) -> Transformer:
-    """A freshly initialised :class:`Transformer` (on the default device, unsharded)."""
-    return Transformer(config, rngs=rngs if rngs is not None else nnx.Rngs(seed))
-
-
-def split(model: Transformer) -> tuple[nnx.GraphDef, dict]:
-    """``(graphdef, params)``: the static structure and a pure dict of parameter arrays."""
-    graphdef, state = nnx.split(model)
-    return graphdef, nnx.to_pure_dict(state)
-
-
-def merge(graphdef: nnx.GraphDef, params: dict) -> Transformer:
-    """Inverse of :func:`split`."""
-    return nnx.merge(graphdef, params)
-
-
-def _nested(pairs) -> dict:
-    out: dict = {}
-    for path, value in pairs:
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
-
-
-@functools.lru_cache(maxsize=32)
-def _abstract(config: ModelConfig):
-    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(model)
-    flat = list(nnx.to_flat_state(state))
-    shapes = _nested((p, jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype)) for p, v in flat)
-    axes = _nested((p, tuple(v.get_metadata()["out_sharding"])) for p, v in flat)
-    return graphdef, shapes, axes
-
-
-def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, dict]:
-    """``(graphdef, params)`` with ``jax.ShapeDtypeStruct`` leaves; allocates nothing."""
-    graphdef, shapes, _ = _abstract(config)
-    return graphdef, shapes
-
-
-def param_logical_axes(config: ModelConfig) -> dict:
-    """The params tree with a tuple of logical axis names per leaf, e.g. ``("embed", "mlp")``."""
-    return _abstract(config)[2]
-
-
-def param_shardings(config: ModelConfig, mesh: Mesh, *, rules=None) -> dict:
-    """A ``NamedSharding`` per parameter: heads, MLP hidden and vocab on ``tp`` (Megatron)."""
-    _, shapes, axes = _abstract(config)
-    return tree_logical_shardings(axes, shapes, mesh, rules=rules)
-
-
 def init_params(config: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None, rules=None) -> tuple[nnx.GraphDef, dict]:
     """Initialises parameters directly in their sharded layout (or on one device without ``mesh``).
 
@@ -106,7 +55,7 @@ def init_params(config: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None,
     """
 
     rules = tuple(rules.items()) if isinstance(rules, dict) else (None if rules is None else tuple(rules))
-    return _abstract(config)[0], _jitted_init(config, mesh, rules)(jnp.asarray(seed, jnp.uint32))
+    return abstract_params(config)[0], _jitted_init(config, mesh, rules)(jnp.asarray(seed, jnp.uint32))
 
 
 @functools.lru_cache(maxsize=16)

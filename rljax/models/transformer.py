@@ -20,7 +20,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from rljax.models.attention import attention, dense_attention, live_decode_attention, slot_cache_attention
 from rljax.models.config import ModelConfig
-from rljax.models.lora import NO_LORA, LayerLoRA, layer_inputs
+from rljax.models.adapters import NO_LORA, LayerLoRA, layer_inputs
 from rljax.sharding import logical_to_spec, with_logical_constraint
 
 #: Logical axes of the residual stream ``[B,T,H]`` between the tensor-parallel regions:

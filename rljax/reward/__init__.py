@@ -18,8 +18,8 @@ from rljax.reward._plugin import (
     InProcessReward,
     get_reward_fn,
     load_reward_plugin,
-    make_reward,
 )
+from rljax.reward._make import make_reward
 from rljax.reward._pool import Outcome, RewardPool, RewardWorkerError, default_num_workers
 from rljax.reward._rules import (
     embedded_reward,

@@ -12,7 +12,8 @@ import os
 import subprocess
 import sys
 
-from rljax.config import ConfigError
+from rljax.errors import ConfigError
+from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES, load_reward_plugin
 
 _OK = "rljax-reward-plugin-ok"
 
@@ -55,8 +56,6 @@ def check(cfg) -> None:
     Raises:
       ConfigError: one line naming the key and what is accepted.
     """
-    from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES
-
     r = cfg.reward
     if r.num_workers == 0 and r.timeout_s is not None:
         raise ConfigError(f"reward.timeout_s={r.timeout_s:g} needs reward workers: reward.num_workers=0 runs the reward "
@@ -67,8 +66,6 @@ def check(cfg) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    from rljax.reward._plugin import load_reward_plugin
-
     spec, data_source = argv[0], argv[1] or None
     try:
         load_reward_plugin(spec, data_source=data_source)

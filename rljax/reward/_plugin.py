@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rljax.config import ConfigError
+from rljax.errors import ConfigError
 from rljax.reward._rules import embedded_reward, exact_match_reward, gsm8k_reward
 
 RewardFn = Callable[..., float]
@@ -178,30 +178,3 @@ class InProcessReward:
 
     def __call__(self, response, answer, **extra):
         return self.fn(response, answer, **extra)
-
-
-def make_reward(reward_cfg, *, dataset: str | None = None):
-    """What :func:`rljax.reward.score_batch` scores with for a ``reward`` config section: the
-    function itself (``reward.num_workers=0``, an :class:`InProcessReward`) or a
-    :class:`~rljax.reward.RewardPool` of ``reward.num_workers`` worker processes with
-    ``reward.timeout_s`` per sample (null: 30 s) and ``reward.memory_mb`` each. ``null``
-    workers: 0 for the built-in rewards without a timeout, ``min(8, CPUs)`` otherwise. A plugin
-    is loaded first (in a child process when workers will run it, so the trainer never imports
-    it), so a broken plugin is a :class:`ConfigError` before any worker starts. Close a pool
-    when done."""
-    from rljax.reward._check import probe_plugin
-    from rljax.reward._pool import DEFAULT_TIMEOUT_S, RewardPool, default_num_workers
-
-    workers, timeout_s = reward_cfg.num_workers, reward_cfg.timeout_s
-    if workers is None:
-        workers = default_num_workers(reward_cfg.function) if timeout_s is None else default_num_workers("")
-    if workers == 0:
-        return InProcessReward(get_reward_fn(reward_cfg.function, dataset=dataset), clip=reward_cfg.clip)
-    spec = reward_cfg.function
-    if spec != "auto" and spec not in BUILTIN_REWARDS:
-        probe_plugin(spec, data_source=DATA_SOURCES.get(dataset, dataset), timeout_s=reward_cfg.import_timeout_s)
-    else:
-        get_reward_fn(spec, dataset=dataset)  # auto against a dataset without a default: ConfigError here
-    return RewardPool(spec, dataset=dataset, num_workers=workers,
-                      timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
-                      memory_mb=reward_cfg.memory_mb, clip=reward_cfg.clip)

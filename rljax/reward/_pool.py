@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
+from rljax.reward._plugin import BUILTIN_REWARDS
+
 _START_TIMEOUT_S = 120.0
 _MAX_START_FAILURES = 3
 #: ``reward.timeout_s: null`` in workers.
@@ -234,8 +236,6 @@ class RewardPool:
 def default_num_workers(spec: str) -> int:
     """``reward.num_workers: null``: 0 (in-process) for the built-in rule rewards, which are
     fast and trusted; ``min(8, CPUs)`` workers for a ``path:function`` plugin."""
-    from rljax.reward._plugin import BUILTIN_REWARDS
-
     if spec == "auto" or spec in BUILTIN_REWARDS:
         return 0
     return max(1, min(8, os.cpu_count() or 1))

@@ -3,7 +3,8 @@
 Mesh axes are ``dp`` (batch), ``tp`` (heads / MLP hidden / vocab) and ``sp`` (sequence).
 ``parse_mesh("dp2,tp2,sp2")`` -> ``{"dp": 2, "tp": 2, "sp": 2}``; ``make_mesh(spec)``
 builds the ``jax.sharding.Mesh`` (all axes ``AxisType.Auto``, ``tp`` innermost);
-``topology(mesh)`` reports the layout with ``actor_dp = world / (tp * sp)``.
+``topology(mesh)`` reports the layout with ``actor_dp = world / (tp * sp)``;
+``to_host`` / ``place_batch`` move batch pytrees between host and mesh (multi-process too).
 
 Model and data code name logical axes (``batch``, ``length``, ``embed``, ``heads``,
 ``kv_heads``, ``head_dim``, ``mlp``, ``vocab``, ``layers``, ``cache_batch``,
@@ -29,6 +30,7 @@ from rljax.sharding.specs import (
     kv_cache_spec,
     reshard,
 )
+from rljax.sharding.transfer import place_batch, to_host
 
 __all__ = [
     "KV_CACHE_AXES",
@@ -44,8 +46,10 @@ __all__ = [
     "make_mesh",
     "mesh_sizes",
     "parse_mesh",
+    "place_batch",
     "reshard",
     "spec_device_count",
+    "to_host",
     "topology",
     "tree_logical_shardings",
     "with_logical_constraint",

@@ -258,7 +258,7 @@ def memory_ledger(inp: LedgerInput) -> dict:
     micro = sc.ppo_micro_batch_size
     seq = batch["input_ids"].shape[1] if "input_ids" in batch else 0
     T = inp.traj.response_ids.shape[1]
-    from rljax.trainer import remat as R
+    from rljax.models import remat as R
 
     rows_local, q_local = math.ceil(micro / dp), math.ceil(seq / sp)
     blocked = R.attention_blocked(mc, seq)

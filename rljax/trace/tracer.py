@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from rljax.sharding import to_host
 from rljax.trace import alerts as A
 from rljax.trace.fields import host_rows, summarize
 
@@ -196,7 +197,7 @@ class Tracer:
             if loss_mask is not None:
                 import jax.numpy as jnp
 
-                row_tokens = np.asarray(_to_host(jnp.sum(loss_mask, axis=1)))
+                row_tokens = np.asarray(to_host(jnp.sum(loss_mask, axis=1)))
             self._row_tokens = row_tokens
             records = []
             sigs: dict[str, dict] = {}
@@ -386,7 +387,7 @@ class Tracer:
         if attention_mask is not None:
             import jax.numpy as jnp
 
-            tokens = np.asarray(_to_host(jnp.sum(attention_mask, axis=1))) * real
+            tokens = np.asarray(to_host(jnp.sum(attention_mask, axis=1))) * real
         else:
             tokens = (np.asarray(traj.prompt_length) + np.asarray(traj.response_length)) * real
         counts = A.dp_token_counts(tokens[:, None], self.dp)
@@ -653,10 +654,6 @@ def _sampler_side(x, traj) -> bool:
     return isinstance(x, np.ndarray)
 
 
-def _to_host(x):
-    from rljax.trainer.stages import to_host
-
-    return to_host(x)
 
 
 def _padding_abs_sum(x, pad: np.ndarray) -> Optional[float]:

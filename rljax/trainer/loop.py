@@ -29,6 +29,7 @@ import numpy as np
 
 from rljax.config import Config, derive, on_policy_blockers
 from rljax.loss import adaptive_kl_coef
+from rljax.sharding import to_host
 from rljax.trace import Tracer, plot_report
 from rljax.trace.loggers import open_run_logs
 from rljax.trace.samples import TrainSamples, sample_rows
@@ -37,11 +38,11 @@ from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpd
                                  RUN_RECORDS, cut_jsonl, wait_for_save)
 from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, make_packed_values_fn
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
-from rljax.trainer.remat import for_run as remat_for_run
 from rljax.trainer.runner import StepRunner
-from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages, to_host
+from rljax.trainer.stages import Components, actor_batch, model_inputs, score, sync_stages
 from rljax.models.lora import LoRAParams, disable
 from rljax.models.lora import merge as lora_merge
+from rljax.models.remat import for_run as remat_for_run
 from rljax.trainer.packing import AutoPacking, pack_configs
 from rljax.trainer.step import (PackedLogprob, PackedTrainStep, StepConfig, init_state, make_logprob_fn,
                                 make_optimizer, make_train_step, trainable)
@@ -86,7 +87,7 @@ def _model(cfg: Config, mesh, tokenizer):
         overrides.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
                          bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
     mcfg = base.replace(**overrides)
-    remat = remat_for_run(cfg, mcfg, mesh)  # model.remat / remat_policy (auto: rljax.trainer.remat)
+    remat = remat_for_run(cfg, mcfg, mesh)  # model.remat / remat_policy (auto: rljax.models.remat)
     mcfg = mcfg.replace(remat=remat.remat, remat_policy=remat.policy)
     graphdef, params = F.init_params(mcfg, seed=cfg.trainer.seed, mesh=mesh)
     return mcfg, graphdef, params
@@ -290,7 +291,7 @@ class Trainer:
                                        top_k=max(v.top_k, 0), top_p=v.top_p, seed=cfg.trainer.seed + 1, eos_ids=eos)
         env_runtime = None
         if cfg.env.function is not None:  # multi-turn episodes (rljax.env): a turn's prompt is the whole context
-            from rljax.env._stage import EnvRuntime
+            from rljax.env import EnvRuntime
 
             env_runtime = EnvRuntime.from_config(cfg, self.tokenizer)
             turn = cfg.env.max_turn_tokens or d.max_response_length

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax import loss as rl
+from rljax.errors import ConfigError
 from rljax.trainer.critic import outcome_token_rewards
 
 
@@ -94,8 +95,6 @@ ESTIMATOR_KWARGS = ("group_id", "num_groups", "row_mask", "values", "config")
 def check_estimator_signature(fn: Callable, spec: str) -> None:
     """``ConfigError`` unless ``fn`` takes the registry's signature (see :mod:`rljax.loss._estimators`)."""
     import inspect
-
-    from rljax.config import ConfigError
 
     try:
         inspect.signature(fn).bind(None, None, **{k: None for k in ESTIMATOR_KWARGS})

@@ -47,37 +47,19 @@ side, with a ``dequeue`` stage (the staleness gate's facts) first and the weight
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rljax import loss as rl
+from rljax.env import episode_scores
+from rljax.sharding import place_batch, to_host
 from rljax.trainer.runner import Stage
 
 #: The learner batch fields that the forward passes read.
 MODEL_INPUTS = ("input_ids", "attention_mask", "positions")
-
-
-def to_host(tree):
-    """Device arrays -> NumPy, also for arrays spread over several processes (multi-host)."""
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.process_allgather(tree, tiled=True)
-
-
-def place(host: Mapping[str, np.ndarray], mesh) -> dict:
-    """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` on rows,
-    ``sp`` on the sequence), from values every process holds in full (each fills in the shards
-    it owns). Fields of the rollout, which each process generates only its share of, go through
-    :func:`rljax.trainer.distribute.assemble`."""
-    from rljax.sharding import batch_shardings
-
-    shardings = batch_shardings(host, mesh)
-    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in host.items()}
 
 
 def prompt_width(longest: int, prompt_len: int, *, multiple: int = 1) -> int:
@@ -202,8 +184,6 @@ def sync_stages(c: Components) -> list[Stage]:
     cfg = c.cfg
     rollout_fn, reward_fn = rollout_sessions, reward
     if c.env is not None:  # multi-turn episodes (rljax.env): same stage names, same learner side
-        from rljax.env._stage import episode_reward, rollout_episodes
-
         rollout_fn, reward_fn = rollout_episodes, episode_reward
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generate and score until the batch is full
         rollout_fn, reward_fn = _filtered_stages(c, rollout_fn)
@@ -287,11 +267,24 @@ def rollout_sessions(c: Components, b) -> dict:
     prompts = b["prompts"]
     traj = c.sampler.generate([p.ids for p in prompts], uids=b["uids"], n=c.cfg.rollout.n, decode=c.decode,
                               on_chunk=c.on_chunk)
-    used = int(traj.min_version.min())
-    if used != b["weight_version"]:
-        raise RuntimeError(f"rollout used weight version {used}, the learner is at {b['weight_version']}: the weight "
-                           "sync did not reach the sampler")
+    check_weight_version(traj, b["weight_version"])
     return {"trajectories": traj}
+
+
+def rollout_episodes(c: Components, b) -> dict:
+    """The ``rollout_sessions`` stage of a multi-turn run (``env.function``): one session per
+    sample, several turns each (:class:`rljax.env.EnvRuntime`)."""
+    traj = c.env.run(c.sampler, b["prompts"], b["uids"], n=c.cfg.rollout.n, decode=c.decode, tokenizer=c.tokenizer)
+    check_weight_version(traj, b["weight_version"])
+    return {"trajectories": traj}
+
+
+def check_weight_version(traj, version: int) -> None:
+    """A synchronous rollout's trajectories were all generated with the learner's ``version``."""
+    used = int(traj.min_version.min())
+    if used != version:
+        raise RuntimeError(f"rollout used weight version {used}, the learner is at {version}: the weight "
+                           "sync did not reach the sampler")
 
 
 def trajectory_fields(c: Components, b) -> dict:
@@ -356,6 +349,15 @@ def overlong_shaping(c: Components, traj, scores: np.ndarray) -> np.ndarray:
     """The task scores plus the overlong penalty (the scores unchanged when it is off)."""
     p = overlong_penalty(c, traj)
     return scores if p is None else np.asarray(scores, np.float32) + p
+
+
+def episode_reward(c: Components, b) -> dict:
+    """The ``reward`` stage of a multi-turn run: each session's final reward (every process runs
+    every episode, so the scores are whole-batch)."""
+    scores, report = episode_scores(b["trajectories"], c.reward_fn, b["prompts"],
+                                    max_error_fraction=c.cfg.reward.max_error_fraction)
+    scores = overlong_shaping(c, b["trajectories"], scores)
+    return {"scores": place_batch({"scores": scores}, c.mesh)["scores"], "reward_report": report}
 
 
 def gather_rollout(c: Components, b) -> dict:
@@ -510,7 +512,7 @@ def step_metrics(c: Components, b) -> dict:
 
         m.update(overlong_metrics(penalty, real))
     if getattr(traj, "num_turns", None) is not None:
-        from rljax.env._stage import episode_metrics
+        from rljax.env import episode_metrics
 
         m.update(episode_metrics(traj))
     m.update(_model_flops(c, rows, real))

@@ -35,6 +35,8 @@ import math
 import os
 from typing import Optional
 
+from rljax.config import derive
+
 #: Remat only when the activations exceed this fraction of the device's memory (and the state).
 DEVICE_FRACTION = 1 / 64
 #: ``remat_policy=auto``: ``minimal`` when what it keeps is at most this many training states.
@@ -191,8 +193,6 @@ def for_run(cfg, mc, mesh) -> RematChoice:
     the mesh (a padded micro-batch: ``ceil(micro / dp)`` rows of ``S + T`` tokens split over
     ``sp``; with the packed token budget ``actor.ppo_max_token_len_per_device``, when that is
     larger, as many rows of ``S + T`` as hold it)."""
-    from rljax.config import derive
-
     shape = dict(mesh.shape) if mesh is not None else {}
     dp, sp, tp = shape.get("dp", 1), shape.get("sp", 1), shape.get("tp", 1)
     sizes = derive(cfg, sp=sp)
