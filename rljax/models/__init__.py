@@ -82,6 +82,13 @@ from rljax.models.functional import (
     unembedding,
 )
 from rljax.models.hf import SUPPORTED_ARCHITECTURES, config_from_hf, config_to_hf, load_hf_checkpoint, save_hf_checkpoint
+from rljax.models.reward_model import (
+    SEQ_CLS_ARCHITECTURES,
+    RewardHead,
+    load_hf_reward_model,
+    reward_scores,
+    save_hf_reward_model,
+)
 from rljax.models.tokenizer import CharTokenizer, HFTokenizer, load_tokenizer
 from rljax.models.attention import (
     attention,
@@ -93,6 +100,11 @@ from rljax.models.attention import (
 from rljax.models.transformer import Transformer, sequence_parallel_attention
 
 __all__ = [
+    "SEQ_CLS_ARCHITECTURES",
+    "RewardHead",
+    "load_hf_reward_model",
+    "reward_scores",
+    "save_hf_reward_model",
     "KV_CACHE_LOGICAL_AXES",
     "PRESETS",
     "SUPPORTED_ARCHITECTURES",

@@ -187,7 +187,7 @@ def _set(tree, path, value):
 # --------------------------------------------------------------------------- load / save
 
 
-def _open_tensors(path: str) -> dict[str, np.ndarray]:
+def open_tensors(path: str) -> dict[str, np.ndarray]:
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
@@ -228,7 +228,13 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules
         raise ValueError(f"{path} is not a Hugging Face checkpoint directory: config.json is missing")
     with open(cfg_path) as f:
         config = config_from_hf(json.load(f), dtype=dtype)
-    tensors = _open_tensors(path)
+    return config, load_params(path, config, open_tensors(path), mesh=mesh, rules=rules)
+
+
+def load_params(path: str, config: ModelConfig, tensors: dict, *, mesh: Mesh | None = None, rules=None) -> dict:
+    """The transformer's params tree of ``config`` from a checkpoint's ``tensors`` (name -> array,
+    memory-mapped), each placed in its sharded layout on ``mesh`` (default one device);
+    ``path`` names the checkpoint in errors. Tensors outside :func:`tensor_map` are ignored."""
     entries = tensor_map(config)
     missing = [e[0] for e in entries if e[0] not in tensors]
     if missing:
@@ -265,7 +271,7 @@ def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules
             def read(idx, view=parts[0]):
                 return np.ascontiguousarray(view[idx]).astype(target, copy=False)
         _set(params, ours, jax.make_array_from_callback(shape, sharding, read))
-    return config, params
+    return params
 
 
 def _to_host(x) -> np.ndarray:
@@ -283,6 +289,12 @@ def save_hf_checkpoint(path: str, config: ModelConfig, params: dict, *, max_shar
     into ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``.
     Multi-host: every process must call it; process 0 writes.
     """
+    write_checkpoint(path, config_to_hf(config), hf_tensors(config, params), max_shard_bytes=max_shard_bytes)
+
+
+def hf_tensors(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+    """HF tensor name -> host array (HF layout) of the transformer's ``params``. Multi-host:
+    every process must call it (the parameters are gathered)."""
     entries = tensor_map(config)
     host: dict[str, np.ndarray] = {}
     gathered: dict[tuple, np.ndarray] = {}
@@ -298,11 +310,17 @@ def save_hf_checkpoint(path: str, config: ModelConfig, params: dict, *, max_shar
         # HF Llama's attention_bias also gives o_proj a bias; ours is zero.
         for i in range(config.num_layers):
             host[f"model.layers.{i}.self_attn.o_proj.bias"] = np.zeros((config.hidden_size,), host["model.norm.weight"].dtype)
+    return host
+
+
+def write_checkpoint(path: str, config_json: dict, host: dict[str, np.ndarray], *,
+                     max_shard_bytes: int = 5 * 1024**3) -> None:
+    """Writes ``config.json`` and the safetensors shards of ``host`` (process 0 only)."""
     if jax.process_index() != 0:
         return
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config_to_hf(config), f, indent=2)
+        json.dump(config_json, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, arr in host.items():

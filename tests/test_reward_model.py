@@ -1,0 +1,108 @@
+"""Discriminative reward models: tiny random ``LlamaForSequenceClassification`` /
+``Qwen2ForSequenceClassification`` built with transformers score the same as rljax's backbone
++ score head (left- and right-padded rows, on one device and on a mesh), and rljax's export
+reloads in transformers as the same class with the same scores and back bit-identically."""
+
+import jax
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.hf
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rljax import models  # noqa: E402
+from rljax import sharding as sh  # noqa: E402
+
+PAD = 0
+
+
+def _randomise(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if p.ndim == 1 and p.shape[0] == model.config.hidden_size else 0.0))
+    return model.eval()
+
+
+def _make(arch, path, num_labels):
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=50000.0,
+                                       max_position_embeddings=128, rms_norm_eps=1e-5, num_labels=num_labels,
+                                       pad_token_id=PAD)
+        model = transformers.LlamaForSequenceClassification(cfg)
+    else:
+        cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=1, rope_theta=1e6,
+                                       max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                       num_labels=num_labels, pad_token_id=PAD)
+        model = transformers.Qwen2ForSequenceClassification(cfg)
+    model = _randomise(model, 3)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model, str(path)
+
+
+def _batch(seed=0):
+    """Rows of 12 columns: left-padded prompts, right-padded responses (the learner layout)."""
+    rng = np.random.default_rng(seed)
+    toks = rng.integers(1, 96, (4, 12)).astype(np.int32)
+    mask = np.zeros_like(toks, bool)
+    for i, (lo, hi) in enumerate([(0, 12), (3, 12), (2, 9), (5, 7)]):
+        mask[i, lo:hi] = True
+    toks[~mask] = PAD
+    pos = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
+    return toks, mask, pos
+
+
+def _hf_scores(model, toks, mask, pos):
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(toks, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
+                    position_ids=torch.tensor(pos, dtype=torch.long))
+    return out.logits.float().numpy()
+
+
+@pytest.mark.parametrize("arch,num_labels", [("llama", 1), ("qwen2", 1), ("llama", 3)])
+def test_reward_model_scores_equal_transformers(arch, num_labels, tmp_path):
+    hf_model, path = _make(arch, tmp_path / arch, num_labels)
+    config, head, params, score = models.load_hf_reward_model(path)
+    assert head.architecture == type(hf_model).__name__ and head.num_labels == num_labels
+    assert score.shape == (config.hidden_size, num_labels)
+    graphdef = models.abstract_params(config)[0]
+    toks, mask, pos = _batch()
+    ours = jax.jit(lambda p, s, t, m, q: models.reward_scores(graphdef, p, s, t, mask=m, positions=q))(
+        params, score, toks, mask, pos)
+    ref = _hf_scores(hf_model, toks, mask, pos)
+    assert ours.shape == ref.shape == (4, num_labels)
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=0, atol=1e-4)
+
+    # export: transformers loads the same class with the same scores; rljax reloads it bit-identically
+    out = str(tmp_path / "export")
+    models.save_hf_reward_model(out, config, head, params, score)
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == type(hf_model).__name__
+    assert reloaded.config.num_labels == num_labels
+    np.testing.assert_allclose(_hf_scores(reloaded, toks, mask, pos), ref, rtol=0, atol=1e-5)
+    config2, head2, params2, score2 = models.load_hf_reward_model(out)
+    assert config2 == config and head2.num_labels == head.num_labels
+    jax.tree.map(np.testing.assert_array_equal, params2, params)
+    np.testing.assert_array_equal(np.asarray(score2), np.asarray(score))
+
+
+def test_reward_model_on_a_mesh_equals_transformers(tmp_path, devices):
+    hf_model, path = _make("llama", tmp_path / "llama", 1)
+    mesh = sh.make_mesh("dp2,tp2,sp2")
+    config, _, params, score = models.load_hf_reward_model(path, mesh=mesh)
+    graphdef = models.abstract_params(config)[0]
+    toks, mask, pos = _batch(1)
+    ours = jax.jit(lambda p, s, t, m, q: models.reward_scores(graphdef, p, s, t, mask=m, positions=q, mesh=mesh))(
+        params, score, toks, mask, pos)
+    np.testing.assert_allclose(np.asarray(ours), _hf_scores(hf_model, toks, mask, pos), rtol=0, atol=1e-4)
+
+
+def test_reward_model_rejects_a_causal_lm(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(str(tmp_path / "lm"), safe_serialization=True)
+    with pytest.raises(ValueError, match="unsupported reward model architecture 'LlamaForCausalLM'"):
+        models.load_hf_reward_model(str(tmp_path / "lm"))
