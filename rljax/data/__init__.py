@@ -1,14 +1,20 @@
-"""Datasets: the embedded synthetic task and local GSM8K-format files as TFDS array_record
-datasets, prompt length policy, and deterministic resumable iteration.
+"""Datasets: the embedded synthetic task, local GSM8K-format files and any local dataset
+(``data.dataset=local``: JSONL / JSON / Parquet files or a ``datasets.save_to_disk``
+directory, verl's parquet layout as is) as TFDS array_record datasets streamed from the
+files; prompt formatting (``data.prompt_template``, the tokenizer's chat template), the
+prompt length policy, deterministic resumable iteration, and the data pre-flight
+(:func:`check`).
 
 Typical use by the trainer::
 
-    from rljax.data import train_iterator, val_iterator
+    from rljax.data import check, train_iterator, val_iterator
 
+    check(cfg, tok)                     # before anything is written: one-line ConfigErrors
     tokenize = lambda s: tok.encode(s, add_bos=True)
-    it = train_iterator(cfg, tokenize, data_dir=..., state=saved_state_or_None)  # builds once, offline
+    it = train_iterator(cfg, tokenize, data_dir=..., state=saved_state_or_None,  # builds once, offline
+                        chat_template=tok.apply_chat_template)
     it.source.stats                     # prompts total / kept / filtered / truncated
-    batch = next(it)                    # list[Prompt] (ids, answer, dataset row index)
+    batch = next(it)                    # list[Prompt] (ids, answer, data_source, extra_info, row index)
     ckpt["data"] = it.state()           # {"epoch", "position", "seed", "num_examples"}
     for val_batch in val_iterator(cfg, tokenize, data_dir=...): ...
 
