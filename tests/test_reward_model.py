@@ -106,3 +106,44 @@ def test_reward_model_rejects_a_causal_lm(tmp_path):
     transformers.LlamaForCausalLM(cfg).save_pretrained(str(tmp_path / "lm"), safe_serialization=True)
     with pytest.raises(ValueError, match="unsupported reward model architecture 'LlamaForCausalLM'"):
         models.load_hf_reward_model(str(tmp_path / "lm"))
+
+
+def tiny_reward_model(path, *, seed=0, scale=1.0):
+    """An rljax ``tiny``-shaped Qwen2ForSequenceClassification checkpoint (the policy's vocabulary),
+    random backbone and score head, written with rljax's own export."""
+    import dataclasses
+
+    config = dataclasses.replace(models.get_config("tiny"), tie_embeddings=True)
+    _, params = models.init_params(config, seed=seed)
+    head = models.RewardHead("Qwen2ForSequenceClassification", 1, False)
+    score = scale * jax.random.normal(jax.random.key(seed), (config.hidden_size, 1))
+    models.save_hf_reward_model(str(path), config, head, params, score)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_run_with_a_reward_model_combines_its_scores(tmp_path):
+    """One real step with ``reward.model.path``: a ``reward_model`` stage scores every row on the
+    learner mesh, the step's scores are function_weight * rule + model_weight * model, each traced
+    row records its model score, and the trace check passes."""
+    import json
+
+    from test_rollout_mismatch import _one_step
+
+    from rljax.trace.check import run_checks
+
+    path = tiny_reward_model(tmp_path / "rm_ckpt", scale=5.0)
+    rm = [f"reward.model.path={path}", "reward.combine.function_weight=1.0", "reward.combine.model_weight=2.0"]
+    trainer, m, run = _one_step(tmp_path, "rm", *rm)
+    assert "reward_model" in trainer.runner.names and m["timing_s/reward_model"] > 0
+    assert m["reward/model/max"] > m["reward/model/min"]  # the model tells the responses apart
+    np.testing.assert_allclose(m["critic/score/mean"], m["reward/function/mean"] + 2.0 * m["reward/model/mean"],
+                               rtol=1e-5, atol=1e-6)
+    recs = [json.loads(line) for line in open(run / "trace.jsonl")]
+    rec = next(r for r in recs if r["stage"] == "reward_model")
+    assert any(f["name"] == "rm_scores" for f in rec["fields"]), rec["fields"]
+    checks = {name: status for status, name, _ in run_checks(str(run))}
+    for name in ("prompt group uid/sessions/keys consistent across every stage",
+                 "reward / old,ref log-prob / advantage producers and consumers", "nothing left in the buffer after cleanup",
+                 "padding rows excluded from reward, metrics and loss"):
+        assert checks[name] == "PASS", (name, checks)

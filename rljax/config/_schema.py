@@ -285,6 +285,23 @@ class RewardKwargsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RewardModelConfig:
+    path: Optional[str] = _f(None, "a local Hugging Face LlamaForSequenceClassification / "
+                                   "Qwen2ForSequenceClassification checkpoint that scores prompt + response on the "
+                                   "learner mesh (the reward_model stage; it reads the policy's token ids, so it must "
+                                   "share the policy's tokenizer); null: no reward model")
+    label: int = _f(0, "which of the head's num_labels outputs is the reward", ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardCombineConfig:
+    function_weight: float = _f(1.0, "with reward.model.path: weight of reward.function's score in the step's "
+                                     "reward (0: the reward model alone; the rule reward is still logged and "
+                                     "validated)")
+    model_weight: float = _f(1.0, "with reward.model.path: weight of the reward model's score in the step's reward")
+
+
+@dataclasses.dataclass(frozen=True)
 class RewardConfig:
     function: str = _f("auto", "auto | embedded | gsm8k | exact_match | path/to/file.py:function_name")
     max_error_fraction: float = _f(0.1, "fail the step when more of the batch raises in the reward", ge=0.0, le=1.0)
@@ -301,6 +318,9 @@ class RewardConfig:
                                      "run as a bug)", gt=0.0)
     import_timeout_s: float = _f(60.0, "the plugin is first imported in a child process before the run starts; an "
                                        "import that takes longer (or exits the process) is a one-line error", gt=0.0)
+    model: RewardModelConfig = _section(RewardModelConfig, "a discriminative reward model (verl's reward_model)")
+    combine: RewardCombineConfig = _section(RewardCombineConfig, "the step's reward = function_weight * "
+                                            "reward.function + model_weight * reward model (+ the overlong penalty)")
     reward_kwargs: RewardKwargsConfig = _section(RewardKwargsConfig, "reward shaping (verl's reward_kwargs of the DAPO "
                                                                       "reward manager)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import string
 from collections.abc import Mapping
 
@@ -142,6 +143,7 @@ def validate(config) -> None:
     check_async(config)
     check_reward_shaping(config)
     check_filter_groups(config)
+    check_reward_model(config)
     m = config.model
     if m.path is None and m.name not in MODEL_PRESETS:
         raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")
@@ -180,6 +182,25 @@ def check_filter_groups(config) -> None:
     if fg.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
         raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the KL "
                           "penalty needs the learner's log-probs, computed after the filter; use score or acc")
+
+
+def check_reward_model(config) -> None:
+    """``reward.model.path``: in the schedules that support it."""
+    path = config.reward.model.path
+    if path is None:
+        return
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"reward.model.path={path} is not a Hugging Face checkpoint directory (no config.json); "
+                          "accepted: a local LlamaForSequenceClassification / Qwen2ForSequenceClassification directory")
+    if config.trainer.mode != "sync":
+        raise ConfigError("reward.model.path runs with trainer.mode=sync only (not yet in the async producer); "
+                          f"trainer.mode={config.trainer.mode}")
+    if config.algorithm.filter_groups.enable:
+        raise ConfigError("reward.model.path with algorithm.filter_groups.enable=true is not supported yet (the filter "
+                          "scores with reward.function before the learner batch exists)")
+    if config.env.function is not None:
+        raise ConfigError(f"reward.model.path with env.function={config.env.function} is not supported yet "
+                          "(single-turn rollouts only)")
 
 
 def check_reward_shaping(config) -> None:

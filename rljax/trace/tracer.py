@@ -54,7 +54,7 @@ SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
 #: Masks: their own mask sums are reported.
 MASK_FIELDS = ("prompt_mask", "response_mask", "loss_mask", "sampler_loss_mask", "attention_mask")
 #: Fields whose traced rows' values are summarised (row means under the mask).
-VALUE_FIELDS = ("scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
+VALUE_FIELDS = ("scores", "rm_scores", "function_scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
                 "token_level_rewards", "rollout_is_weights")
 #: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
 KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",

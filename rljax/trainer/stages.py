@@ -160,6 +160,8 @@ class Components:
     on_chunk: Optional[Callable] = None
     #: This process's prompts of a training batch (:func:`rollout_share`, computed once).
     share: Any = None
+    #: ``reward.model.path``'s scoring function, loaded on the first ``reward_model`` stage.
+    reward_model_fn: Optional[Callable] = None
 
     @property
     def behaviour_logp(self) -> str:
@@ -189,8 +191,10 @@ def sync_stages(c: Components) -> list[Stage]:
         rollout_fn, reward_fn = _filtered_stages(c, rollout_fn)
     stages = [Stage("dataset_item", lambda b: dataset_item(c, b), "data"),
               Stage("rollout_sessions", lambda b: _release_after(c, rollout_fn(c, b)), "gen"),
-              Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard"),
-              Stage("reward", lambda b: reward_fn(c, b), "reward")]
+              Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard")]
+    if cfg.reward.model.path is not None:  # a discriminative reward model scores the learner batch
+        stages.append(Stage("reward_model", lambda b: reward_model(c, b), "reward_model"))
+    stages.append(Stage("reward", lambda b: reward_fn(c, b), "reward"))
     if rollout_share(c).processes > 1:  # the whole batch's row facts and reward report, on the learner side
         stages.append(Stage("gather_rollout", lambda b: gather_rollout(c, b), "gather_rollout"))
     if not cfg.algorithm.bypass_mode and not c.old_logp_in_update:
@@ -326,9 +330,46 @@ def reward(c: Components, b) -> dict:
     share = rollout_share(c)
     bound = c.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
     scores, report = score(c, b["trajectories"], b["prompts"], max_error_fraction=bound)
+    if "rm_scores" in b:  # reward.combine: weighted rule and model scores, then the overlong penalty
+        penalty = overlong_penalty(c, b["trajectories"])
+        host = {"function_scores": scores.astype(np.float32),
+                "penalty": np.zeros_like(scores, np.float32) if penalty is None else penalty}
+        dev = assemble(host, c.mesh, share)
+        w = c.cfg.reward.combine
+        combined = w.function_weight * dev["function_scores"] + w.model_weight * b["rm_scores"] + dev["penalty"]
+        return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report}
     scores = overlong_shaping(c, b["trajectories"], scores)
     return {"scores": assemble({"scores": scores.astype(np.float32)}, c.mesh, share)["scores"],
             "reward_report": report}
+
+
+def reward_model(c: Components, b) -> dict:
+    """``reward.model.path``: the reward model's score of each row's prompt + response (``rm_scores
+    [B]``), batched over the whole learner batch on the learner mesh: the rows are already
+    there in the learner layout (``trajectory_fields``), so no second reshard, and in the
+    synchronous step the learner's devices are idle while the reward is computed."""
+    if c.reward_model_fn is None:
+        c.reward_model_fn = load_reward_model(c)
+    return {"rm_scores": c.reward_model_fn(model_inputs(b))}
+
+
+def load_reward_model(c: Components) -> Callable:
+    """``inputs -> [B]`` scores of ``reward.model.path`` (:func:`rljax.models.load_hf_reward_model`),
+    parameters sharded on the learner mesh, in the policy's compute dtype."""
+    from rljax.models import abstract_params, load_hf_reward_model, reward_scores
+
+    rm = c.cfg.reward.model
+    config, head, params, head_w = load_hf_reward_model(rm.path, dtype=c.cfg.model.dtype, mesh=c.mesh)
+    if rm.label >= head.num_labels:
+        raise ValueError(f"reward.model.label={rm.label}, but {rm.path} has {head.num_labels} label(s)")
+    policy = getattr(getattr(c.sampler, "engine", None), "config", None)
+    if policy is not None and policy.vocab_size > config.vocab_size:
+        raise ValueError(f"reward.model.path={rm.path} has a vocabulary of {config.vocab_size} tokens, the policy's "
+                         f"{policy.vocab_size}: the reward model reads the policy's token ids (same tokenizer needed)")
+    graphdef, mesh, label = abstract_params(config)[0], c.mesh, rm.label
+    fn = jax.jit(lambda p, w, x: reward_scores(graphdef, p, w, x["input_ids"], mask=x["attention_mask"],
+                                               positions=x["positions"], mesh=mesh)[:, label])
+    return lambda inputs: fn(params, head_w, inputs)
 
 
 def overlong_penalty(c: Components, rows) -> Optional[np.ndarray]:
@@ -502,6 +543,10 @@ def step_metrics(c: Components, b) -> dict:
     }
     if c.old_logp_in_update:  # the update wrote old_logp (the update must not read rollout_logp: the trace
         m.update(rollout_mismatch(b["old_logp"], b))  # tells its behaviour log-prob by what it reads)
+    if "rm_scores" in b:  # reward.model.path: the model's and the rule's scores before combining
+        rm, fn = (np.asarray(x)[real] for x in to_host((b["rm_scores"], b["function_scores"])))
+        m.update({"reward/model/mean": float(rm.mean()), "reward/model/max": float(rm.max()),
+                  "reward/model/min": float(rm.min()), "reward/function/mean": float(fn.mean())})
     if "dynamic_sampling" in b:
         from rljax.trainer.dynamic_sampling import metrics as ds_metrics
 

@@ -1,0 +1,33 @@
+"""``reward.model.path`` misuse: one ConfigError line (the launcher exits 2 on it)."""
+
+import pytest
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["trainer.mode=async"], "trainer.mode=sync only"),
+    (["algorithm.filter_groups.enable=true"], "filter_groups"),
+    (["reward.model.label=-1"], "label"),
+])
+def test_reward_model_misuse_is_one_config_error_line(overrides, match, tmp_path):
+    from rljax.config import ConfigError, resolve
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=match) as e:
+        resolve("default", [f"reward.model.path={tmp_path}", *overrides])
+    assert "\n" not in str(e.value)
+
+
+def test_reward_model_path_must_be_a_checkpoint_directory(tmp_path):
+    from rljax.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match="not a Hugging Face checkpoint directory"):
+        resolve("default", [f"reward.model.path={tmp_path}"])
+
+
+def test_reward_model_keys_resolve(tmp_path):
+    from rljax.config import resolve
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg, _ = resolve("default", [f"reward.model.path={tmp_path}", "reward.combine.function_weight=0"])
+    assert cfg.reward.model.path == str(tmp_path) and cfg.reward.combine.function_weight == 0.0
+    assert resolve("default", [])[0].reward.model.path is None
