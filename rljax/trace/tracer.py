@@ -145,7 +145,8 @@ class Tracer:
         self.sandbox: Optional[dict] = None  # the python tool's sandbox probe (env.sandbox), set by the trainer
         self._ledgers_done = not cfg.trace.ledgers
         self._compiled_peak: Optional[int] = None
-        self._config = self._config_facts()
+        self._config: Optional[dict] = None  # read at the first record: the launcher writes config.resolved.yaml
+        # only once the run is built (a refused resume leaves the run's record as it was)
         self._config_written = False
         self._closed = False
         self._events: list = []
@@ -423,6 +424,8 @@ class Tracer:
 
     def _config_once(self) -> dict:
         """The key fields' values and sources in the run's first record; the file and hash after."""
+        if self._config is None:
+            self._config = self._config_facts()
         if not self._config_written:
             self._config_written = True
             return self._config
