@@ -214,18 +214,14 @@ def setup_devices(args, spec, rollout_devices: int = 0) -> None:
 
 
 def placement_devices(cfg) -> list:
-    """The learner mesh's devices: all of them (colocated), or on every process all local devices
-    but the last ``rollout.num_devices`` (disaggregated; those are the sampler's)."""
+    """The learner mesh's devices (:func:`rljax.sharding.split_devices`): all of them (colocated), or
+    on every process all local devices but the last ``rollout.num_devices`` (disaggregated)."""
     import jax
 
-    if cfg.rollout.placement == "colocated":
-        return list(jax.devices())
-    n = cfg.rollout.num_devices
-    out = []
-    for p in range(jax.process_count()):
-        local = [d for d in jax.devices() if d.process_index == p]
-        out += local[: len(local) - n]
-    return out
+    from rljax.sharding import split_devices
+
+    n = cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0
+    return split_devices(jax.devices(), n)[0]
 
 
 def placement_topology(cfg, mesh) -> dict:
@@ -321,7 +317,7 @@ def _run(args, cfg, prov, run_dir) -> int:
     mesh = make_mesh(spec, learner_devices)
     topo = topology(mesh)
     topo["placement"] = placement_topology(cfg, mesh)
-    from rljax.trainer.distribute import rollout_share
+    from rljax.trainer.distribute import check_async_share, rollout_share
 
     try:  # which prompts (uids) each process generates
         share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n,
@@ -329,10 +325,11 @@ def _run(args, cfg, prov, run_dir) -> int:
     except ValueError as e:  # --distributed: the process count is known only now
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
-    if cfg.trainer.mode == "async" and not share.direct:  # the rollout threads must not communicate
-        print(f"rljax.launch: error: trainer.mode=async over {share.processes} processes needs dp across the "
-              f"processes (each process's learner devices holding one block of batch rows); mesh {spec} puts rows "
-              "of several processes on one process's devices", file=sys.stderr)
+    try:
+        if cfg.trainer.mode == "async":  # the rollout threads must not communicate
+            check_async_share(share, spec)
+    except ValueError as e:
+        print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
     topo["rollout_share"] = share.describe()
     if cfg.env.function is not None and jax.process_count() > 1:

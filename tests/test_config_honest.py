@@ -1,11 +1,11 @@
 """Every schema key does something: it is read by the code that runs.
 
 How the check works, and why it cannot be satisfied by accident: inside
-``rljax.config.record_reads()`` the configs that ``resolve`` builds are recording subclasses
+``record_reads()`` (tests/config_reads.py) the configs that ``resolve`` builds are recording subclasses
 of the schema's dataclasses; a field read counts only when the reading frame's code lives
-in ``rljax/`` outside ``rljax/config`` (validation, the input checks and serialisation read
-every key and do nothing with it) and outside ``rljax/trace`` (observers, which count only
-for ``trace.*``). The slow test runs the launcher in this process on two small real runs
+in ``rljax/`` outside ``rljax/config`` and ``rljax/trainer/_check.py`` (validation, the
+trainer's input checks and serialisation read every key and do nothing with it) and outside
+``rljax/trace`` (observers, which count only for ``trace.*``). The slow test runs the launcher in this process on two small real runs
 that together take every branch that reads a key (GRPO and GAE, the embedded task and local
 GSM8K files, KL in the reward and as a loss, rollout correction, validation, checkpoints),
 and fails on any key that nothing read. A grep for ``.<leaf>`` would be fooled by a leaf
@@ -17,7 +17,8 @@ import json
 
 import pytest
 
-from rljax.config import field_specs, record_reads, resolve, validate_for_mesh
+from config_reads import record_reads
+from rljax.config import field_specs, resolve, validate_for_mesh
 
 #: Keys the stage work of issue 10 wires into the step loop (rljax/trainer/loop.py); remove
 #: a key from here when the loop reads it (the test fails while a listed key is read).

@@ -8,7 +8,6 @@ Every leaf field of :class:`~rljax.config.Config` is addressed by its dotted key
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import json
@@ -25,9 +24,8 @@ from typing import Any
 
 import yaml
 
-from rljax.config._derived import derive
 from rljax.config._schema import Config
-from rljax.config._validate import apply_model_overrides, validate as validate_config
+from rljax.config._validate import validate as validate_config
 from rljax.errors import ConfigError
 
 DEFAULT = "default"
@@ -378,71 +376,18 @@ def format_chain(chain: Sequence) -> str:
     return " -> ".join(f"{src} {_scalar_text(v)}" for src, v in chain)
 
 
-# Recording of the fields that code outside rljax.config reads (see record_reads).
-_RLJAX_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
-_CONFIG_DIR = str(Path(__file__).resolve().parent) + os.sep
-_TRACE_DIR = _RLJAX_DIR + "trace" + os.sep
-_reads: set | None = None
+#: ``(schema dataclass, key prefix) -> class`` that :func:`resolve` and :func:`load_resolved`
+#: build each config section with; None: the schema's own classes. Set by
+#: :func:`set_section_class` (the test that every key is read installs a recording subclass).
+_section_class = None
 
 
-@lru_cache(maxsize=None)
-def _consumer_codes() -> frozenset:
-    """The helpers in ``rljax/config`` that compute what a run uses (derived sizes, the model's
-    shape): their reads count when the run calls them, not when validation does."""
-    return frozenset({derive.__code__, apply_model_overrides.__code__})
-
-
-def _counts_as_read(key: str, frame) -> bool:
-    """``frame`` read ``key``. Reads in ``rljax/config`` count only when the run's code called a
-    consumer helper directly (validation calling it does not count); reads elsewhere count
-    when the code is in ``rljax/``."""
-    entry = None  # the rljax/config function the code outside rljax/config called
-    while frame is not None and frame.f_code.co_filename.startswith(_CONFIG_DIR):
-        entry = frame.f_code
-        frame = frame.f_back
-    if frame is None or (entry is not None and entry not in _consumer_codes()):
-        return False  # validation, checks and serialisation read every key and do nothing with it
-    filename = frame.f_code.co_filename
-    if not filename.startswith(_RLJAX_DIR):
-        return False  # tests, dataclasses' generated methods
-    return not filename.startswith(_TRACE_DIR) or key.startswith("trace.")  # observers only read trace.*
-
-
-@lru_cache(maxsize=None)
-def _recording_class(cls, prefix: str):
-    names = frozenset(f.name for f in dataclasses.fields(cls))
-
-    def __getattribute__(self, name):
-        if _reads is not None and name in names:
-            key = prefix + name
-            if key in field_specs() and _counts_as_read(key, sys._getframe(1)):
-                _reads.add(key)
-        return object.__getattribute__(self, name)
-
-    return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__qualname__": cls.__qualname__,
-                                       "__module__": cls.__module__})
-
-
-@contextlib.contextmanager
-def record_reads():
-    """Records which fields rljax code reads from configs resolved inside the block.
-
-    Yields a set that fills with the dotted keys read, from the configs that :func:`resolve`
-    and :func:`load_resolved` build while the block runs (they are instances of recording
-    subclasses of the schema's dataclasses, equal in value). A read counts when code in
-    ``rljax/`` reads the attribute directly, except code in ``rljax/config`` (validation,
-    checks and serialisation read every key and do nothing with it) and observers in
-    ``rljax/trace`` (which count only for ``trace.*``). Used by the test that every schema
-    key is read by the code that runs.
-    """
-    global _reads
-    outer, _reads = _reads, set()
-    try:
-        yield _reads
-    finally:
-        inner, _reads = _reads, outer
-        if outer is not None:
-            outer.update(inner)
+def set_section_class(fn):
+    """Installs ``fn(cls, prefix) -> subclass of cls`` for building config sections (None: the
+    schema's classes); returns the previous one. For tests that observe how configs are read."""
+    global _section_class
+    previous, _section_class = _section_class, fn
+    return previous
 
 
 def _build(cls, values: Mapping[str, Any], prefix: str = ""):
@@ -454,7 +399,7 @@ def _build(cls, values: Mapping[str, Any], prefix: str = ""):
             kwargs[f.name] = _build(hints[f.name], values, key + ".")
         else:
             kwargs[f.name] = values[key]
-    return (cls if _reads is None else _recording_class(cls, prefix))(**kwargs)
+    return (cls if _section_class is None else _section_class(cls, prefix))(**kwargs)
 
 
 def _apply(values: dict, provenance: dict, raw: Mapping[str, Any], source: str, chains: dict | None = None) -> None:

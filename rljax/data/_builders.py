@@ -23,7 +23,7 @@ import tensorflow_datasets as tfds  # noqa: E402
 
 from rljax.data import _embedded, _local  # noqa: E402
 
-_VERSION = tfds.core.Version("1.0.0")
+BUILDER_VERSION = tfds.core.Version("1.0.0")
 
 
 def _features():
@@ -49,7 +49,7 @@ class EmbeddedBuilderConfig(tfds.core.BuilderConfig):
     @classmethod
     def from_task(cls, task) -> "EmbeddedBuilderConfig":
         return cls(
-            name=_embedded.embedded_config_name(task), version=_VERSION,
+            name=_embedded.embedded_config_name(task), version=BUILDER_VERSION,
             task=task.task, max_operand=task.max_operand, length=task.length,
             num_train=task.num_train, num_test=task.num_test, seed=task.seed,
         )
@@ -58,8 +58,8 @@ class EmbeddedBuilderConfig(tfds.core.BuilderConfig):
 class RljaxEmbedded(tfds.core.GeneratorBasedBuilder):
     """The embedded synthetic task, generated from a seed (train/test)."""
 
-    VERSION = _VERSION
-    BUILDER_CONFIGS = [EmbeddedBuilderConfig(name="default", version=_VERSION)]
+    VERSION = BUILDER_VERSION
+    BUILDER_CONFIGS = [EmbeddedBuilderConfig(name="default", version=BUILDER_VERSION)]
 
     def _info(self):
         return tfds.core.DatasetInfo(builder=self, description="rljax embedded synthetic task", features=_features())
@@ -81,8 +81,8 @@ class Gsm8kBuilderConfig(tfds.core.BuilderConfig):
 class RljaxGsm8k(tfds.core.GeneratorBasedBuilder):
     """GSM8K-format ``question``/``answer`` records from local JSONL/JSON/Parquet files."""
 
-    VERSION = _VERSION
-    BUILDER_CONFIGS = [Gsm8kBuilderConfig(name="default", version=_VERSION)]
+    VERSION = BUILDER_VERSION
+    BUILDER_CONFIGS = [Gsm8kBuilderConfig(name="default", version=BUILDER_VERSION)]
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Put train*.jsonl / train*.parquet (and optionally test*) files with 'question' and "
         "'answer' fields in a directory and pass it as data.path."
@@ -127,8 +127,8 @@ class RljaxLocal(tfds.core.GeneratorBasedBuilder):
     ``datasets`` directory, verl's parquet layout included. Records are streamed from the
     files into array_record shards, so a split larger than memory is never held whole."""
 
-    VERSION = _VERSION
-    BUILDER_CONFIGS = [LocalBuilderConfig(name="default", version=_VERSION)]
+    VERSION = BUILDER_VERSION
+    BUILDER_CONFIGS = [LocalBuilderConfig(name="default", version=BUILDER_VERSION)]
 
     def _info(self):
         return tfds.core.DatasetInfo(builder=self, description="local files", features=_local_features(),

@@ -183,8 +183,7 @@ def _guarded(rows: Callable[[], Iterator[dict]], where: str) -> Callable[[], Ite
 
 def _check_answers(config, where: str, rows: Callable[[], Iterator[dict]]) -> None:
     """The first :data:`ANSWER_SAMPLE` train answers have the form the run's reward expects."""
-    from rljax.reward._plugin import DATA_SOURCE_REWARDS
-    from rljax.reward._rules import normalize_number
+    from rljax.reward import DATA_SOURCE_REWARDS, normalize_number
 
     d, spec = config.data, config.reward.function
     sample = [r for r in itertools.islice(rows(), ANSWER_SAMPLE) if str(r["answer"]).strip()]
@@ -214,7 +213,7 @@ def _check_answers(config, where: str, rows: Callable[[], Iterator[dict]]) -> No
 
 
 def _numeric(answer: str) -> bool:
-    from rljax.reward._rules import extract_gsm8k_answer, normalize_number
+    from rljax.reward import extract_gsm8k_answer, normalize_number
 
     return normalize_number(answer) is not None or extract_gsm8k_answer(answer, fallback_last_number=False) is not None
 

@@ -70,7 +70,7 @@ def _prepare(data_cfg, data_dir):
         prompt_key, answer_key = _local.gsm8k_keys(data_cfg)
         name = "files-" + _local.fingerprint(data_cfg.path, prompt_key, answer_key)
         config = _builders.Gsm8kBuilderConfig(
-            name=name, version=_builders._VERSION, prompt_key=prompt_key, answer_key=answer_key
+            name=name, version=_builders.BUILDER_VERSION, prompt_key=prompt_key, answer_key=answer_key
         )
         builder = _builders.RljaxGsm8k(config=config, data_dir=data_dir, file_format="array_record")
         download_config = tfds.download.DownloadConfig(manual_dir=str(Path(data_cfg.path).expanduser()))
@@ -82,7 +82,7 @@ def _prepare(data_cfg, data_dir):
         keys = (data_cfg.prompt_key, data_cfg.answer_key, data_cfg.messages_key)
         name = "local-" + _local.files_fingerprint(files, *map(str, keys))
         config = _builders.LocalBuilderConfig(
-            name=name, version=_builders._VERSION, prompt_key=keys[0], answer_key=keys[1], messages_key=keys[2],
+            name=name, version=_builders.BUILDER_VERSION, prompt_key=keys[0], answer_key=keys[1], messages_key=keys[2],
             files=tuple((split, tuple(map(str, paths))) for split, paths in sorted(files.items())))
         builder = _builders.RljaxLocal(config=config, data_dir=data_dir, file_format="array_record")
     else:

@@ -231,7 +231,7 @@ def load_env(spec: str, *, key: str = "env.function") -> type:
     if ":" not in spec:
         raise ConfigError(f"{key}={spec!r} is not a built-in environment ({', '.join(BUILTIN_ENVS)}) nor "
                           "path/to/file.py:ClassName")
-    from rljax.reward._plugin import load_function
+    from rljax.reward import load_function
 
     cls = load_function(spec, key=key, prefix="rljax_env")
     if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):

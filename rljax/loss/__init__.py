@@ -24,7 +24,7 @@ from rljax.loss._mismatch import rollout_mismatch
 from rljax.loss._masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rljax.loss._policy import get_policy_loss, policy_loss, register_policy_loss
 from rljax.loss._roles import Role, action_mask
-from rljax.loss._staleness import StalenessReport, policy_staleness, raise_on_future, staleness_filter
+from rljax.loss._staleness import StalenessReport, policy_staleness, raise_on_future, staleness_filter, staleness_gate
 from rljax.loss._value import value_loss
 
 __all__ = [
@@ -56,5 +56,6 @@ __all__ = [
     "rollout_correction_weights",
     "rollout_mismatch",
     "staleness_filter",
+    "staleness_gate",
     "value_loss",
 ]

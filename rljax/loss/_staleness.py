@@ -25,6 +25,18 @@ def policy_staleness(current_version: int, sample_version: int) -> int:
     return current - sample
 
 
+def staleness_gate(current_version: int, sample_version: int, *, max_staleness: int) -> tuple[int, bool]:
+    """Host-side rule for one batch: ``(staleness, keep)``, ``keep`` when ``staleness <= max_staleness``.
+
+    ``staleness = current_version - sample_version`` (:func:`policy_staleness`: a
+    ``ValueError`` for a future version). The asynchronous queue's gate
+    (:meth:`rljax.rollout.queue.TrajectoryQueue.get`) drops a batch that is not kept;
+    :func:`staleness_filter` is the same rule per row, jitted.
+    """
+    staleness = policy_staleness(current_version, sample_version)
+    return staleness, staleness <= int(max_staleness)
+
+
 class StalenessReport(NamedTuple):
     """Result of :func:`staleness_filter` (a pytree; every field is an array)."""
 

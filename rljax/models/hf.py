@@ -27,6 +27,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from rljax.models.config import ModelConfig
 from rljax.models.functional import abstract_params, param_shardings
 from rljax.models.safetensors_io import read_safetensors, write_safetensors
+from rljax.sharding import host_array
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _ARCH_NAMES = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
@@ -274,14 +275,6 @@ def load_params(path: str, config: ModelConfig, tensors: dict, *, mesh: Mesh | N
     return params
 
 
-def _to_host(x) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        x = multihost_utils.process_allgather(x, tiled=True)
-    return np.asarray(jax.device_get(x))
-
-
 def save_hf_checkpoint(path: str, config: ModelConfig, params: dict, *, max_shard_bytes: int = 5 * 1024**3) -> None:
     """Writes ``config.json`` and safetensors weights that ``transformers`` (and vLLM, SGLang) load.
 
@@ -301,7 +294,7 @@ def hf_tensors(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
     for name, ours, layer, _, to_hf in entries:
         if ours not in gathered:
             try:
-                gathered[ours] = _to_host(_get(params, ours))
+                gathered[ours] = host_array(_get(params, ours))
             except (KeyError, IndexError, TypeError):
                 raise ValueError(f"params has no entry {'/'.join(map(str, ours))} needed for {name}") from None
         value = gathered[ours] if layer is None else gathered[ours][layer]

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rljax.models.config import ModelConfig
-from rljax.models.hf import _to_host
+from rljax.sharding import host_array
 from rljax.models.lora import (ALL_LINEAR, SAVE_MODULES, TARGETS, LoRAConfig, LoRAParams, abstract_adapters,
                                adapter_shardings)
 from rljax.models.safetensors_io import read_safetensors, write_safetensors
@@ -57,13 +57,13 @@ def save_peft_adapter(path: str, params: LoRAParams, *, base_model_name_or_path:
     for target in lcfg.target_modules:
         module = TARGETS[target][0]
         ad = params.adapters["layers"][module][target]
-        a, b = _to_host(ad["a"]), _to_host(ad["b"])
+        a, b = host_array(ad["a"]), host_array(ad["b"])
         for i in range(a.shape[0]):
             tensors[_name(i, target, "a")] = np.ascontiguousarray(a[i].reshape(-1, lcfg.rank).T)
             tensors[_name(i, target, "b")] = np.ascontiguousarray(b[i].reshape(lcfg.rank, -1).T)
     for module in lcfg.modules_to_save:
         name, transposed = _SAVED[module]
-        value = _to_host(params.adapters["modules_to_save"][module])
+        value = host_array(params.adapters["modules_to_save"][module])
         tensors[name] = np.ascontiguousarray(value.T if transposed else value)
     if jax.process_index() != 0:
         return

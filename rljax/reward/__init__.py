@@ -14,9 +14,11 @@ from rljax.reward._overlong import overlong_metrics, overlong_penalty
 from rljax.reward._plugin import (
     BUILTIN_REWARDS,
     DATA_SOURCES,
+    DATA_SOURCE_REWARDS,
     DATASET_REWARDS,
     InProcessReward,
     get_reward_fn,
+    load_function,
     load_reward_plugin,
 )
 from rljax.reward._make import make_reward
@@ -38,6 +40,7 @@ __all__ = [
     "probe_plugin",
     "DATA_SOURCES",
     "FILTER_METRICS",
+    "DATA_SOURCE_REWARDS",
     "DATASET_REWARDS",
     "Outcome",
     "RewardError",
@@ -49,6 +52,7 @@ __all__ = [
     "exact_match_reward",
     "extract_gsm8k_answer",
     "get_reward_fn",
+    "load_function",
     "gsm8k_ground_truth",
     "groups_to_keep",
     "gsm8k_reward",

@@ -491,7 +491,7 @@ class RljaxEngine(engine_api.Engine):
 
     # ----------------------------------------------------------------- layout
 
-    def _replicated(self):
+    def replicated(self):
         if self._mesh is None:
             return SingleDeviceSharding(jax.devices()[0])
         return NamedSharding(self._mesh, PartitionSpec())
@@ -500,15 +500,15 @@ class RljaxEngine(engine_api.Engine):
         """The sampler layout of the parameters (a ``NamedSharding`` per leaf)."""
         if self._mesh is None:
             _, shapes = F.abstract_params(self.config)
-            return jax.tree.map(lambda _: self._replicated(), shapes)
+            return jax.tree.map(lambda _: self.replicated(), shapes)
         return F.param_shardings(self.config, self._mesh)
 
     def get_prefix_destination_sharding(self) -> Prefix:
         """Shardings of a one-row :class:`Prefix` of ``max_prefill_length`` on this engine's mesh."""
         c = self.config
         shape = (c.num_layers, 1, self._max_prefill_length, c.num_kv_heads, c.head_dim)
-        kv = self._replicated() if self._mesh is None else kv_cache_sharding(shape, self._mesh)
-        rep = self._replicated()
+        kv = self.replicated() if self._mesh is None else kv_cache_sharding(shape, self._mesh)
+        rep = self.replicated()
         return Prefix(kv=F.KVCache(k=kv, v=kv), logits=rep, lengths=rep, keys=rep)
 
     def load_params(self, params: Any = None, *, seed: int = 0) -> Any:
@@ -609,7 +609,7 @@ class RljaxEngine(engine_api.Engine):
         self.check_decode(decode)
         s, t = self._num_slots, self.max_decode_length
         cache = self.init_cache(s)
-        dev = self._replicated()
+        dev = self.replicated()
         put = lambda x: jax.device_put(x, dev)
         eos = self.eos_ids(decode)
         return DecodeState(
@@ -635,7 +635,7 @@ class RljaxEngine(engine_api.Engine):
         nothing: lowering ``generate_chunk`` with it finds the program the engine compiled (the
         memory ledger measures it that way)."""
         state = jax.eval_shape(lambda: self.init_decode_state(decode))
-        rep = self._replicated()
+        rep = self.replicated()
         attach = lambda sharding: lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding(x),
                                                                    weak_type=getattr(x, "weak_type", False))
         cache = jax.tree.map(attach(lambda x: self._cache_sharding(x.shape)), state.cache)
@@ -658,7 +658,7 @@ class RljaxEngine(engine_api.Engine):
         return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, shardings)
 
     def _cache_sharding(self, shape):
-        return self._replicated() if self._mesh is None else logical_sharding(SLOT_CACHE_AXES, self._mesh, shape=shape)
+        return self.replicated() if self._mesh is None else logical_sharding(SLOT_CACHE_AXES, self._mesh, shape=shape)
 
     def init_cache(self, num_slots: int) -> SlotCache:
         """An all-zero :class:`SlotCache` for ``num_slots`` slots (slots on ``dp``, kv heads on ``tp``)."""

@@ -1,4 +1,4 @@
-"""The versioned, bounded trajectory queue of asynchronous training (pure Python, thread-safe).
+"""The versioned, bounded trajectory queue of asynchronous training (thread-safe).
 
 The rollout side :meth:`~TrajectoryQueue.put` s complete, immutable batches of prompt
 groups, each tagged with the weight versions its trajectories saw (``min_version``: the
@@ -6,8 +6,8 @@ oldest, the version of the prompt's prefill; ``max_version``: the newest, later 
 ``min_version`` only when a weight push landed mid-generation). The learner
 :meth:`~TrajectoryQueue.get` s them at its current version ``v``:
 
-* **staleness gate** (the seed's rule): ``staleness = v - min_version``. A batch with
-  staleness ``> max_staleness`` is dropped at the head of the queue and its rows are
+* **staleness gate** (the seed's rule, :func:`rljax.loss.staleness_gate`): ``staleness = v -
+  min_version``. A batch with staleness ``> max_staleness`` is dropped at the head of the queue and its rows are
   counted (:attr:`QueueStats.dropped_stale`); a batch with ``max_version > v`` claims a
   future version: :class:`FutureVersionError` names the first such uid and the run stops.
 * **backpressure**: the queue holds at most ``max_batches`` batches. When it is full the
@@ -35,6 +35,8 @@ import threading
 import time
 from collections import deque
 from typing import Any, Callable, Optional, Sequence
+
+from rljax.loss import staleness_gate
 
 OVERFLOW_MODES = ("block", "drop_stalest")
 
@@ -250,8 +252,8 @@ class TrajectoryQueue:
                         raise err
                     self._items.popleft()
                     self._cond.notify_all()
-                    staleness = current - item.version
-                    if staleness > self.max_staleness:
+                    staleness, keep = staleness_gate(current, item.version, max_staleness=self.max_staleness)
+                    if not keep:
                         self._count_drop(item, "stale")
                         continue
                     item.staleness = staleness

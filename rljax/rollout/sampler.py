@@ -293,7 +293,7 @@ class Sampler:
         version_start = version
         layers = eng.decode_layers(params)  # per-layer weight copies, sliced once per version (not per chunk)
         state = eng.init_decode_state(decode)
-        rep = eng._replicated()  # pylint: disable=protected-access
+        rep = eng.replicated()
         res_tokens = jax.device_put(np.zeros((total, t_max), np.int32), rep)
         res_logp = jax.device_put(np.zeros((total, t_max), np.float32), rep)
 

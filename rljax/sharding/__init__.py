@@ -13,7 +13,7 @@ Model and data code name logical axes (``batch``, ``length``, ``embed``, ``heads
 This package imports no other rljax package.
 """
 
-from rljax.sharding.mesh import MESH_AXES, make_mesh, mesh_sizes, parse_mesh, spec_device_count, topology
+from rljax.sharding.mesh import MESH_AXES, make_mesh, mesh_sizes, parse_mesh, spec_device_count, split_devices, topology
 from rljax.sharding.rules import (
     KV_CACHE_AXES,
     LOGICAL_AXIS_RULES,
@@ -30,7 +30,7 @@ from rljax.sharding.specs import (
     kv_cache_spec,
     reshard,
 )
-from rljax.sharding.transfer import place_batch, to_host
+from rljax.sharding.transfer import host_array, place_batch, to_host
 
 __all__ = [
     "KV_CACHE_AXES",
@@ -39,6 +39,7 @@ __all__ = [
     "batch_logical_axes",
     "batch_shardings",
     "batch_spec",
+    "host_array",
     "kv_cache_sharding",
     "kv_cache_spec",
     "logical_sharding",
@@ -49,6 +50,7 @@ __all__ = [
     "place_batch",
     "reshard",
     "spec_device_count",
+    "split_devices",
     "to_host",
     "topology",
     "tree_logical_shardings",

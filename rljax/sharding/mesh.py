@@ -68,6 +68,29 @@ def parse_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | int | Non
     return _check_axis_sizes(text, sizes, devices)
 
 
+def split_devices(devices: Sequence[Any], rollout_per_process: int = 0) -> tuple[list, list]:
+    """``(learner devices, sampler devices)`` of ``devices`` under the placement rule: on every
+    process the sampler takes the last ``rollout_per_process`` local devices and the learner the
+    rest (``rollout.placement=disaggregated``); with 0 (colocated) both share every device.
+
+    Pass ``jax.devices()`` for the learner mesh's devices (all processes), ``jax.local_devices()``
+    for this process's sampler devices.
+    """
+    devices = list(devices)
+    n = int(rollout_per_process)
+    if n == 0:
+        return devices, devices
+    learner, sampler = [], []
+    for p in sorted({d.process_index for d in devices}):
+        local = [d for d in devices if d.process_index == p]
+        if len(local) <= n:
+            raise ValueError(f"rollout.num_devices={n} leaves no device for the learner: process {p} has "
+                             f"{len(local)}")
+        learner += local[: len(local) - n]
+        sampler += local[len(local) - n:]
+    return learner, sampler
+
+
 def spec_device_count(spec: str | Mapping[str, int]) -> int:
     """The number of devices ``spec`` needs, checking only its syntax (never touches JAX).
 

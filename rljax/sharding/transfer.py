@@ -1,7 +1,7 @@
 """Host <-> device transfer of batch pytrees, single- and multi-process.
 
 :func:`to_host` brings device arrays back as NumPy (all-gathered across processes when the
-arrays span several); :func:`place_batch` lays host NumPy batch fields out as global arrays
+arrays span several; :func:`host_array` one array, gathered only when not fully addressable); :func:`place_batch` lays host NumPy batch fields out as global arrays
 with the batch specs (``dp`` on rows, ``sp`` on the sequence) from values every process
 holds in full.
 """
@@ -23,6 +23,16 @@ def to_host(tree):
     from jax.experimental import multihost_utils
 
     return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def host_array(x) -> np.ndarray:
+    """One array as NumPy on this process: all-gathered when other processes hold some of its
+    shards (not fully addressable), else fetched."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
 
 
 def place_batch(host: Mapping[str, np.ndarray], mesh) -> dict:

@@ -50,6 +50,7 @@ from typing import Any, Optional
 import numpy as np
 
 from rljax.rollout.queue import QueueClosed, QueueItem, TrajectoryQueue
+from rljax.trainer.distribute import check_async_share
 from rljax.trainer.runner import Stage, StepRunner
 from rljax.trainer import stages as S
 
@@ -58,6 +59,16 @@ log = logging.getLogger("rljax")
 #: The producer side's stages (the names of the synchronous step).
 PRODUCER_STAGES = ("dataset_item", "rollout_sessions", "reward", "enqueue")
 JOIN_TIMEOUT_S = 30.0
+
+
+def staleness_facts(learner_version: int, min_version: np.ndarray, max_version: np.ndarray) -> dict:
+    """The staleness of a trained batch's rows (``learner_version - min_version``): max, mean and
+    histogram, the version range, and the rows whose generation spanned a weight push."""
+    staleness = learner_version - min_version
+    return {"staleness_max": int(staleness.max()), "staleness_mean": float(staleness.mean()),
+            "min_version": int(min_version.min()), "max_version": int(max_version.max()),
+            "spanning_rows": int((min_version < max_version).sum()),
+            "staleness_hist": {str(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))}}
 
 
 @dataclasses.dataclass
@@ -74,9 +85,7 @@ class AsyncSchedule:
         c = self.c = trainer.c
         at = trainer.cfg.async_training
         self.cfg = at
-        if not S.rollout_share(c).direct:  # a gathered learner batch would make the rollout thread communicate
-            raise ValueError("trainer.mode=async over several processes needs dp across the processes (each "
-                             "process's learner devices holding one block of batch rows)")
+        check_async_share(S.rollout_share(c), ",".join(f"{k}{v}" for k, v in c.mesh.shape.items()))
         self.queue = TrajectoryQueue(at.queue_size, at.max_staleness, at.overflow, start_version=c.version)
         self._pending: Optional[_Pending] = None
         self._pending_lock = threading.Lock()
@@ -89,7 +98,7 @@ class AsyncSchedule:
         self._rollout_wait_prev = 0.0
         self.pushes = 0
         if at.partial_rollout:
-            c.on_chunk = lambda info: self._install_pending()
+            c.on_chunk = lambda info: self.install_pending()
         self.producer = StepRunner(self._producer_stages())
         self.stages = self._consumer_stages()
 
@@ -137,11 +146,8 @@ class AsyncSchedule:
         rows = out["rollout_rows"]
         facts = dict(b["dequeue"])
         real = ~np.asarray(rows.is_padding)
-        lo, hi = np.asarray(rows.min_version)[real], np.asarray(rows.max_version)[real]
-        staleness = facts["learner_version"] - lo
-        facts.update(staleness_max=int(staleness.max()), staleness_mean=float(staleness.mean()),
-                     min_version=int(lo.min()), max_version=int(hi.max()), spanning_rows=int((lo < hi).sum()),
-                     staleness_hist={str(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))})
+        facts.update(staleness_facts(facts["learner_version"], np.asarray(rows.min_version)[real],
+                                     np.asarray(rows.max_version)[real]))
         self._global_facts = facts
         out["dequeue"] = facts
         return out
@@ -173,7 +179,7 @@ class AsyncSchedule:
             pending = self._pending
         return pending.version if pending is not None else int(self.c.sampler.version)
 
-    def _install_pending(self) -> None:
+    def install_pending(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, None
         if pending is not None and pending.version > self.c.sampler.version:
@@ -196,7 +202,7 @@ class AsyncSchedule:
                         if self._stop.is_set():
                             q.abandon()
                             return
-                        self._install_pending()
+                        self.install_pending()
                         index = self.next_index
                         produced = self.producer.produce(index, {"step": index})
                         data_after = self.c.data.state()
@@ -230,17 +236,13 @@ class AsyncSchedule:
         wait = time.perf_counter() - t
         produced, data_after = item.payload
         item.payload = None
-        staleness = version - np.asarray(item.min_version)
         st = self.queue.stats
         rollout_wait = st.rollout_wait_s - self._rollout_wait_prev
         self._rollout_wait_prev = st.rollout_wait_s
         facts = {"batch_index": item.index, "learner_version": version, "max_staleness": self.queue.max_staleness,
-                 "staleness_max": int(staleness.max()), "staleness_mean": float(staleness.mean()),
-                 "min_version": int(min(item.min_version)), "max_version": int(max(item.max_version)),
-                 "spanning_rows": int(sum(a < b for a, b in zip(item.min_version, item.max_version))),
+                 **staleness_facts(version, np.asarray(item.min_version), np.asarray(item.max_version)),
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
-                 "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
-                 "staleness_hist": {str(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))}}
+                 "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow}
         self._data_after = data_after
         self._index_after = item.index + 1
         return {"step": step, "queue_item": facts}, produced

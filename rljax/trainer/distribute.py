@@ -110,6 +110,16 @@ def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = No
     return Share(p, P, starts[p], starts[p] + per, n, num_prompts, direct, starts)
 
 
+def check_async_share(share: Share, mesh_spec: str) -> None:
+    """``trainer.mode=async``: each process's rollout thread enqueues only its own rows and never
+    communicates, so the learner batch must be assembled from process-local rows
+    (``share.direct``); a ``ValueError`` naming the mesh otherwise."""
+    if not share.direct:
+        raise ValueError(f"trainer.mode=async over {share.processes} processes needs dp across the processes (each "
+                         f"process's learner devices holding one block of batch rows); mesh {mesh_spec} puts rows of "
+                         "several processes on one process's devices")
+
+
 def _process_order(share: Share, per: int) -> np.ndarray:
     """Row permutation from process-index order (what an all-gather of ``per`` rows a process
     returns) to batch order."""
@@ -132,7 +142,7 @@ def allgather_strings(strings, share: Share) -> list[str]:
     strings = [str(s) for s in strings]
     if share.processes == 1:
         return strings
-    width = int(_per_process(np.array([max((len(s.encode()) for s in strings), default=0)])).max())
+    width = int(per_process(np.array([max((len(s.encode()) for s in strings), default=0)])).max())
     out = allgather(_encode(strings, width), share)
     return [bytes(row).rstrip(b"\0").decode() for row in out]
 
@@ -218,18 +228,18 @@ def merge_reward_reports(report, share: Share):
     (their number differs between processes)."""
     if share.processes == 1:
         return report
-    from rljax.reward._batch import RewardReport
+    from rljax.reward import RewardReport
 
     counts = np.array([report.num_scored, report.num_padding, report.errors, report.timeouts,
                        report.worker_restarts], np.int64)
-    total = _per_process(counts).sum(axis=0)
-    firsts = [bytes(r).rstrip(b"\0").decode() for r in _per_process(_encode([report.first_error or ""], 512))[:, 0]]
+    total = per_process(counts).sum(axis=0)
+    firsts = [bytes(r).rstrip(b"\0").decode() for r in per_process(_encode([report.first_error or ""], 512))[:, 0]]
     first = next((firsts[q] for q in np.argsort(share.starts, kind="stable") if firsts[q]), None)
     return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids), first, int(total[3]),
                         int(total[4]))
 
 
-def _per_process(x: np.ndarray) -> np.ndarray:
+def per_process(x: np.ndarray) -> np.ndarray:
     """``x`` of every process stacked on a new leading axis, in process-index order."""
     from jax.experimental import multihost_utils
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from rljax.config import Config, derive, on_policy_blockers
 from rljax.loss import adaptive_kl_coef
-from rljax.sharding import to_host
+from rljax.sharding import split_devices, to_host
 from rljax.trace import Tracer, plot_report
 from rljax.trace.loggers import open_run_logs
 from rljax.trace.samples import TrainSamples, sample_rows
@@ -537,7 +537,7 @@ class Trainer:
         with contextlib.ExitStack() as stack:
             if self.schedule is not None:  # pause the rollout thread; validate the newest pushed weights
                 stack.enter_context(self.schedule.sampler_lock)
-                self.schedule._install_pending()
+                self.schedule.install_pending()
             samples, reports = self._validate_batches(c, scores, env_rows)
         self.samples.write("val", self.step, samples)
         self._time("testing", t)
@@ -685,16 +685,18 @@ class Trainer:
 
 
 def rollout_devices(cfg: Config, mesh) -> list:
-    """The sampler's devices: every local device (colocated), or the local devices outside the
-    learner mesh (``rollout.placement=disaggregated``: ``rollout.num_devices`` of them)."""
-    if cfg.rollout.placement == "colocated":
-        return list(jax.local_devices())
-    learner = {d.id for d in mesh.devices.flat}
-    free = [d for d in jax.local_devices() if d.id not in learner]
-    n = cfg.rollout.num_devices
-    if len(free) < n:
-        raise ValueError(f"rollout.num_devices={n} but only {len(free)} local device(s) are outside the learner mesh")
-    return free[:n]
+    """The sampler's devices (:func:`rljax.sharding.split_devices`): every local device (colocated),
+    or the last ``rollout.num_devices`` local ones, which the learner mesh must not hold
+    (``rollout.placement=disaggregated``)."""
+    n = cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0
+    sampler = split_devices(jax.local_devices(), n)[1]
+    if n == 0:
+        return sampler
+    shared = {d.id for d in mesh.devices.flat} & {d.id for d in sampler}
+    if shared:
+        raise ValueError(f"rollout.num_devices={cfg.rollout.num_devices}: the sampler's devices {sorted(shared)} are "
+                         "in the learner mesh; the learner takes all but the last rollout.num_devices local devices")
+    return sampler
 
 
 _merge = jax.jit(lora_merge)

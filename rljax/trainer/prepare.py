@@ -111,7 +111,7 @@ def load_estimator(spec: str) -> Callable:
     file, like reward plugins), which is checked and registered under ``spec``."""
     if ":" not in spec:
         return rl.get_adv_estimator(spec)
-    from rljax.reward._plugin import load_function
+    from rljax.reward import load_function
 
     fn = load_function(spec, key="algorithm.adv_estimator", prefix="rljax_estimator_plugin")
     check_estimator_signature(fn, spec)

@@ -302,7 +302,7 @@ def trajectory_fields(c: Components, b) -> dict:
     share = rollout_share(c)
     traj, trim, longest = b["trajectories"], c.cfg.data.trim_prompt_padding, None
     if trim and share.processes > 1:  # one width for every process's rows: the longest prompt of all
-        longest = int(distribute._per_process(np.array([prompt_longest(traj)], np.int32)).max())
+        longest = int(distribute.per_process(np.array([prompt_longest(traj)], np.int32)).max())
     host = learner_layout(traj, prompt_len=c.prompt_len, response_len=c.response_len, trim=trim,
                           multiple=dict(c.mesh.shape).get("sp", 1), longest=longest)
     if share.processes > 1:
@@ -413,7 +413,7 @@ def gather_rollout(c: Components, b) -> dict:
     share = rollout_share(c)
     item = b["queue_item"] if "queue_item" in b else None
     if item is not None:
-        indices = distribute._per_process(np.array([int(item["batch_index"])]))[:, 0]
+        indices = distribute.per_process(np.array([int(item["batch_index"])]))[:, 0]
         if len(set(indices.tolist())) > 1:
             raise RuntimeError(f"the processes dequeued different batches {indices.tolist()} for one learner step "
                                "(the staleness gate or an overflow drop differed between processes)")
@@ -425,7 +425,7 @@ def gather_rollout(c: Components, b) -> dict:
                           f"over {share.processes} processes, more than reward.max_error_fraction={bound}; first "
                           f"error: {report.first_error}")
     stats = b["trajectories"].stats  # the batch's generation rate: every process's tokens over the slowest's time
-    per = distribute._per_process(np.array([stats.generated_tokens, stats.wall_s], np.float64))
+    per = distribute.per_process(np.array([stats.generated_tokens, stats.wall_s], np.float64))
     rate = float(per[:, 0].sum() / per[:, 1].max()) if per[:, 1].max() > 0 else 0.0
     return {"rollout_rows": rows, "reward_report": report, "rollout_tokens_per_s": rate}
 
