@@ -303,6 +303,39 @@ def main(argv=None) -> int:
             lock.release()
 
 
+class _RunRecord:
+    """``config.resolved.yaml`` and ``topology.json``, written before the run starts and put back
+    as they were (or removed) when the run is refused while it builds (a damaged checkpoint)."""
+
+    NAMES = ("config.resolved.yaml", "topology.json")
+
+    def __init__(self, run_dir: str, *, enabled: bool):
+        self.run_dir, self.enabled = run_dir, enabled
+        self.before: dict = {}
+
+    def write(self, cfg, prov, topo) -> None:
+        from rljax.config import write_resolved
+
+        if not self.enabled:
+            return
+        os.makedirs(self.run_dir, exist_ok=True)
+        for name in self.NAMES:
+            path = os.path.join(self.run_dir, name)
+            self.before[name] = open(path, "rb").read() if os.path.isfile(path) else None
+        write_resolved(cfg, prov, os.path.join(self.run_dir, "config.resolved.yaml"))
+        with open(os.path.join(self.run_dir, "topology.json"), "w") as fh:
+            json.dump(topo, fh, indent=2)
+
+    def undo(self) -> None:
+        for name, data in self.before.items():
+            path = os.path.join(self.run_dir, name)
+            if data is None:
+                os.remove(path)
+            else:
+                with open(path, "wb") as fh:
+                    fh.write(data)
+
+
 def _run(args, cfg, prov, run_dir) -> int:
     import jax
 
@@ -358,25 +391,34 @@ def _run(args, cfg, prov, run_dir) -> int:
         print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
     from rljax.trainer.checkpoint import CheckpointError
 
+    record = _RunRecord(run_dir, enabled=main_process)  # the trace reads config.resolved.yaml as the run starts
+    record.write(cfg, prov, topo)
     try:
         trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None),
                           resume_unverified=args.resume_unverified, resume_from_weights=args.resume_from_weights)
     except ConfigError as e:  # data problems found while building the run (an empty split, a missing file)
+        record.undo()
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2
-    except CheckpointError as e:
+    except CheckpointError as e:  # a refused restore leaves the run's record as it was
+        record.undo()
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 1
-    if main_process:  # after the restore succeeded: a refused resume leaves the run's record as it was
-        write_resolved(cfg, prov, os.path.join(run_dir, "config.resolved.yaml"))
-        with open(os.path.join(run_dir, "topology.json"), "w") as fh:
-            json.dump(topo, fh, indent=2)
+    from rljax.reward import RewardError
     from rljax.trainer.guard import NonFiniteUpdateError, StopRequested
 
     try:
         summary = trainer.run()
-    except (NonFiniteUpdateError, CheckpointError) as e:  # the run stopped itself; its saves are committed
-        print(f"rljax.launch: error: {e}", file=sys.stderr)
+    except (NonFiniteUpdateError, RewardError) as e:  # the run stopped itself; its saves are committed
+        print(f"rljax.launch: error: step {trainer.step}: {e}; {trainer.resume_point()}", file=sys.stderr)
+        return 1
+    except CheckpointError as e:  # a save failed (a full disk, a read-only directory): the older ones are intact
+        print(f"rljax.launch: error: {e}; {trainer.intact_point()}", file=sys.stderr)
+        return 1
+    except OSError as e:  # writing a record failed (a full disk, a read-only run directory): one line, no traceback
+        where = f" {e.filename}" if e.filename else " the run directory"
+        print(f"rljax.launch: error: step {trainer.step} stopped: writing{where} failed: "
+              f"{e.strerror or type(e).__name__}; {trainer.intact_point()}", file=sys.stderr)
         return 1
     except StopRequested as e:  # SIGTERM or SIGINT: the current step was saved
         print(f"rljax.launch: {e}", file=sys.stderr)

@@ -14,9 +14,9 @@ from launching import launch
 from test_launch import SMALL  # one small configuration for all end-to-end runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = ("config provenance", "consistent across every stage", "sessions per uid", "producers and consumers",
-          "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded", "mini-batch metadata",
-          "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
+CHECKS = ("record files whole", "config provenance", "consistent across every stage", "sessions per uid",
+          "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
+          "mini-batch metadata", "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
           "trace summary saved", "no uid generated twice")
 NOT_APPLICABLE = ("response_mask.sum()",  # no tool observations in the embedded task
                   "no dropped group trained")  # algorithm.filter_groups is off

@@ -108,7 +108,20 @@ def _formatted(rows: Iterator[dict], fmt: Callable, where: str, split: str) -> I
         except Exception as e:  # noqa: BLE001 - a chat template is the user's (tokenizer's) code
             raise ConfigError(f"{where}, {split} split, row {r['index']}: the chat template failed to render the "
                               f"prompt ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+        for what, value in (("prompt", text), ("answer", r["answer"])):
+            _check_utf8(value, what, f"{where}, {split} split, row {r['index']}")
         yield {"prompt": text, "answer": r["answer"], "index": r["index"]}
+
+
+def _check_utf8(value, what: str, where: str) -> None:
+    """A text that cannot be written as UTF-8 (an unpaired surrogate such as a JSON ``\\udcff``)
+    fails here in one line, not later in dataset preparation with a traceback."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError(f"{where}: the {what} holds an unpaired surrogate ({value[e.start]!r} at character "
+                              f"{e.start}), which is not UTF-8 text; fix the row or drop it") from None
 
 
 def _rows(d, split: str) -> tuple[str, Callable[[], Iterator[dict]]]:

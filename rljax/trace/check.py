@@ -22,12 +22,23 @@ Result = tuple[str, str, str]
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 
 
-def read_trace(run_dir: str) -> list[dict]:
+def read_trace(run_dir: str, cut: Optional[list] = None) -> list[dict]:
+    """The records of ``trace.jsonl``; a line that does not parse (cut short by a full disk or a
+    kill) is named in ``cut`` when given, else raises."""
     path = os.path.join(run_dir, TRACE_FILE)
     if not os.path.exists(path):
         return []
+    out = []
     with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for i, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    if cut is None:
+                        raise
+                    cut.append(f"{TRACE_FILE} line {i}")
+    return out
 
 
 class Run:
@@ -35,7 +46,8 @@ class Run:
 
     def __init__(self, run_dir: str):
         self.dir = run_dir
-        self.records = read_trace(run_dir)
+        self.cut: list[str] = []  # files or lines that do not parse (a write cut short)
+        self.records = read_trace(run_dir, self.cut)
         self.groups: dict[tuple, dict[str, dict]] = defaultdict(dict)  # (step, uid) -> stage -> record
         for r in self.records:
             self.groups[(r["step"], r["uid"])][r["stage"]] = r
@@ -52,8 +64,12 @@ class Run:
         path = os.path.join(self.dir, name)
         if not os.path.exists(path):
             return None
-        with open(path) as fh:
-            return json.load(fh)
+        try:
+            with open(path) as fh:
+                return json.load(fh)
+        except ValueError:
+            self.cut.append(name)
+            return None
 
     def needs_reference(self) -> bool:
         return bool(self.config_values.get("actor.use_kl_loss") or self.config_values.get("algorithm.use_kl_in_reward"))
@@ -648,8 +664,16 @@ def check_filtered_groups(run: Run) -> Result:
     return PASS, name, f"{len(by_step)} step(s), {total} dropped group(s), none trained"
 
 
+def check_files_whole(run: Run) -> Result:
+    name = "record files whole"
+    if run.cut:
+        return FAIL, name, (f"cut short or unreadable: {', '.join(run.cut[:4])}{' ...' if len(run.cut) > 4 else ''} "
+                            "(a write that did not finish: a full disk or a kill)")
+    return PASS, name, f"{TRACE_FILE} and {SUMMARY_FILE} parse"
+
+
 CHECKS: tuple[Callable[[Run], Result], ...] = (
-    check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
+    check_files_whole, check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
     check_behaviour_logp, check_masks, check_padding, check_minibatch, check_actor_dp, check_versions, check_cleanup,
     check_alerts, check_updates, check_summary, check_async_staleness, check_async_future, check_async_drops,
     check_rollout_unique, check_filtered_groups)

@@ -7,6 +7,8 @@ import math
 import os
 from typing import Any, Mapping, Optional
 
+from rljax.trace._io import append_lines
+
 
 def _scalar(v: Any) -> Optional[float]:
     try:
@@ -67,8 +69,7 @@ class MetricsWriter:
                 scalars.append((name, f))
         if self._tb is not None and scalars:
             self._write_tb(int(step), scalars)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_lines(self.path, json.dumps(record) + "\n")  # whole lines only, even on a full disk
 
     def _write_tb(self, step: int, scalars: list) -> None:
         """All of a step's scalars as one TensorBoard event (one ``add_scalar`` each costs ~13x more)."""

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from rljax.trace._io import append_lines
+
 GENERATIONS = "generations.jsonl"
 
 
@@ -62,9 +64,7 @@ class SampleLog:
     def write(self, split: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
         if not self.enabled or not rows:
             return
-        with open(self.path, "a") as fh:
-            for r in rows:
-                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        append_lines(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         if self.loggers is not None:
             self.loggers.log_samples(split, step, rows)
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from rljax.sharding import to_host
 from rljax.trace import alerts as A
+from rljax.trace._io import append_lines, write_atomic
 from rljax.trace.fields import host_rows, summarize
 
 log = logging.getLogger("rljax.trace")
@@ -277,8 +278,7 @@ class Tracer:
                 rec["batch_index"] = item["batch_index"]
             if "dynamic_sampling" in fields:  # algorithm.filter_groups: the uids generated, not trained, and why
                 rec["dropped"] = fields["dynamic_sampling"]["dropped"]
-            with open(os.path.join(self.run_dir, ROLLOUT_FILE), "a") as fh:
-                fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            append_lines(os.path.join(self.run_dir, ROLLOUT_FILE), json.dumps(rec, separators=(",", ":")) + "\n")
 
     def _dump_rollout(self, step: int, traj) -> None:
         import jax
@@ -326,8 +326,7 @@ class Tracer:
                                 "resp_len": None, "mask_sum": None}
             records.append(rec)
         if self.enabled and records:
-            with open(self.path, "a") as fh:
-                fh.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+            append_lines(self.path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
         self._records += len(records)
         self._uids.extend(sorted({r["uid"] for r in records}))
 
@@ -368,8 +367,7 @@ class Tracer:
             summary["failed_at_step"] = step
         if self.enabled and not (self._closed and not error):
             os.makedirs(self.run_dir, exist_ok=True)
-            with open(os.path.join(self.run_dir, SUMMARY_FILE), "w") as fh:
-                json.dump(summary, fh, indent=1)
+            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
         self._closed = True
         return summary
 

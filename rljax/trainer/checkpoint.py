@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -78,6 +79,33 @@ def _no_replica_parallel_saves_on_cpu() -> bool:
     finally:
         absl_logging.set_verbosity(verbosity)
     return True
+
+
+def _why(e: BaseException) -> str:
+    """One short reason for a failed save: the OS error when there is one (orbax / tensorstore
+    wrap it as ``... [os_error_code='28']``), else the exception's first 300 characters."""
+    import re
+
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")
+    text = " ".join(str(e).split())
+    code = re.search(r"os_error_code='?(\d+)", text)
+    if code:
+        return f"{os.strerror(int(code.group(1)))} (os error {code.group(1)}; {type(e).__name__})"
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+class _QuietOrbaxErrors(logging.Filter):
+    """Drops the ERROR records orbax's background save threads log (a traceback each, about 300
+    lines for one failed save on a full disk): :class:`Checkpointer` reports the failure itself, in
+    one line, when the step loop next waits on the save."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+
+
+_QUIET = _QuietOrbaxErrors()
+_DRAIN_S = 2.0  # how long a failed save's writer threads get to wind down, their stderr muted
 
 
 class CheckpointError(RuntimeError):
@@ -179,11 +207,13 @@ class Checkpointer:
         if self.primary and os.path.isdir(self.directory):
             self._clean()
         _no_replica_parallel_saves_on_cpu()
+        logging.getLogger("absl").addFilter(_QUIET)  # save failures are one CheckpointError line, no tracebacks
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._verifier: Optional[threading.Thread] = None
         self._pending: Optional[int] = None
         self._failure: Optional[BaseException] = None
+        self._muted: Optional[int] = None  # the stderr descriptor, saved while a failed save winds down
 
     # ------------------------------------------------------------------ directory hygiene
 
@@ -236,6 +266,7 @@ class Checkpointer:
                           f"{', ...' if len(nonfinite) > 3 else ''}); it is kept but never counted as verified")
             self._keep_n()
         except BaseException as e:  # noqa: BLE001 - reported by the next save() / wait()
+            self._mute_stderr()
             self._failure = e
 
     def _write_digest(self, step: int, nonfinite: list[str]) -> None:
@@ -273,9 +304,30 @@ class Checkpointer:
             self._verifier = None
         if self._failure is not None:
             e, self._failure = self._failure, None
-            raise CheckpointError(f"saving checkpoint {self._pending} in {self.directory} failed: "
-                                  f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+            self._unmute_stderr(drain_s=_DRAIN_S)
+            raise CheckpointError(f"saving checkpoint {self._pending} in {self.directory} failed: {_why(e)}") from e
         return True
+
+    def _mute_stderr(self) -> None:
+        """A failed save: orbax's writer threads are still finishing (failing) their writes, and
+        tensorstore prints an "Event loop is closed" traceback to the stderr descriptor for each
+        (dozens, from C, past any Python hook). The descriptor goes to /dev/null until the failure
+        is reported in one line."""
+        if self._muted is None:
+            try:
+                self._muted = os.dup(2)
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 2)
+                os.close(devnull)
+            except OSError:
+                self._muted = None
+
+    def _unmute_stderr(self, drain_s: float = 0.0) -> None:
+        if self._muted is not None:
+            time.sleep(drain_s)  # the remaining writes fail within moments on a full or read-only disk
+            os.dup2(self._muted, 2)
+            os.close(self._muted)
+            self._muted = None
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the pending save is committed and its digest written. Returns False when

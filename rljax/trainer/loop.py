@@ -424,6 +424,18 @@ class Trainer:
             if dropped:
                 self.echo(f"resume: removed {dropped} {name} record(s) after step {max(step, 0)} (they are run again)")
 
+    def intact_point(self) -> str:
+        """The newest verified checkpoint (hashed) and where ``--resume`` continues: for a run
+        stopped by a failed write."""
+        try:
+            step = self.checkpointer.newest_intact()
+        except OSError:
+            step = None
+        if step is None:
+            return f"no intact checkpoint in {self.checkpointer.directory}"
+        return (f"the newest intact checkpoint is step {step} in {self.checkpointer.directory}: --resume continues "
+                f"from step {step + 1}")
+
     def resume_point(self) -> str:
         """Which checkpoint the next ``--resume`` restores and the step it starts from."""
         steps = self.checkpointer.all_steps()
@@ -591,7 +603,10 @@ class Trainer:
                 self.tracer.async_totals(self.schedule.queue.stats.snapshot())
             if not isinstance(e, StopRequested):
                 wait_for_save(self.checkpointer, self.stop_save_timeout_s, self.echo)
-            self.tracer.close(error=f"{type(e).__name__}: {e}", step=self.step)
+            try:
+                self.tracer.close(error=f"{type(e).__name__}: {e}", step=self.step)
+            except OSError:  # the disk that stopped the run may not take the summary either: report the first error
+                pass
             raise
         finally:
             close = getattr(self.c.reward_fn, "close", None)

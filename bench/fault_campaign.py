@@ -1,0 +1,385 @@
+"""The cheap half of issue 28's fault campaign, reproducible in a few minutes on a CPU host.
+
+    python bench/fault_campaign.py [--markdown] [--only NAME ...] [--workdir DIR]
+
+Each fault is injected into a real ``python -m rljax.launch`` (or, for tool code, the real
+python-tool sandbox) on a tiny embedded configuration; the table says what was expected and
+what was observed (exit status and the last line of stderr, or the fact checked). Signals,
+damaged checkpoints, resumes that would change the run, hostile rewards, hostile tool code,
+bad data and a full disk. The rows that need root (a private tmpfs, dropped capabilities) say
+so when skipped. ``--markdown`` prints the table for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--mesh=dp1", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
+         "data.embedded.num_train=64", "data.embedded.num_test=8", "trainer.test_freq=-1",
+         "trainer.val_before_train=false", "trace.groups=1"]
+ROOT = os.geteuid() == 0
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_PLATFORMS", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _launch(*args, timeout=900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _last(text: str) -> str:
+    lines = [l for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else ""
+
+
+def _short(text: str, n: int = 150) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _observed(out) -> str:
+    tb = " + TRACEBACK" if "Traceback" in out.stderr else ""
+    return f"exit {out.returncode}{tb}: {_short(_last(out.stderr))}"
+
+
+def _steps(run: str) -> list[int]:
+    path = os.path.join(run, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [r["step"] for r in map(json.loads, open(path)) if "actor/pg_loss" in r]
+
+
+def _ckpts(run: str) -> list[int]:
+    d = os.path.join(run, "checkpoints")
+    return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
+
+
+def _digests(run: str) -> dict:
+    import hashlib
+
+    out = {}
+    for root, _, files in os.walk(run):
+        for f in files:
+            p = os.path.join(root, f)
+            out[p] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def _signal_run(work, name, sig, *extra, group=False):
+    run = os.path.join(work, name)
+    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--run-dir", run, *SMALL, *extra,
+                             "trainer.total_steps=100", "trainer.save_freq=1"], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None and len(_steps(run)) < 2:
+        time.sleep(0.2)
+    if group:
+        os.killpg(proc.pid, sig)
+        for pid in _descendants(proc.pid):  # a scheduler signals every process of the job
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err, run
+
+
+def _descendants(pid: int) -> list[int]:
+    kids: dict = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        children = kids.get(todo.pop(), [])
+        out += children
+        todo += children
+    return out
+
+
+# ----------------------------------------------------------------------------- the faults
+
+
+def sigint(work):
+    rc, err, run = _signal_run(work, "sigint", signal.SIGINT)
+    last = _ckpts(run)[-1] if _ckpts(run) else None
+    ok = rc == 130 and last is not None and f"next --resume starts from step {last + 1}" in err
+    return ("SIGINT (Ctrl-C) mid-run", "finish the step, save it, exit 130, name the step --resume starts from",
+            f"exit {rc}: {_short(_last(err))}", ok)
+
+
+def sigterm_group(work):
+    plugin = os.path.join(work, "exact.py")
+    open(plugin, "w").write("def reward(response, answer, **kw):\n    return float(response.strip() == answer)\n")
+    rc, err, run = _signal_run(work, "sigterm", signal.SIGTERM, f"reward.function={plugin}:reward",
+                               "reward.num_workers=2", "reward.max_error_fraction=0.0", group=True)
+    rows = [r for r in map(json.loads, open(os.path.join(run, "metrics.jsonl"))) if "reward/errors" in r]
+    errors = sum(r["reward/errors"] for r in rows)
+    ok = rc == 143 and errors == 0 and "saved checkpoint" in err
+    return ("SIGTERM to every process of the job, reward workers on",
+            "workers ignore it, the step is scored whole and saved, exit 143",
+            f"exit {rc}, reward errors in saved steps: {int(errors)}: {_short(_last(err), 90)}", ok)
+
+
+def _trained(work) -> str:
+    run = os.path.join(work, "trained")
+    if not os.path.isdir(run):
+        out = _launch("--run-dir", run, *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
+        if out.returncode:
+            raise RuntimeError(out.stderr[-2000:])
+    return run
+
+
+def unverified_checkpoint(work):
+    run = os.path.join(work, "unverified")
+    shutil.copytree(_trained(work), run)
+    step_dir = os.path.join(run, "checkpoints", "2")
+    os.remove(os.path.join(step_dir, "rljax_digest.json"))
+    files = [os.path.join(r, f) for r, _, fs in os.walk(step_dir) for f in fs]
+    big = max(files, key=os.path.getsize)
+    data = bytearray(open(big, "rb").read())
+    data[len(data) // 2] ^= 1
+    open(big, "wb").write(bytes(data))
+    out = _launch("--run-dir", run, "--resume", "trainer.total_steps=3")
+    ok = out.returncode == 1 and "newest intact checkpoint is 1" in out.stderr and "Traceback" not in out.stderr
+    return ("checkpoint without its digest, one byte flipped", "refused (never restored unverified), names step 1",
+            _observed(out), ok)
+
+
+def changed_shape(work):
+    run = _trained(work)
+    before = _digests(run)
+    out = _launch("--run-dir", run, "--resume", "model.num_layers=3")
+    ok = out.returncode == 2 and "would break the run" in out.stderr and _digests(run) == before
+    return ("resume with another model shape", "exit 2 listing the key and both values, no file changed",
+            _observed(out), ok)
+
+
+def other_task(work):
+    run = _trained(work)
+    before = _digests(run)
+    out = _launch("--run-dir", run, "--config", "tool_lookup", "--resume")
+    ok = out.returncode == 2 and "--resume-from-weights" in out.stderr and _digests(run) == before
+    return ("--config tool_lookup --resume on an addition run", "exit 2 unless --resume-from-weights",
+            _observed(out), ok)
+
+
+def fresh_into_old(work):
+    run = os.path.join(work, "old")
+    os.makedirs(run)
+    open(os.path.join(run, "metrics.jsonl"), "w").write('{"step": 1}\n')
+    out = _launch("--run-dir", run, *SMALL)
+    ok = out.returncode == 2 and open(os.path.join(run, "metrics.jsonl")).read() == '{"step": 1}\n'
+    return ("fresh launch into a run directory without checkpoints", "exit 2, the old metrics.jsonl untouched",
+            _observed(out), ok)
+
+
+def _plugin(work, name, body):
+    path = os.path.join(work, f"{name}.py")
+    open(path, "w").write(textwrap.dedent(body))
+    return path
+
+
+def reward_exit_at_import(work):
+    p = _plugin(work, "exit_import", "import os\nos._exit(3)\ndef reward(r, a, **k):\n    return 1.0\n")
+    out = _launch("--run-dir", os.path.join(work, "r1"), *SMALL, f"reward.function={p}:reward")
+    return ("reward plugin calls os._exit(3) at import", "exit 2, one line", _observed(out),
+            out.returncode == 2 and out.stderr.count("\n") == 1)
+
+
+def reward_hang_at_import(work):
+    p = _plugin(work, "hang_import", "import time\ntime.sleep(3600)\ndef reward(r, a, **k):\n    return 1.0\n")
+    t0 = time.monotonic()
+    out = _launch("--run-dir", os.path.join(work, "r2"), *SMALL, f"reward.function={p}:reward",
+                  "reward.import_timeout_s=5")
+    took = time.monotonic() - t0
+    return ("reward plugin hangs at import", "exit 2 after reward.import_timeout_s (5 s here)",
+            f"{_observed(out)} ({took:.0f} s)", out.returncode == 2 and took < 120)
+
+
+def reward_huge(work):
+    p = _plugin(work, "huge", "def reward(r, a, **k):\n    return 1e30\n")
+    out = _launch("--run-dir", os.path.join(work, "r3"), *SMALL, f"reward.function={p}:reward",
+                  "reward.num_workers=0", "trainer.total_steps=2")
+    return ("reward returns 1e30", "one-line stop naming reward.clip", _observed(out),
+            out.returncode == 1 and "reward.clip" in _last(out.stderr) and "Traceback" not in out.stderr)
+
+
+def reward_all_fail(work):
+    p = _plugin(work, "broken", "def reward(r, a, **k):\n    raise KeyError('score')\n")
+    out = _launch("--run-dir", os.path.join(work, "r4"), *SMALL, f"reward.function={p}:reward",
+                  "reward.num_workers=0", "trainer.total_steps=2")
+    warnings = out.stderr.count("reward failed for uid")
+    return ("reward raises on every sample", "one line (count, first error), no per-sample warnings",
+            f"{_observed(out)}; {warnings} per-sample warnings",
+            out.returncode == 1 and "every sample" in _last(out.stderr) and warnings == 0
+            and "Traceback" not in out.stderr)
+
+
+def reward_inprocess_timeout(work):
+    out = _launch("--run-dir", os.path.join(work, "r5"), *SMALL, "reward.num_workers=0", "reward.timeout_s=5")
+    return ("reward.num_workers=0 with reward.timeout_s", "exit 2 (a hang in-process cannot be stopped)",
+            _observed(out), out.returncode == 2)
+
+
+HOSTILE = r"""
+import json, os, socket
+r = {"uid": os.getuid(), "secret": os.environ.get("RLJAX_SECRET")}
+for name, fn in (("shadow", lambda: open("/etc/shadow").read(1)), ("opt", lambda: open("/opt/rljax_owned", "w")),
+                 ("localhost", lambda: socket.create_connection(("127.0.0.1", 22), timeout=1))):
+    try:
+        fn(); r[name] = True
+    except OSError as e:
+        r[name] = False
+n = 0
+try:
+    for i in range(3000):
+        open(f"/run/lock/rljax_campaign_{i}", "w").write("x" * 8000); n += 1
+except OSError:
+    pass
+r["files"] = n
+print(json.dumps(r))
+"""
+
+
+def _hostile_tool(drop):
+    code = ("import json, sys\nfrom rljax.env import PythonSandbox\ns = PythonSandbox(timeout_s=10)\n"
+            "print(json.dumps({'line': s.describe(), 'out': s.run(sys.argv[1]).output}))")
+    cmd = [sys.executable, "-c", code, HOSTILE]
+    if drop:
+        cmd = ["capsh", f"--drop={drop}", "--", "-c", 'exec "$0" "$@"', *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**_env(), "RLJAX_SECRET": "hunter2"}, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(got["out"].strip().splitlines()[-1])
+    left = [f for f in os.listdir("/run/lock") if f.startswith("rljax_campaign_")]
+    for f in left:
+        os.remove(os.path.join("/run/lock", f))
+    ok = (r["uid"] != 0 and not r["secret"] and not r["shadow"] and not r["opt"] and not r["localhost"]
+          and not left and r["files"] < 1100)
+    return (f"uid {r['uid']}, /etc/shadow {'read' if r['shadow'] else 'denied'}, secret "
+            f"{'read' if r['secret'] else 'absent'}, /opt {'written' if r['opt'] else 'denied'}, localhost "
+            f"{'reached' if r['localhost'] else 'unreachable'}, {r['files']} files written, {len(left)} left on the "
+            "host"), ok
+
+
+def hostile_tool_code(work):
+    observed, ok = _hostile_tool(None)
+    return ("hostile tool code (root, all capabilities)", "private uid, no secret, no network, writes private and "
+            "capped", observed, ok)
+
+
+def hostile_tool_code_no_sys_admin(work):
+    if not (ROOT and shutil.which("capsh")):
+        return ("hostile tool code, root without CAP_SYS_ADMIN", "private uid via a user namespace", "skipped: needs "
+                "root and capsh", None)
+    observed, ok = _hostile_tool("cap_sys_admin")
+    return ("hostile tool code, root without CAP_SYS_ADMIN (Docker's default)", "private uid and private tmpfs via a "
+            "user namespace", observed, ok)
+
+
+def sandbox_cannot_drop_root(work):
+    if not (ROOT and shutil.which("capsh")):
+        return ("tool run without CAP_SETUID", "refuses to start", "skipped: needs root and capsh", None)
+    cmd = [sys.executable, "-m", "rljax.launch", "env.function=tools", "--run-dir", os.path.join(work, "tools")]
+    out = subprocess.run(["capsh", "--drop=cap_sys_admin,cap_setuid,cap_setgid", "--", "-c", 'exec "$0" "$@"', *cmd],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    return ("tool env, root without CAP_SYS_ADMIN / CAP_SETUID", "exit 2 naming the missing protection",
+            _observed(out), out.returncode == 2 and "non_root" in out.stderr)
+
+
+def bad_data_surrogate(work):
+    d = os.path.join(work, "data")
+    os.makedirs(d)
+    rows = [json.dumps({"question": f"what is {i}+1?", "answer": f"#### {i + 1}"}) for i in range(16)]
+    rows[5] = rows[5].replace("what", "wh\\udcffat")
+    open(os.path.join(d, "train.jsonl"), "w").write("\n".join(rows) + "\n")
+    open(os.path.join(d, "test.jsonl"), "w").write("\n".join(rows[6:10]) + "\n")
+    out = _launch("data.dataset=gsm8k", f"data.path={d}", "data.max_prompt_length=128", "--run-dir",
+                  os.path.join(work, "surrogate"))
+    return ("a data row with an escaped lone surrogate", "exit 2 naming the row, nothing written", _observed(out),
+            out.returncode == 2 and not os.path.exists(os.path.join(work, "surrogate")))
+
+
+def disk_full(work):
+    if not (ROOT and shutil.which("unshare")):
+        return ("disk full at a checkpoint save", "one line naming the newest intact checkpoint",
+                "skipped: a private tmpfs needs root and unshare", None)
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    cmd = " ".join([sys.executable, "-m", "rljax.launch", *SMALL, "trainer.total_steps=50", "trainer.save_freq=1",
+                    "trainer.max_checkpoints=null", "--run-dir", f"{mnt}/run"])
+    script = f"mount -t tmpfs -o size=3m none {mnt} && {cmd} > /dev/null 2> {work}/disk.err; echo $? > {work}/disk.rc"
+    subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=REPO, env=_env(), timeout=900)
+    rc, err = int(open(f"{work}/disk.rc").read()), open(f"{work}/disk.err").read()
+    lines = [l for l in err.splitlines() if l.strip() and not l.startswith("[")]
+    ok = rc == 1 and "Traceback" not in err and len(lines) == 1 and "newest intact checkpoint" in lines[0]
+    return ("disk full at a checkpoint save (3 MB tmpfs)", "one line: what failed, where, the newest intact "
+            "checkpoint", f"exit {rc}, {len(lines)} line(s) besides progress: {_short(_last(err))}", ok)
+
+
+FAULTS = [sigint, sigterm_group, unverified_checkpoint, changed_shape, other_task, fresh_into_old,
+          reward_exit_at_import, reward_hang_at_import, reward_huge, reward_all_fail, reward_inprocess_timeout,
+          hostile_tool_code, hostile_tool_code_no_sys_admin, sandbox_cannot_drop_root, bad_data_surrogate, disk_full]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.add_argument("--only", nargs="*", help="run only these faults (function names)")
+    p.add_argument("--workdir", help="where the runs go (default: a temporary directory, removed after)")
+    args = p.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="rljax-faults-")
+    os.makedirs(work, exist_ok=True)
+    rows, t0 = [], time.monotonic()
+    for fault in FAULTS:
+        if args.only and fault.__name__ not in args.only:
+            continue
+        t = time.monotonic()
+        try:
+            name, expected, observed, ok = fault(work)
+        except Exception as e:  # noqa: BLE001 - a fault the harness could not inject is a row too
+            name, expected, observed, ok = fault.__name__, "?", f"harness error: {type(e).__name__}: {e}", False
+        rows.append((name, expected, observed, ok))
+        status = "skip" if ok is None else ("ok" if ok else "FAIL")
+        print(f"[{time.monotonic() - t:5.0f} s] {status:4}  {name}: {observed}", file=sys.stderr, flush=True)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.markdown:
+        print("| fault | expected | observed | |\n|---|---|---|---|")
+        for name, expected, observed, ok in rows:
+            mark = "skipped" if ok is None else ("as expected" if ok else "**NOT as expected**")
+            print(f"| {name} | {expected} | {observed.replace('|', '/')} | {mark} |")
+    else:
+        for name, expected, observed, ok in rows:
+            print(f"{'skip' if ok is None else 'ok' if ok else 'FAIL':4}  {name}\n      expected: {expected}\n"
+                  f"      observed: {observed}")
+    failed = sum(1 for r in rows if r[3] is False)
+    print(f"{len(rows)} faults, {failed} not as expected, {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
