@@ -12,6 +12,12 @@ Usage errors (unknown keys, bad values, contradictions, a bad mesh spec, missing
 unusable files, a device-count mismatch on an accelerator, a run directory that is a
 file, not writable, or locked by another run) print one line and exit with status 2. The run directory is locked
 (:class:`rljax._rundir.RunDirLock`) for the run's life.
+
+Exit status: 0 the run completed; 1 it stopped on an error (non-finite updates, a
+checkpoint error, a stage's exception); 2 a usage error; 3 it completed (the final
+checkpoint saved, ``trace_summary.json`` written) but an ``error``-severity alert fired
+(:data:`rljax.trace.alerts.SEVERITY`): its data or update is suspect; 130 Ctrl-C; 143 SIGTERM
+(the current step saved).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ _VIRTUAL_DEVICE_COST = ("; they share {cores} cores and one RAM, so dp{n} is no 
                         "holds its own parameters, gradients, optimizer state and sampler copy (~{n}x their memory); "
                         "use --mesh=dp1 for speed and memory, dp{n} to check a layout")
 DEFAULT_PRESET = "default"
+#: Exit status of a run that completed but whose ``error``-severity alert fired.
+ALERT_EXIT = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -428,6 +436,11 @@ def _run(args, cfg, prov, run_dir) -> int:
         return 130
     if main_process:
         print(format_summary(summary))
+    if summary.error_alerts:  # the final checkpoint is saved; the run's data or update is suspect
+        print("rljax.launch: error-severity alert(s) fired: " + ", ".join(
+            f"{k} x{v.get('count')} (first at step {v.get('first_step')})" for k, v in sorted(summary.error_alerts.items()))
+              + "; exit status 3 (see python -m rljax.trace check)", file=sys.stderr)
+        return ALERT_EXIT
     return 0
 
 

@@ -77,6 +77,37 @@ def test_drop_stalest_drops_the_oldest_queued_batch():
     assert [q.get(2).index, q.get(2).index] == [1, 3]
 
 
+def test_drop_stalest_throttles_the_producer():
+    """queue_size=1, tau=3 (the issue's case): a producer that never waits on a full queue still
+    waits once queue_size batches were dropped since the learner last took one, so at most
+    queue_size batches are dropped per trained batch."""
+    q = TrajectoryQueue(max_batches=1, max_staleness=3, overflow="drop_stalest")
+    version = [0]  # the learner's version, pushed to the producer after every update
+
+    def producer():
+        try:
+            for i in range(10_000):
+                q.wait_admission(lambda: version[0], timeout=10)
+                q.put(item(i, version[0], rows=32))
+        except QueueClosed:
+            pass
+
+    t = threading.Thread(target=producer)
+    t.start()
+    for _ in range(6):
+        q.get(version[0], timeout=10)
+        time.sleep(0.05)  # the learner trains
+        version[0] += 1
+        q.set_learner_version(version[0])
+    time.sleep(0.05)
+    q.close()
+    t.join(timeout=5)
+    st = q.stats
+    assert st.got == 6 and st.dropped_overflow_batches <= 6 + 1, st
+    assert st.put <= st.got + st.dropped_overflow_batches + 1 and st.put_rows == 32 * st.put
+    assert st.dropped_overflow == 32 * st.dropped_overflow_batches
+
+
 def test_bound_never_exceeded_under_concurrency():
     q = TrajectoryQueue(max_batches=3, max_staleness=100)
     depths = []

@@ -14,7 +14,7 @@ from launching import launch
 from test_launch import SMALL  # one small configuration for all end-to-end runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = ("record files whole", "config provenance", "consistent across every stage", "sessions per uid",
+CHECKS = ("record files whole", "timestamps ordered", "whole-batch invariants", "config provenance", "consistent across every stage", "sessions per uid",
           "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
           "mini-batch metadata", "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
           "trace summary saved", "no uid generated twice")
@@ -93,6 +93,62 @@ def test_check_passes_on_the_default_run(run_dir):
         assert any(line.startswith("PASS") and name in line for line in lines), name
     for name in NOT_APPLICABLE:
         assert any(line.startswith("N/A") and name in line for line in lines), name
+
+
+def test_config_record_keeps_every_writer(run_dir):
+    """The trace's config record keeps each key field's whole chain of writers, as config.resolved.yaml does."""
+    rec = next(r for r in _records(run_dir) if r["stage"] == "config_resolve" and "writers" in r["config"])
+    chain = rec["config"]["writers"]["rollout.n"]
+    assert [w[0] for w in chain][0] == "default" and chain[-1] == ["cli", 4] and len(chain) == 3, chain
+    assert chain[1][0].endswith("default.yaml"), chain
+
+
+def _copy(run_dir, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "data", "tensorboard"))
+    return run
+
+
+def test_warnings_are_warn_not_pass_and_strict_fails_them(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    s = json.loads((run / "trace_summary.json").read_text())
+    s["alerts"] = {"kl_spike": {"count": 2, "severity": "warning", "first_step": 2, "message": "actor/ppo_kl=3 > 10 x"}}
+    (run / "trace_summary.json").write_text(json.dumps(s))
+    out = trace_cli("check", run)
+    warn = [line for line in out.stdout.splitlines() if line.startswith("WARN")]
+    assert out.returncode == 0 and len(warn) == 1 and "kl_spike x2" in warn[0], out.stdout
+    assert not any(line.startswith("PASS") and "error-severity alerts" in line for line in out.stdout.splitlines())
+    assert "1 warned, 0 failed" in out.stdout.splitlines()[-1]
+    strict = trace_cli("check", "--strict", run)
+    assert strict.returncode == 1 and strict.stdout.splitlines()[-1].startswith("result: FAILED"), strict.stdout
+
+
+def test_cut_last_line_is_reported_as_truncated(run_dir, tmp_path):
+    """A run killed while writing trace.jsonl: one FAIL naming the cut line, the other checks still run."""
+    run = _copy(run_dir, tmp_path)
+    text = (run / "trace.jsonl").read_text()
+    (run / "trace.jsonl").write_text(text[:-40])  # the last record cut mid-way (no newline)
+    out = trace_cli("check", run)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL")]
+    assert any("record files whole" in f and "trace.jsonl line" in f and "is truncated" in f for f in failed), failed
+    assert sum(line.startswith("PASS") for line in out.stdout.splitlines()) >= len(CHECKS) - 3
+
+
+def test_mode_comes_from_the_resolved_config(run_dir, tmp_path):
+    """An async run that stopped before writing its trace: its async checks fail, never 'N/A synchronous'."""
+    run = _copy(run_dir, tmp_path)
+    cfg = (run / "config.resolved.yaml").read_text()
+    assert "  mode: sync  # from: default" in cfg
+    (run / "config.resolved.yaml").write_text(cfg.replace("  mode: sync  # from: default", "  mode: async  # from: cli"))
+    os.remove(run / "trace.jsonl")
+    out = trace_cli("check", run)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1
+    for name in ("trained staleness within tau", "no future weight version trained", "every dropped row counted"):
+        line = next(line for line in lines if f"  {name}:" in line)
+        assert line.startswith("FAIL"), line
+    assert not any("trainer.mode=sync" in line for line in lines), out.stdout
 
 
 def test_summary_prints_the_tables(run_dir):
@@ -198,6 +254,12 @@ def _no_provenance(run, recs):
     (run / "config.resolved.yaml").write_text("\n".join(line.split("  # from:")[0] for line in text.splitlines()))
 
 
+def _writers_lost(run, recs):
+    for r in _stage(recs, "config_resolve"):
+        if "writers" in r["config"]:
+            r["config"]["writers"]["rollout.n"] = r["config"]["writers"]["rollout.n"][-1:]  # the last writer only
+
+
 def _no_summary(run, recs):
     os.remove(run / "trace_summary.json")
 
@@ -221,6 +283,7 @@ def _observation_mismatch(run, recs):
     (_no_minibatch, "mini-batch metadata"),
     (_dp_from_rollout_tp, "actor_dp explained"),
     (_no_provenance, "config provenance"),
+    (_writers_lost, "config provenance"),
     (_no_summary, "trace summary saved"),
     # the rollout's mask sum no longer matches its length, nor the update's loss mask
     (_observation_mismatch, ("response_mask.sum()", "loss_mask consumed by the update")),
@@ -249,3 +312,23 @@ def test_check_passes_with_sp_reference_and_critic(tmp_path):
     assert {"ref_logp", "values", "returns", "advantages"} <= names
     ledger = {row["tensor"]: row for row in json.loads((run / "shape_ledger.json").read_text())}
     assert ledger["returns"]["produced_at"] == "advantages" and ledger["new_logp"]["logical_shape"][1] == 4
+
+
+@pytest.mark.slow
+def test_error_alert_exits_3_after_the_final_checkpoint(tmp_path):
+    """A batch field kept alive past its step (fault hook keep_batch_field): the batch_leak alert (error)
+    fires; the run completes and saves its final checkpoint, then exits 3; trace check fails it."""
+    from launching import launch_env
+
+    run = tmp_path / "run"
+    env = dict(launch_env(), RLJAX_FAULTS="keep_batch_field")
+    out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", "--run-dir", str(run), *SMALL,
+                          "trainer.total_steps=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "batch_leak" in out.stderr and "exit status 3" in out.stderr
+    assert (run / "checkpoints" / "1").is_dir()
+    summary = json.loads((run / "trace_summary.json").read_text())
+    assert summary["status"] == "completed" and summary["faults"] == ["keep_batch_field"]
+    check = trace_cli("check", run)
+    failed = [line for line in check.stdout.splitlines() if line.startswith("FAIL")]
+    assert check.returncode == 1 and any("batch_leak" in f for f in failed), check.stdout

@@ -443,6 +443,9 @@ class TraceConfig:
         "token's sampler and learner probability, exceeds this", gt=0.0, le=1.0)
     log_train_generations: int = _f(0, "training samples per step written to generations.jsonl and each "
                                        "logger's table (python -m rljax.trace samples RUN_DIR prints them)", ge=0)
+    alert_drop_rate: float = _f(0.5, "trainer.mode=async: alert (drop_rate) when more than this fraction of the "
+                                     "generated rows was dropped (stale or overflow), over the run so far",
+                                ge=0.0, le=1.0)
     rollout_dump: bool = _f(False, "every process writes the trajectories it generated (uids, sessions, token ids, "
                                    "rollout log-probs) to rollouts/process<p>/step<k>.npz (debugging; multi-process "
                                    "checks)")
@@ -456,7 +459,8 @@ class AsyncTrainingConfig:
     queue_size: int = _f(2, "bound of the trajectory queue, in batches (backpressure)", ge=1)
     overflow: Literal["block", "drop_stalest"] = _f(
         "block", "when the queue is full: the rollout side waits (block), or the stalest queued batch is dropped "
-        "and counted (drop_stalest)")
+        "and counted (drop_stalest; the rollout side then waits once queue_size batches were dropped since the "
+        "learner last took one, so at most queue_size batches are dropped per trained batch)")
     trigger_parameter_sync_step: int = _f(1, "learner updates per weight push to the rollout side "
                                              "(needs max_staleness >= this - 1)", ge=1)
     partial_rollout: bool = _f(False, "let a weight push land mid-generation (trajectories then span versions: "

@@ -13,7 +13,12 @@ oldest, the version of the prompt's prefill; ``max_version``: the newest, later 
 * **backpressure**: the queue holds at most ``max_batches`` batches. When it is full the
   producer waits (``overflow="block"``) or the stalest queued batch is dropped and its rows
   counted (``overflow="drop_stalest"``, :attr:`QueueStats.dropped_overflow`). The bound is
-  never exceeded (:attr:`QueueStats.max_depth`).
+  never exceeded (:attr:`QueueStats.max_depth`). ``drop_stalest`` throttles: once
+  ``max_batches`` batches were dropped for overflow since the learner last took one, the
+  producer waits for admission until the learner takes the next, so it runs at most
+  ``max_batches`` batches beyond what τ admits and at most ``max_batches`` batches are
+  dropped per trained batch (without it a fast producer would generate and drop without
+  end while the learner trains).
 * **version admission** (:meth:`wait_admission`): before it starts a batch, the producer
   waits until the batch can be trained within the bound: the learner version at which it
   will be consumed (``learner_version + batches ahead of it``) minus the weight version it
@@ -80,6 +85,7 @@ class QueueItem:
 @dataclasses.dataclass
 class QueueStats:
     put: int = 0  # batches accepted
+    put_rows: int = 0  # rows accepted (the generated rows: trained + dropped + still queued)
     got: int = 0  # batches handed to the learner
     dropped_stale: int = 0  # rows
     dropped_overflow: int = 0  # rows
@@ -124,6 +130,7 @@ class TrajectoryQueue:
         self._learner_version = int(start_version)
         self._start_version = int(start_version)
         self._in_flight = 0  # batches admitted by the producer and not yet put
+        self._overflow_since_get = 0  # batches dropped for overflow since the learner last took one
         self.stats = QueueStats()
 
     # ------------------------------------------------------------------ state
@@ -176,7 +183,8 @@ class TrajectoryQueue:
                 self._raise_if_closed()
                 ahead = len(self._items) + self._in_flight
                 consumed_at = max(self._learner_version, self._start_version + self.stats.got) + ahead
-                if consumed_at - int(weight_version()) <= self.max_staleness:
+                throttled = self.overflow == "drop_stalest" and self._overflow_since_get >= self.max_batches
+                if not throttled and consumed_at - int(weight_version()) <= self.max_staleness:
                     break
                 left = None if deadline is None else deadline - time.perf_counter()
                 if left is not None and left <= 0:
@@ -212,6 +220,7 @@ class TrajectoryQueue:
             self._items.append(item)
             self._in_flight = max(0, self._in_flight - 1)
             self.stats.put += 1
+            self.stats.put_rows += item.rows
             self.stats.max_depth = max(self.stats.max_depth, len(self._items))
             self.stats.rollout_wait_s += item.t_put - t0
             self._cond.notify_all()
@@ -223,6 +232,7 @@ class TrajectoryQueue:
         else:
             self.stats.dropped_overflow += item.rows
             self.stats.dropped_overflow_batches += 1
+            self._overflow_since_get += 1
         self.stats.dropped_uids.extend((reason, u) for u in dict.fromkeys(u for u in item.uids if u))
 
     # ------------------------------------------------------------------ learner side
@@ -258,6 +268,8 @@ class TrajectoryQueue:
                         continue
                     item.staleness = staleness
                     self.stats.got += 1
+                    self._overflow_since_get = 0  # a throttled producer may go on
+                    self._cond.notify_all()
                     self.stats.learner_wait_s += time.perf_counter() - t0
                     return item
                 self._raise_if_closed()

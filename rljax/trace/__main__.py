@@ -2,8 +2,9 @@
 
 summary: topology, non-default config fields with sources, shape and memory ledgers,
 stage-time split and tracing overhead, as tables.
-check: one PASS/FAIL/N/A line per check of the run's files; exit 1 when any check fails,
-2 on a usage error (unknown command, missing run directory).
+check: one PASS/WARN/FAIL/N/A line per check of the run's files. Exit status: 0 when no check
+failed (warnings are printed as WARN and counted), 1 when a check failed (with ``--strict``:
+also when one warned), 2 on a usage error (unknown command, missing run directory).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main(argv=None) -> int:
     p = _Parser(prog="python -m rljax.trace", description="Explain a run from its directory.")
     p.add_argument("command", choices=("summary", "check"))
     p.add_argument("run_dir")
+    p.add_argument("--strict", action="store_true", help="check: warnings fail too (exit 1)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.run_dir):
         print(f"python -m rljax.trace: error: run directory {args.run_dir} does not exist", file=sys.stderr)
@@ -36,15 +38,18 @@ def main(argv=None) -> int:
 
         print(summarize_run(args.run_dir))
         return 0
-    from rljax.trace.check import run_checks
+    from rljax.trace.check import STATUSES, exit_code, run_checks
 
     results = run_checks(args.run_dir)
     for status, name, detail in results:
         print(f"{status:<4}  {name}: {detail}")
-    counts = {s: sum(1 for r in results if r[0] == s) for s in ("PASS", "FAIL", "N/A")}
-    print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['N/A']} not applicable "
-          f"(of {len(results)} checks)")
-    return 1 if counts["FAIL"] else 0
+    counts = {s: sum(1 for r in results if r[0] == s) for s in STATUSES}
+    rc = exit_code(results, strict=args.strict)
+    verdict = "FAILED" if rc else "OK"
+    print(f"result: {verdict}, {counts['PASS']} passed, {counts['WARN']} warned, {counts['FAIL']} failed, "
+          f"{counts['N/A']} not applicable (of {len(results)} checks)" + (" [--strict: warnings fail]" if args.strict
+                                                                          else ""))
+    return rc
 
 
 if __name__ == "__main__":

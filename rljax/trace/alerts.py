@@ -16,6 +16,8 @@ An alert is ``(name, message)``; the tracer writes ``alerts/<name> = 1`` into
   live-batch registry).
 * ``rollout_mismatch``: ``training/rollout_probs_diff_max`` (the largest gap between a token's
   sampler and learner probability) above ``trace.alert_rollout_probs_diff_max``.
+* ``drop_rate`` (``trainer.mode=async``): more than ``trace.alert_drop_rate`` of the rows
+  the rollout side generated so far were dropped (too stale, or queue overflow).
 
 Each alert has a severity (:data:`SEVERITY`).
 """
@@ -41,6 +43,7 @@ SEVERITY = {
     "grad_norm_spike": "warning",
     "entropy_spike": "warning",
     "rollout_mismatch": "warning",
+    "drop_rate": "warning",
 }
 
 #: metric -> (alert name, also alert when the value collapses below median / factor)
@@ -129,6 +132,17 @@ def mismatch_alert(metrics: Mapping, threshold: float) -> Optional[Alert]:
         return ("rollout_mismatch", f"training/rollout_probs_diff_max={v:.4g} (mean {mean:.3g}) > "
                                     f"trace.alert_rollout_probs_diff_max={threshold}: the sampler's token "
                                     "probabilities are not the learner's (stale or unsynced weights, precision)")
+    return None
+
+
+def drop_rate_alert(dropped_rows: int, generated_rows: int, frac: float) -> Optional[Alert]:
+    """Dropped / generated rows of an asynchronous run so far, against ``trace.alert_drop_rate``."""
+    if generated_rows <= 0:
+        return None
+    r = dropped_rows / generated_rows
+    if r > frac:
+        return ("drop_rate", f"{dropped_rows} of {generated_rows} generated rows dropped ({100 * r:.1f}%) > "
+                             f"trace.alert_drop_rate={frac}")
     return None
 
 

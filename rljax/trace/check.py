@@ -1,11 +1,17 @@
 """``python -m rljax.trace check RUN_DIR``: verify a run from its files alone.
 
-Each check returns ``(status, name, detail)`` with ``status`` one of ``PASS``, ``FAIL`` or
-``N/A`` (the check does not apply to this run, e.g. no tool observations); N/A is counted
-apart, never as a pass. Producers and consumers in the trace are what the step runner
-observed (the stage that wrote a field, the stages that read it), so these checks compare
-the run with what the configuration implies, not with a second hand-kept table. Alerts of
-``error`` severity in the run fail it.
+Each check returns ``(status, name, detail)`` with ``status`` one of ``PASS``, ``WARN`` (the
+run is correct but something deserves a look, e.g. a warning-severity alert fired), ``FAIL``
+or ``N/A`` (the check does not apply to this run, e.g. no tool observations); WARN and N/A
+are counted apart, never as a pass. :func:`exit_code` turns the results into the CLI's exit
+status: 1 on any FAIL (and, with ``strict``, on any WARN), else 0.
+
+The run's mode and settings come from ``config.resolved.yaml`` (the trace's config record
+only when that file is missing or unreadable), so a run that stopped before writing its
+trace is still checked as what it was configured to be. Producers and consumers in the
+trace are what the step runner observed (the stage that wrote a field, the stages that read
+it), so these checks compare the run with what the configuration implies, not with a second
+hand-kept table. Alerts of ``error`` severity in the run fail it; ``warning`` ones warn.
 """
 
 from __future__ import annotations
@@ -16,29 +22,21 @@ from collections import defaultdict
 from typing import Callable, Optional
 
 from rljax.trace.alerts import SEVERITY
+from rljax.trace.jsonl import JsonLines, read_jsonl
 from rljax.trace.tracer import SUMMARY_FILE, TRACE_FILE
 
 Result = tuple[str, str, str]
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+PASS, WARN, FAIL, NA = "PASS", "WARN", "FAIL", "N/A"
+STATUSES = (PASS, WARN, FAIL, NA)
 
 
 def read_trace(run_dir: str, cut: Optional[list] = None) -> list[dict]:
-    """The records of ``trace.jsonl``; a line that does not parse (cut short by a full disk or a
-    kill) is named in ``cut`` when given, else raises."""
-    path = os.path.join(run_dir, TRACE_FILE)
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as fh:
-        for i, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    if cut is None:
-                        raise
-                    cut.append(f"{TRACE_FILE} line {i}")
-    return out
+    """The complete records of ``trace.jsonl``; a line that does not parse (cut short by a full disk
+    or a kill) is left out and, when ``cut`` is given, named in it."""
+    f = read_jsonl(os.path.join(run_dir, TRACE_FILE))
+    if cut is not None and f.problem:
+        cut.append(f.problem)
+    return f.records
 
 
 class Run:
@@ -47,15 +45,28 @@ class Run:
     def __init__(self, run_dir: str):
         self.dir = run_dir
         self.cut: list[str] = []  # files or lines that do not parse (a write cut short)
-        self.records = read_trace(run_dir, self.cut)
+        self.files: dict[str, JsonLines] = {name: read_jsonl(os.path.join(run_dir, name))
+                                            for name in (TRACE_FILE, "metrics.jsonl", "rollout_uids.jsonl")}
+        self.cut += [f.problem for f in self.files.values() if f.problem]
+        self.records = self.files[TRACE_FILE].records
         self.groups: dict[tuple, dict[str, dict]] = defaultdict(dict)  # (step, uid) -> stage -> record
         for r in self.records:
             self.groups[(r["step"], r["uid"])][r["stage"]] = r
         self.topology = self._json("topology.json")
         self.summary = self._json(SUMMARY_FILE)
         cfg = next((r.get("config") for r in self.records if r["stage"] == "config_resolve"), None) or {}
-        self.config_values = cfg.get("values", {})
         self.config_record = cfg
+        # The resolved configuration is the authority on what the run was (mode, sizes); the
+        # trace's copy of the key fields stands in only when the file is missing or unreadable.
+        resolved = self.resolved()
+        if resolved is not None:
+            from rljax.config import to_flat_dict
+
+            self.config_values = to_flat_dict(resolved)
+            self.config_from = "config.resolved.yaml"
+        else:
+            self.config_values = cfg.get("values", {})
+            self.config_from = TRACE_FILE if self.config_values else None
         from rljax.trace.metrics import read_metrics
 
         self.metrics = {m["step"]: m for m in read_metrics(run_dir)}
@@ -74,8 +85,10 @@ class Run:
     def needs_reference(self) -> bool:
         return bool(self.config_values.get("actor.use_kl_loss") or self.config_values.get("algorithm.use_kl_in_reward"))
 
-    def asynchronous(self) -> bool:
-        return self.config_values.get("trainer.mode") == "async"
+    def asynchronous(self) -> Optional[bool]:
+        """``trainer.mode == "async"``; None when neither the resolved config nor the trace says."""
+        mode = self.config_values.get("trainer.mode")
+        return None if mode is None else mode == "async"
 
     def bypass(self) -> bool:
         return bool(self.config_values.get("algorithm.bypass_mode"))
@@ -126,6 +139,14 @@ def _field(rec: dict, name: str) -> Optional[dict]:
     return next((f for f in rec.get("fields", []) if f["name"] == name), None)
 
 
+def _mode_result(run: Run, name: str) -> Optional[Result]:
+    """N/A for a synchronous run, FAIL when the mode is unknown, None for an asynchronous one."""
+    mode = run.asynchronous()
+    if mode is None:
+        return FAIL, name, "trainer.mode unknown: config.resolved.yaml is missing or unreadable and the trace has none"
+    return None if mode else (NA, name, f"synchronous run (trainer.mode=sync in {run.config_from})")
+
+
 def check_config(run: Run) -> Result:
     path = os.path.join(run.dir, "config.resolved.yaml")
     if not os.path.exists(path):
@@ -143,10 +164,20 @@ def check_config(run: Run) -> Result:
     rec = run.config_record
     if not rec.get("sha256") or not rec.get("sources"):
         return FAIL, "config provenance recorded", "trace has no config_resolve record with sources"
+    writers = rec.get("writers") or {}
+    if not writers:
+        return FAIL, "config provenance recorded", "the trace's config record has no writers (chain per key field)"
+    for k, chain in writers.items():  # the trace keeps every writer, ending with the one the file names
+        if not chain or chain[-1][0] != prov.get(k) or len(chain) != len(prov.chain(k)):
+            return FAIL, "config provenance recorded", (f"{k}: the trace's writers {chain} disagree with "
+                                                        f"config.resolved.yaml ({prov.get(k)}, {len(prov.chain(k))} "
+                                                        "writer(s))")
     sources = sorted({v for v in prov.values()})
     hashes = {r["config"].get("sha256") for r in run.by_stage("config_resolve") if r.get("config")}
+    multi = sum(1 for c in writers.values() if len(c) > 2)
     return PASS, "config provenance recorded", (f"{tagged} fields tagged; sources: {', '.join(sources)}; "
-                                                f"{len(hashes)} resolved config(s) in the trace")
+                                                f"{len(hashes)} resolved config(s) in the trace; {len(writers)} key "
+                                                f"fields with every writer ({multi} set by more than one)")
 
 
 def check_group_consistency(run: Run) -> Result:
@@ -462,9 +493,11 @@ def check_alerts(run: Run) -> Result:
         k, v = next(iter(sorted(errors.items())))
         return FAIL, name, (f"{len(errors)} error alert kind(s): {k} x{v.get('count')} (first at step "
                             f"{v.get('first_step')}: {v.get('message', '')})")
-    warns = {k: v.get("count") if isinstance(v, dict) else v for k, v in alerts.items()}
+    warns = {k: v for k, v in alerts.items()}
     if warns:
-        return PASS, name, "warnings: " + ", ".join(f"{k} x{c}" for k, c in sorted(warns.items()))
+        return WARN, name, "warning alert(s): " + "; ".join(
+            f"{k} x{v.get('count')} (first at step {v.get('first_step')}: {v.get('message', '')})"
+            if isinstance(v, dict) else f"{k} x{v}" for k, v in sorted(warns.items()))
     return PASS, name, "no alerts"
 
 
@@ -484,6 +517,9 @@ def check_summary(run: Run) -> Result:
     files = [f for f in ("shape_ledger.json", "memory_ledger.json") if not os.path.exists(os.path.join(run.dir, f))]
     note = f"; missing ledger(s): {', '.join(files)}" if files else "; shape and memory ledgers present"
     frac = 100 * s.get("overhead_frac_median", 0)
+    if s.get("faults"):
+        return WARN, name, (f"faults switched on (rljax.trace.faults, tests only): {', '.join(s['faults'])}; "
+                            f"{s['records']} records, {s['steps']} steps")
     return PASS, name, (f"{s['records']} records, {s['steps']} steps, overhead {frac:.1f}% "
                         f"of step time{note}")
 
@@ -518,8 +554,9 @@ def check_async_staleness(run: Run) -> Result:
     """trainer.mode=async: every trained row's staleness (learner version - oldest version it saw) is within tau,
     in the trace (traced groups), in metrics.jsonl (every step's maximum) and in the summary's histogram."""
     name = "trained staleness within tau"
-    if not run.asynchronous():
-        return NA, name, "synchronous run (trainer.mode=sync)"
+    na = _mode_result(run, name)
+    if na is not None:
+        return na
     tau = run.config_values.get("async_training.max_staleness")
     bad = []
     for r in _dequeues(run):
@@ -544,8 +581,9 @@ def check_async_staleness(run: Run) -> Result:
 def check_async_future(run: Run) -> Result:
     """trainer.mode=async: no trained trajectory saw a weight version newer than the learner's."""
     name = "no future weight version trained"
-    if not run.asynchronous():
-        return NA, name, "synchronous run (trainer.mode=sync)"
+    na = _mode_result(run, name)
+    if na is not None:
+        return na
     recs = _dequeues(run)
     for r in recs:
         g = r.get("group") or {}
@@ -566,8 +604,9 @@ def check_async_drops(run: Run) -> Result:
     """trainer.mode=async: every dropped row is counted: the queue's final counts equal the last metrics' plus
     what was dropped after the last trained batch, and batches put = trained + dropped + left in flight."""
     name = "every dropped row counted"
-    if not run.asynchronous():
-        return NA, name, "synchronous run (trainer.mode=sync)"
+    na = _mode_result(run, name)
+    if na is not None:
+        return na
     a = (run.summary or {}).get("async")
     if not a:
         return FAIL, name, "trace_summary.json has no async section"
@@ -585,6 +624,12 @@ def check_async_drops(run: Run) -> Result:
     if a["trained_batches"] + dropped > put + 1e-6:
         return FAIL, name, (f"{a['trained_batches']} trained + {dropped:g} dropped batch(es) > {put} put into the "
                             "queue")
+    qsize = run.config_values.get("async_training.queue_size")
+    if run.config_values.get("async_training.overflow") == "drop_stalest" and rows_per_batch and qsize:
+        over = a["final_dropped_overflow"] / rows_per_batch  # the throttle: <= queue_size per trained batch
+        if over > qsize * (a["trained_batches"] + 1) + 1e-6:
+            return FAIL, name, (f"{over:g} batch(es) dropped for overflow to train {a['trained_batches']}: more than "
+                                f"async_training.queue_size={qsize} per trained batch (the producer was not throttled)")
     return PASS, name, (f"{a['final_dropped_stale']} stale and {a['final_dropped_overflow']} overflow row(s) dropped "
                         f"and counted; {a['trained_batches']} of {put} queued batch(es) trained")
 
@@ -594,15 +639,12 @@ def check_rollout_unique(run: Run) -> Result:
     every process's rows carried, gathered by the learner), each prompt uid (whose ``rollout.n`` sessions one
     process generates) belongs to one process, once, and there are ``data.train_batch_size`` of them."""
     name = "no uid generated twice"
-    path = os.path.join(run.dir, "rollout_uids.jsonl")
-    if not os.path.exists(path):
+    f = run.files["rollout_uids.jsonl"]
+    if not os.path.exists(f.path):
         return NA, name, "no rollout_uids.jsonl in the run directory"
     by_step: dict[int, dict] = {}
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                rec = json.loads(line)
-                by_step[int(rec["step"])] = rec  # a resumed run writes its re-run steps again: the last counts
+    for rec in f.records:
+        by_step[int(rec["step"])] = rec  # a resumed run writes its re-run steps again: the last counts
     totals: dict[str, int] = {}
     want = run.config_values.get("data.train_batch_size")
     for step, rec in sorted(by_step.items()):
@@ -665,11 +707,15 @@ def check_filtered_groups(run: Run) -> Result:
 
 
 def check_files_whole(run: Run) -> Result:
+    """The JSON-lines files and the JSON summaries parse: a cut last line (a kill or a full disk
+    while writing it) or a damaged line is named here; the other checks read the complete records."""
     name = "record files whole"
     if run.cut:
-        return FAIL, name, (f"cut short or unreadable: {', '.join(run.cut[:4])}{' ...' if len(run.cut) > 4 else ''} "
+        return FAIL, name, (f"cut short or unreadable: {'; '.join(run.cut[:4])}{' ...' if len(run.cut) > 4 else ''} "
                             "(a write that did not finish: a full disk or a kill)")
-    return PASS, name, f"{TRACE_FILE} and {SUMMARY_FILE} parse"
+    present = [n for n, f in run.files.items() if os.path.exists(f.path)]
+    return PASS, name, ", ".join(f"{n}: {len(run.files[n].records)} records" for n in present) + \
+        f"; {SUMMARY_FILE} parses"
 
 
 CHECKS: tuple[Callable[[Run], Result], ...] = (
@@ -679,8 +725,17 @@ CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_rollout_unique, check_filtered_groups)
 
 
+def exit_code(results: list[Result], *, strict: bool = False) -> int:
+    """1 when a check failed (or, ``strict``, warned), else 0."""
+    bad = (FAIL, WARN) if strict else (FAIL,)
+    return 1 if any(r[0] in bad for r in results) else 0
+
+
 def run_checks(run_dir: str) -> list[Result]:
-    run = Run(run_dir)
+    try:
+        run = Run(run_dir)
+    except Exception as e:  # e.g. topology.json or trace_summary.json is not JSON
+        return [(FAIL, "run files readable", f"{type(e).__name__}: {e}")]
     out = []
     for check in CHECKS:
         try:

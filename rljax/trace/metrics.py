@@ -94,15 +94,11 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` in order (later records of a step win on resume)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
+    """The records of ``run_dir/metrics.jsonl`` in order (later records of a step win on resume); a
+    cut last line (a run killed mid-write) is skipped (:func:`rljax.trace.jsonl.read_jsonl` says so)."""
+    from rljax.trace.jsonl import read_jsonl
+
     by_step: dict[int, dict] = {}
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                rec = json.loads(line)
-                by_step.setdefault(rec["step"], {}).update(rec)
+    for rec in read_jsonl(os.path.join(run_dir, "metrics.jsonl")).records:
+        by_step.setdefault(rec["step"], {}).update(rec)
     return [by_step[s] for s in sorted(by_step)]

@@ -51,6 +51,18 @@ def summarize_run(run_dir: str) -> str:
         out.append(f"\n== asynchronous training: max_staleness {a.get('max_staleness')}, {a.get('trained_batches')} "
                    f"batch(es) trained of {a.get('batches_put')} queued; dropped {a.get('final_dropped_stale')} stale, "
                    f"{a.get('final_dropped_overflow')} overflow row(s); queue depth max {a.get('max_queue_depth')}")
+        gen = a.get("final_generated_rows")
+        if gen is not None:
+            dropped = a.get("final_dropped_stale", 0) + a.get("final_dropped_overflow", 0)
+            trained = a.get("trained_rows", 0)
+            pct = (lambda n: f"{100 * n / gen:.1f}%" if gen else "-")  # noqa: E731
+            out.append(table([("generated", gen, pct(gen)), ("trained", trained, pct(trained)),
+                              ("dropped", dropped, pct(dropped)),
+                              ("  stale", a.get("final_dropped_stale", 0), pct(a.get("final_dropped_stale", 0))),
+                              ("  overflow", a.get("final_dropped_overflow", 0),
+                               pct(a.get("final_dropped_overflow", 0))),
+                              ("queued or unused at the end", gen - trained - dropped, pct(gen - trained - dropped))],
+                             ("rows", "count", "of generated")))
         hist = a.get("staleness_hist") or {}
         total = sum(hist.values()) or 1
         out.append(table([(k, n, "#" * max(1, round(40 * n / total))) for k, n in sorted(hist.items(), key=lambda kv: int(kv[0]))],

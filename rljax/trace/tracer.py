@@ -181,8 +181,9 @@ class Tracer:
         # Several processes: this process's trajectories, and every process's row facts (gather_rollout).
         rows_view = fields.get("rollout_rows")
         out: dict[str, Any] = {}
+        async_alerts = []
         if "dequeue" in fields:
-            self._async_step(fields["dequeue"])
+            async_alerts = self._async_step(fields["dequeue"])
         if traj is not None:
             out.update(self._dfx(rows_view if rows_view is not None else traj, fields.get("attention_mask")))
             self._rollout_step(step, rows_view if rows_view is not None else traj, fields)
@@ -234,7 +235,7 @@ class Tracer:
                                   A.dp_imbalance_alert(out["perf/dp_tokens"], self.cfg.trace.alert_dp_imbalance)) if a]
         else:
             found = []
-        found += self.spikes.update(metrics)
+        found += async_alerts + self.spikes.update(metrics)
         found += [a for a in (A.mismatch_alert(metrics, self.cfg.trace.alert_rollout_probs_diff_max),) if a]
         for name, msg in found:
             self._alert(step, name, msg, out)
@@ -290,7 +291,7 @@ class Tracer:
                  prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                  response_length=traj.response_length, rollout_logp=traj.rollout_logp)
 
-    def _async_step(self, d: Mapping) -> None:
+    def _async_step(self, d: Mapping) -> list:
         a = self._async = self._async or {"staleness_hist": {}, "trained_rows": 0, "trained_batches": 0,
                                           "max_staleness": d.get("max_staleness"), "staleness_max": 0,
                                           "dropped_stale": 0, "dropped_overflow": 0}
@@ -300,13 +301,18 @@ class Tracer:
         a["trained_batches"] += 1
         a["staleness_max"] = max(a["staleness_max"], int(d.get("staleness_max", 0)))
         a["dropped_stale"], a["dropped_overflow"] = int(d.get("dropped_stale", 0)), int(d.get("dropped_overflow", 0))
+        a["generated_rows"] = int(d.get("generated_rows", 0))
+        alert = A.drop_rate_alert(a["dropped_stale"] + a["dropped_overflow"], a["generated_rows"],
+                                  self.cfg.trace.alert_drop_rate)
+        return [alert] if alert else []
 
     def async_totals(self, stats: Mapping) -> None:
         """The queue's final counts (drops after the last trained batch included)."""
         if self._async is not None:
             self._async.update(final_dropped_stale=int(stats.get("dropped_stale", 0)),
                                final_dropped_overflow=int(stats.get("dropped_overflow", 0)),
-                               batches_put=int(stats.get("put", 0)), max_queue_depth=int(stats.get("max_depth", 0)))
+                               batches_put=int(stats.get("put", 0)), max_queue_depth=int(stats.get("max_depth", 0)),
+                               final_generated_rows=int(stats.get("put_rows", 0)))
 
     def cleanup(self, report) -> None:
         """The runner's cleanup report becomes each group's last record; the step's records are written."""
@@ -356,6 +362,10 @@ class Tracer:
                    "status": "failed" if error else "completed",
                    "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json", ROLLOUT_FILE)
                              if os.path.exists(os.path.join(self.run_dir, f))]}
+        from rljax.trace import faults
+
+        if faults.enabled():  # a test provoked these bugs on purpose
+            summary["faults"] = faults.enabled()
         if self._async is not None:
             summary["async"] = self._async
         if self._rollout is not None:
@@ -413,6 +423,9 @@ class Tracer:
 
                 _, prov = load_resolved(path)
                 sources = {k: prov.get(k) for k in KEY_CONFIG}
+                # every writer of each key field, in order (default, preset file(s), cli), as the file keeps them
+                facts["writers"] = {k: [[src, list(v) if isinstance(v, tuple) else v] for src, v in prov.chain(k)]
+                                    for k in KEY_CONFIG}
                 facts["fields_not_from_default"] = sum(1 for v in prov.values() if v != "default")
             except Exception as e:  # provenance unreadable: the checker reports it
                 facts["error"] = f"{type(e).__name__}: {e}"

@@ -242,7 +242,8 @@ class AsyncSchedule:
         facts = {"batch_index": item.index, "learner_version": version, "max_staleness": self.queue.max_staleness,
                  **staleness_facts(version, np.asarray(item.min_version), np.asarray(item.max_version)),
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
-                 "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow}
+                 "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
+                 "generated_rows": st.put_rows}
         self._data_after = data_after
         self._index_after = item.index + 1
         return {"step": step, "queue_item": facts}, produced
@@ -257,6 +258,7 @@ class AsyncSchedule:
         facts = getattr(self, "_global_facts", None) or facts
         return {"async/staleness_mean": facts["staleness_mean"], "async/staleness_max": facts["staleness_max"],
                 "async/dropped_stale": facts["dropped_stale"], "async/dropped_overflow": facts["dropped_overflow"],
+                "async/generated_rows": facts.get("generated_rows"),
                 "async/queue_depth": facts["queue_depth"], "async/learner_wait_s": facts["learner_wait_s"],
                 "async/rollout_wait_s": facts["rollout_wait_s"], "async/min_version": facts["min_version"],
                 "async/max_version": facts["max_version"], "async/spanning_rows": facts["spanning_rows"],

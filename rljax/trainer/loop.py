@@ -63,6 +63,7 @@ class RunSummary:
     run_dir: str
     resumed_from: Optional[int]
     trace_overhead: Optional[str] = None
+    error_alerts: dict = dataclasses.field(default_factory=dict)  # name -> trace summary entry (severity error)
 
 
 def _model(cfg: Config, mesh, tokenizer):
@@ -690,13 +691,15 @@ class Trainer:
             self.tracer.async_totals(self.schedule.queue.stats.snapshot())
         self.checkpointer.close()
         self.metrics.close()
-        trace_overhead = Tracer.describe_overhead(self.tracer.close())
+        traced = self.tracer.close()
+        trace_overhead = Tracer.describe_overhead(traced)
         if self.main:
             plot_report(self.run_dir)
         return RunSummary(steps=self.step, first_step=first, tokens=tokens, wall_s=time.perf_counter() - t0,
                           stage_s=dict(self.stage_s), train_reward=last.get("critic/score/mean"),
                           val_reward_before=val_before, val_reward=val, run_dir=self.run_dir,
-                          resumed_from=self.resumed_from, trace_overhead=trace_overhead)
+                          resumed_from=self.resumed_from, trace_overhead=trace_overhead,
+                          error_alerts={k: v for k, v in traced["alerts"].items() if v.get("severity") == "error"})
 
 
 def rollout_devices(cfg: Config, mesh) -> list:
@@ -748,5 +751,7 @@ def format_summary(s: RunSummary) -> str:
         rows.append(("resumed from checkpoint", str(s.resumed_from)))
     if s.trace_overhead is not None:
         rows.append(("tracing overhead", s.trace_overhead))
+    for name, a in sorted(s.error_alerts.items()):
+        rows.append((f"error alert {name}", f"x{a.get('count')} from step {a.get('first_step')}: {a.get('message')}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

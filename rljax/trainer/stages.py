@@ -56,6 +56,7 @@ import numpy as np
 from rljax import loss as rl
 from rljax.env import episode_scores
 from rljax.sharding import place_batch, to_host
+from rljax.trace import faults
 from rljax.trainer.runner import Stage
 
 #: The learner batch fields that the forward passes read.
@@ -517,6 +518,8 @@ def weight_sync(c: Components, b) -> dict:
 def step_metrics(c: Components, b) -> dict:
     """verl's metric names, from the fields the step produced (host scalars only)."""
     traj, actor = b["trajectories"], b["actor_metrics"]
+    if faults.active("keep_batch_field"):
+        faults.keep(b["advantages"])
     rows = b["rollout_rows"] if "rollout_rows" in b else traj  # every process's rows (several processes)
     real = ~np.asarray(rows.is_padding)
     scores = np.asarray(to_host(b["scores"]))
