@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -248,7 +249,16 @@ def placement_topology(cfg, mesh) -> dict:
                         "tp": r.tp, "replicas_per_process": n // r.tp,
                         "replicas_derivation": f"sampler devices per process / rollout.tp = {n} / {r.tp}",
                         "processes": jax.process_count()},
-            "disjoint": not set(learner) & set(sampler)}
+            "disjoint": not set(learner) & set(sampler),
+            "device_ratio": device_ratio(n * jax.process_count(), len(learner), shared=bool(set(learner) & set(sampler)))}
+
+
+def device_ratio(rollout: int, learner: int, *, shared: bool) -> dict:
+    """The rollout:learner device ratio (``topology.json``'s ``placement.device_ratio``), in lowest terms."""
+    g = math.gcd(rollout, learner) or 1
+    return {"rollout": rollout, "learner": learner, "ratio": f"{rollout // g}:{learner // g}",
+            "shared": shared, "note": "colocated: the same devices take turns" if shared else
+            "disaggregated: disjoint device groups"}
 
 
 def _resume_arg(argv: list) -> list:

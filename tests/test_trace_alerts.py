@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.config import resolve
 from rljax.sharding import batch_shardings, make_mesh
-from rljax.trace import Tracer, choose_groups
+from rljax.trace import Tracer, choose_groups, faults
 from rljax.trace import alerts as A
 from rljax.trace.fields import host_rows, summarize
 
@@ -34,7 +34,7 @@ def _traj(pad=0, leak=False):
         prompt_length=np.where(is_padding, 0, S).astype(np.int32), response_length=resp_len.astype(np.int32),
         truncated=resp_len == T, group_id=np.where(is_padding, 0, np.arange(rows) // N),
         min_version=np.zeros(rows, np.int32), max_version=np.zeros(rows, np.int32), is_padding=is_padding,
-        queue_s=np.zeros(rows, np.float32), decode_s=np.full(rows, 0.01, np.float32), uid=tuple(uids),
+        queue_s=np.zeros(rows, np.float32), decode_s=np.zeros(rows, np.float32), uid=tuple(uids),
         session=tuple(b % N if b < B else -1 for b in range(rows)), index=tuple(0 if b < B else -1 for b in range(rows)),
         batch_size=rows, num_groups=4,
         decode=types.SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=T, seed=0))
@@ -71,6 +71,7 @@ def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=
         host = {"input_ids": np.concatenate([t.prompt_ids, t.response_ids], 1), "attention_mask": att,
                 "positions": np.zeros((rows, S + T), np.int32), "loss_mask": loss_mask,
                 "rollout_logp": t.rollout_logp, "group_id": t.group_id.astype(np.int32), "row_mask": ~t.is_padding}
+        faults.learner_fields(host, t, seed=0, step=b["step"], groups=1, version=0)  # the trainer's fault hooks
         shardings = batch_shardings(host, mesh)
         return {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
 
@@ -311,6 +312,7 @@ def test_provoked_bugs_fail_the_check_for_their_own_reason(tmp_path, bug, overri
     assert status == "FAIL" and why in detail, (check, results)
     failed = {k for k, (s, _) in results.items() if s == "FAIL"}
     own = {"leak": {check, "no error-severity alerts"},
+           "mask": {check, "whole-batch invariants on every row", "no error-severity alerts"},
            "late_old_logp": {check, "reward / old,ref log-prob / advantage producers and consumers"}}.get(bug, {check})
     assert failed == own, failed
 
@@ -364,3 +366,31 @@ def test_a_failed_run_still_writes_its_summary_with_the_error(tmp_path):
     assert s["status"] == "failed" and s["error"] == "RuntimeError: boom" and s["failed_at_step"] == 2
     status, _, detail = check_summary(Run(str(tmp_path)))
     assert status == "FAIL" and "boom" in detail
+
+
+@pytest.fixture
+def fault():
+    yield faults.enable
+    faults.disable()
+
+
+@pytest.mark.parametrize("name,tensor,why", [
+    ("zero_loss_mask_token", "loss_mask", "loss tokens in the update"),
+    ("future_version", "max_version", "max_version 1 > the learner's version 0"),
+])
+def test_fault_outside_the_traced_group_fails_the_invariants(tmp_path, fault, name, tensor, why):
+    """The trainer's own fault hooks (rljax.trace.faults) hit a row the trace does not follow: the traced-group
+    checks pass, the whole-batch invariants fail naming the tensor, the step and the uid. (shift_loss_mask needs
+    a row with a free position: these rows are full; test_trace_faults.py provokes it in a real run.)"""
+    fault(name)
+    tracer, _ = _step(tmp_path, overrides=("trainer.seed=0",))
+    _close(tracer)
+    results = _check(tmp_path)
+    traced = {r["uid"] for r in _records(tmp_path)}
+    status, detail = results["whole-batch invariants on every row"]
+    uid = detail.split("(uid ")[1].split(")")[0]
+    assert status == "FAIL" and f"step 1 tensor {tensor}" in detail and why in detail, detail
+    assert uid not in traced, (uid, traced)
+    assert results["loss_mask consumed by the update == rollout's response_mask"][0] == "PASS"
+    assert {k for k, (st, _) in results.items() if st == "FAIL"} == {"whole-batch invariants on every row",
+                                                                     "no error-severity alerts"}

@@ -103,6 +103,37 @@ def test_config_record_keeps_every_writer(run_dir):
     assert chain[1][0].endswith("default.yaml"), chain
 
 
+def test_dfx_bytes_comm_step_time_and_device_ratio(run_dir):
+    """Bytes per batch field per stage, communication time, per-process step time, the device ratio."""
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    step = next(r for r in rows if r["step"] == 2 and "perf/batch_bytes" in r)
+    assert step["perf/batch_bytes"] > 0 and step["perf/step_time_by_process"][0] > 0
+    assert step["perf/slowest_process"] == 0 and step["perf/step_time_max_over_min"] == 1.0
+    assert step["comm_s/weight_push"] >= 0 and step["timing_s/comm"] >= step["comm_s/weight_push"]
+    summary = json.loads((run_dir / "trace_summary.json").read_text())
+    sizes = summary["bytes_per_field"]
+    resp = sizes["rollout_sessions"]["trajectories.response_ids"]
+    assert resp % (32 * 4) == 0, resp  # [B, T] int32, B = 8 prompts x rollout.n 4
+    assert sizes["advantages"]["advantages"] > 0 and summary["slowest_process_steps"] == {"0": 2}
+    ratio = json.loads((run_dir / "topology.json").read_text())["placement"]["device_ratio"]
+    assert ratio == {"rollout": 8, "learner": 8, "ratio": "1:1", "shared": True,
+                     "note": "colocated: the same devices take turns"}, ratio
+    out = trace_cli("summary", run_dir).stdout
+    assert "rollout:learner devices 8:8 = 1:1" in out and "== bytes per batch field" in out
+    assert "trajectories.response_ids" in out
+
+
+def test_message_count_and_device_ratio():
+    from rljax.launch import device_ratio
+    from rljax.trace.tracer import message_count
+
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}, {"role": "user", "content": "?"}]
+    assert message_count("What is 2+2?") == 1 and message_count(chat) == 3
+    assert message_count(chat, "be brief") == 4  # the formatter puts the system prompt first
+    assert message_count([{"role": "system", "content": "s"}, *chat], "be brief") == 4
+    assert device_ratio(6, 2, shared=False)["ratio"] == "3:1" and device_ratio(4, 4, shared=True)["ratio"] == "1:1"
+
+
 def _copy(run_dir, tmp_path):
     run = tmp_path / "copy"
     shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "data", "tensorboard"))
@@ -260,6 +291,16 @@ def _writers_lost(run, recs):
             r["config"]["writers"]["rollout.n"] = r["config"]["writers"]["rollout.n"][-1:]  # the last writer only
 
 
+def _inserted_before_submit(run, recs):
+    t = _stage(recs, "rollout_sessions")[0]["trajectories"][1]
+    t["t_insert"] = _stage(recs, "rollout_sessions")[0]["t_submit"] - 0.5
+
+
+def _stages_out_of_order(run, recs):
+    r = _stage(recs, "advantages")[0]
+    r["t_start"] = _stage(recs, "dataset_item")[0]["t_start"] - 1.0
+
+
 def _no_summary(run, recs):
     os.remove(run / "trace_summary.json")
 
@@ -284,6 +325,8 @@ def _observation_mismatch(run, recs):
     (_dp_from_rollout_tp, "actor_dp explained"),
     (_no_provenance, "config provenance"),
     (_writers_lost, "config provenance"),
+    (_inserted_before_submit, "timestamps ordered"),
+    (_stages_out_of_order, "timestamps ordered"),
     (_no_summary, "trace summary saved"),
     # the rollout's mask sum no longer matches its length, nor the update's loss mask
     (_observation_mismatch, ("response_mask.sum()", "loss_mask consumed by the update")),

@@ -16,6 +16,8 @@ An alert is ``(name, message)``; the tracer writes ``alerts/<name> = 1`` into
   live-batch registry).
 * ``rollout_mismatch``: ``training/rollout_probs_diff_max`` (the largest gap between a token's
   sampler and learner probability) above ``trace.alert_rollout_probs_diff_max``.
+* ``batch_invariant``: a whole-batch invariant failed on some row (:mod:`rljax.trace.invariants`:
+  loss tokens, mask positions, tokens under the mask, versions, observation tokens).
 * ``drop_rate`` (``trainer.mode=async``): more than ``trace.alert_drop_rate`` of the rows
   the rollout side generated so far were dropped (too stale, or queue overflow).
 
@@ -37,6 +39,7 @@ SEVERITY = {
     "shape_checksum_mismatch": "error",
     "batch_leak": "error",
     "nonfinite_update": "error",
+    "batch_invariant": "error",
     "memory_near_limit": "warning",
     "dp_token_imbalance": "warning",
     "kl_spike": "warning",

@@ -247,6 +247,60 @@ def check_response_len(run: Run) -> Result:
                       f"for all {len(trajs)} traced trajectories)")
 
 
+def check_invariants(run: Run) -> Result:
+    """Whole-batch invariants (rljax.trace.invariants) held on every row of every step: loss tokens
+    and mask positions of the update == the rollout's, the same response tokens, no future version,
+    no observation token with mask 1."""
+    name = "whole-batch invariants on every row"
+    inv = (run.summary or {}).get("invariants")
+    if inv is None:
+        return FAIL, name, f"{SUMMARY_FILE} has no invariants section"
+    if inv.get("skipped"):
+        return NA, name, inv["skipped"]
+    if inv.get("violations"):
+        v = inv["violations"][0]
+        return FAIL, name, (f"{inv.get('violating_rows')} row(s) in all; first: step {v['step']} tensor {v['tensor']} "
+                            f"at {v['stage']}, {v['key']} (uid {v['uid']}): {v['detail']}")
+    if not inv.get("rows"):
+        return FAIL, name, "no rows checked"
+    return PASS, name, (f"{inv['rows']} rows over {inv['steps']} step(s), as read by {', '.join(inv.get('stages', []))}: "
+                        "loss tokens, mask positions, tokens, versions agree with the rollout")
+
+
+def check_timestamps(run: Run) -> Result:
+    """Per traced group: every stage ends after it starts and starts no earlier than the stage
+    before it; every trajectory was submitted, inserted into a slot and finished in that order,
+    within its rollout stage."""
+    name = "stage and trajectory timestamps ordered"
+    eps = 2e-6  # the trace rounds to microseconds
+    n = 0
+    for (step, uid), stages in sorted(run.groups.items()):
+        prev = None
+        for st, r in stages.items():
+            t0, t1 = r.get("t_start"), r.get("t_end")
+            if t0 is None or t1 is None:
+                continue
+            if t1 < t0 - eps or (prev is not None and t0 < prev[1] - eps):
+                return FAIL, name, (f"step {step} uid {uid} stage {st}: [{t0}, {t1}]"
+                                    + (f" starts before {prev[0]} started ({prev[1]})" if prev else " ends first"))
+            prev = (st, t0)
+        ro = stages.get("rollout_sessions")
+        if ro is None:
+            continue
+        sub, end = ro.get("t_submit"), ro.get("t_end")
+        for t in ro.get("trajectories", []):
+            ins, fin = t.get("t_insert"), t.get("t_finish")
+            if None in (sub, ins, fin, end):
+                return FAIL, name, f"step {step} {t.get('key')}: submit/insert/finish timestamps missing"
+            if not (ro["t_start"] - eps <= sub <= ins + eps and ins <= fin + eps and fin <= end + eps):
+                return FAIL, name, (f"step {step} {t['key']}: submitted {sub}, inserted {ins}, finished {fin}, "
+                                    f"rollout stage [{ro['t_start']}, {end}]: out of order")
+            n += 1
+    if not n:
+        return FAIL, name, "no traced trajectory with submit/insert/finish timestamps"
+    return PASS, name, f"{len(run.groups)} traced group(s), {n} trajectories: submit <= insert <= finish within the rollout"
+
+
 #: field -> (stage that must produce it, stages of which at least one must consume it), by configuration.
 def _expected(run: Run) -> dict[str, tuple[str, tuple[str, ...]]]:
     out = {"scores": ("reward", ("advantages",)),
@@ -720,7 +774,8 @@ def check_files_whole(run: Run) -> Result:
 
 CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_files_whole, check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
-    check_behaviour_logp, check_masks, check_padding, check_minibatch, check_actor_dp, check_versions, check_cleanup,
+    check_behaviour_logp, check_masks, check_invariants, check_timestamps, check_padding, check_minibatch,
+    check_actor_dp, check_versions, check_cleanup,
     check_alerts, check_updates, check_summary, check_async_staleness, check_async_future, check_async_drops,
     check_rollout_unique, check_filtered_groups)
 

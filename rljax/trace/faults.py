@@ -11,6 +11,12 @@ Faults (name: the bug it provokes, where):
 
 * ``keep_batch_field``: a batch field (``advantages``) kept alive past its step
   (``step_metrics`` keeps a reference) -> the ``batch_leak`` alert (error).
+* ``zero_loss_mask_token``: one ``loss_mask`` token zeroed in a row outside the traced
+  groups (``trajectory_fields``, the learner's copy) -> ``batch_invariant`` (loss tokens).
+* ``shift_loss_mask``: the same row's ``loss_mask`` shifted by one position, same token
+  count -> ``batch_invariant`` (mask positions).
+* ``future_version``: an untraced row claims ``max_version`` = the learner's + 1 (a sync run)
+  -> ``batch_invariant`` (versions).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from typing import Any
 #: Every known fault with the bug it provokes.
 FAULTS = {
     "keep_batch_field": "a batch field (advantages) stays referenced after its step",
+    "zero_loss_mask_token": "one loss_mask token zeroed in a row outside the traced groups",
+    "shift_loss_mask": "one untraced row's loss_mask shifted by one position (same count)",
+    "future_version": "an untraced row claims a weight version newer than the learner's",
 }
 _on: set[str] = set()
 _kept: list = []
@@ -58,6 +67,42 @@ def enabled() -> list[str]:
 def keep(value: Any) -> None:
     """``keep_batch_field``: holds a reference past the step (the leak the runner must report)."""
     _kept.append(value)
+
+
+def untraced_row(traj, *, seed: int, step: int, groups: int, partial: bool = False) -> int:
+    """The last real row of ``traj`` whose prompt group the tracer does not follow this step (with
+    ``partial``: one whose mask leaves a position free, so it can shift)."""
+    import numpy as np
+
+    from rljax.trace.tracer import choose_groups
+
+    traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
+    n = lambda i: int(np.asarray(traj.loss_mask[i]).sum())  # noqa: E731
+    rows = [i for i in range(traj.batch_size) if not traj.is_padding[i] and int(traj.group_id[i]) not in traced
+            and n(i) > 0 and (not partial or n(i) < np.asarray(traj.loss_mask).shape[1])]
+    if not rows:
+        raise RuntimeError("fault hooks: every row of the batch is traced; use more prompt groups")
+    return rows[-1]
+
+
+def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, version: int) -> None:
+    """Applies the switched-on faults of ``trajectory_fields`` to the learner's host arrays (in place)."""
+    import numpy as np
+
+    if not _on & {"zero_loss_mask_token", "shift_loss_mask", "future_version"}:
+        return
+    r = untraced_row(traj, seed=seed, step=step, groups=groups, partial="shift_loss_mask" in _on)
+    lm = host["loss_mask"]
+    if "zero_loss_mask_token" in _on:
+        lm[r, int(np.flatnonzero(lm[r])[0])] = 0
+    if "shift_loss_mask" in _on:  # one position right (left when the mask ends at the last column)
+        on = np.flatnonzero(lm[r])
+        moved = on + 1 if on[-1] + 1 < np.asarray(traj.loss_mask).shape[1] else on - 1
+        value = lm[r, on[0]]
+        lm[r] = 0
+        lm[r, moved] = value
+    if "future_version" in _on:
+        traj.max_version[r] = version + 1
 
 
 _on.update(_parse(os.environ.get("RLJAX_FAULTS", "")))

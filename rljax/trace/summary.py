@@ -36,8 +36,11 @@ def summarize_run(run_dir: str) -> str:
         out.append(table(rows, ("field", "value")))
         pl = topo.get("placement")
         if pl:
+            ratio = pl.get("device_ratio") or {}
             out.append(f"\n== placement: {pl['mode']} (trainer.mode={pl.get('trainer_mode')}); device groups "
-                       + ("disjoint" if pl.get("disjoint") else "shared (colocated)"))
+                       + ("disjoint" if pl.get("disjoint") else "shared (colocated)")
+                       + (f"; rollout:learner devices {ratio['rollout']}:{ratio['learner']} = {ratio['ratio']}"
+                          if ratio else ""))
             r = pl["rollout"]
             out.append(table([("learner", json.dumps(pl["learner"]["devices"]), json.dumps(pl["learner"]["mesh"]), "-"),
                               ("rollout", json.dumps(r["devices"]), json.dumps(r["mesh"]),
@@ -121,6 +124,14 @@ def summarize_run(run_dir: str) -> str:
     out.append(table(rows, ("stage", "seconds", "share")) if rows else "(metrics.jsonl missing)")
 
     s = _load(run_dir, "trace_summary.json")
+    sizes = (s or {}).get("bytes_per_field") or {}
+    if sizes:
+        out.append("\n== bytes per batch field, by the stage that wrote it (global, largest step)")
+        out.append(table([(stage, f, _mib(n)) for stage, fields in sizes.items() for f, n in
+                          sorted(fields.items(), key=lambda kv: -kv[1])], ("stage", "field", "MiB")))
+    slow = (s or {}).get("slowest_process_steps") or {}
+    if len(slow) > 1 or any(k != "0" for k in slow):
+        out.append("slowest process: " + ", ".join(f"process {p} in {n} step(s)" for p, n in slow.items()))
     out.append("\n== trace")
     if s:
         out.append(f"{s['records']} records over {s['steps']} steps ({s['groups_per_step']} group(s) per step); "

@@ -142,6 +142,11 @@ class Tracer:
         self._stage_total: dict[str, float] = {}
         self._stages_seen: list[str] = []
         self._async: Optional[dict] = None  # trainer.mode=async: staleness histogram, drops, trained rows
+        self._bytes: dict[str, dict[str, int]] = {}  # stage -> field -> bytes (largest seen)
+        self._invariants: dict[str, Any] = {"steps": 0, "rows": 0, "violating_rows": 0, "violations": []}
+        self._invariant_alerts: list = []
+        self._inv_counts: Optional[dict] = None
+        self._slowest: dict[int, int] = {}  # process -> steps it was the slowest
         self._rollout: Optional[dict] = None  # uids generated per process
         self.sandbox: Optional[dict] = None  # the python tool's sandbox probe (env.sandbox), set by the trainer
         self._ledgers_done = not cfg.trace.ledgers
@@ -202,6 +207,11 @@ class Tracer:
 
                 row_tokens = np.asarray(to_host(jnp.sum(loss_mask, axis=1)))
             self._row_tokens = row_tokens
+            try:
+                self._invariants_step(step, events, traj, fields, rows_view)
+            except Exception as e:  # a check must never stop training; check reports what was not checked
+                log.warning("rljax.trace: whole-batch invariants not computed: %s: %s", type(e).__name__, e)
+                self._invariants["skipped"] = f"not computed: {type(e).__name__}: {e}"
             records = []
             sigs: dict[str, dict] = {}
             groups = choose_groups(self.cfg.trainer.seed, step, int(traj.num_groups), self.k)
@@ -235,10 +245,16 @@ class Tracer:
                                   A.dp_imbalance_alert(out["perf/dp_tokens"], self.cfg.trace.alert_dp_imbalance)) if a]
         else:
             found = []
-        found += async_alerts + self.spikes.update(metrics)
+        found += async_alerts + self._invariant_alerts + self.spikes.update(metrics)
+        self._invariant_alerts = []
+        if self._inv_counts is not None:
+            out.update({"invariants/rows": self._inv_counts["rows"],
+                        "invariants/violating_rows": self._inv_counts["violations"]})
+            self._inv_counts = None
         found += [a for a in (A.mismatch_alert(metrics, self.cfg.trace.alert_rollout_probs_diff_max),) if a]
         for name, msg in found:
             self._alert(step, name, msg, out)
+        out.update(self._bytes_and_comm(events, metrics))
         for ev in events:
             dt = ev.t_end - ev.t_start
             self._stage_total[ev.stage] = self._stage_total.get(ev.stage, 0.0) + dt
@@ -259,6 +275,92 @@ class Tracer:
         self._spent, self._ledger_s = 0.0, 0.0
         self._steps += 1
         metrics.update(out)
+
+    def _invariants_step(self, step: int, events, traj, fields: Mapping, rows_view) -> None:
+        """Whole-batch invariants (:mod:`rljax.trace.invariants`) over every row of the step, for each
+        distinct ``loss_mask`` / ``input_ids`` a learner stage read (one jitted reduction each)."""
+        from rljax.trace import invariants as I
+
+        inv = self._invariants
+        if rows_view is not None:  # several processes: the learner rows are every process's
+            inv["skipped"] = "several processes: the learner arrays hold rows this process did not generate"
+            return
+        t = time.perf_counter()
+        real = ~np.asarray(traj.is_padding)
+        rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
+        roles = getattr(traj, "roles", None)
+        obs = None if roles is None else np.asarray(roles) == I.OBSERVATION_ROLE
+        learner_version = (fields.get("dequeue") or {}).get("learner_version")
+        if learner_version is None and fields.get("weight_version_after") is not None:
+            learner_version = int(fields["weight_version_after"]) - 1  # the sync after the update advanced it
+        seen: dict = {}
+        counts = {"rows": 0, "violations": 0}
+        for ev in events:
+            lm = ev.reads.get("loss_mask")
+            if lm is None or ev.stage in ("metrics",) or lm.shape[0] != traj.batch_size:
+                continue
+            ids = ev.reads.get("input_ids", fields.get("input_ids"))
+            key = (id(lm), id(ids))
+            if key not in seen:
+                resp = None if ids is None else ids[:, ids.shape[1] - lm.shape[1]:]
+                seen[key] = _device_row_facts(lm, resp, obs)
+            keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
+            c, v = I.compare(step, keys, real, rollout, seen[key], stage=ev.stage,
+                             max_version=np.asarray(traj.max_version), learner_version=learner_version)
+            counts = {"rows": max(counts["rows"], c["rows"]), "violations": max(counts["violations"], c["violations"])}
+            if v:
+                room = 20 - len(inv["violations"])
+                inv["violations"].extend(v[:max(room, 0)])
+                if not self._invariant_alerts:  # one alert per step, naming the first violation
+                    first = v[0]
+                    self._invariant_alerts.append(
+                        ("batch_invariant", f"step {step} {first['tensor']} at {first['stage']}, {first['key']} (uid "
+                                            f"{first['uid']}): {first['detail']} ({c['violations']} row(s))"))
+        inv["steps"] += 1
+        inv["rows"] += counts["rows"]
+        inv["violating_rows"] += counts["violations"]
+        inv["stages"] = sorted(set(inv.get("stages", [])) | {ev.stage for ev in events if "loss_mask" in ev.reads
+                                                             and ev.stage != "metrics"})
+        inv["s"] = inv.get("s", 0.0) + time.perf_counter() - t
+        self._inv_counts = counts
+
+    def _bytes_and_comm(self, events, metrics: Mapping) -> dict:
+        """Bytes of every batch field each stage wrote (global, from shapes: no copy), the communication
+        we issue (weight push, the rollout gather, the step-time all-gather) timed, and each process's
+        step time with the slowest process (an all-gather of one float on several processes)."""
+        out: dict[str, Any] = {}
+        total = 0
+        for ev in events:
+            sizes = self._bytes.setdefault(ev.stage, {})
+            for name, x in ev.writes.items():
+                arrays = x.arrays() if hasattr(x, "arrays") else {name: x} if _is_array(x) else {}
+                for k, v in arrays.items():
+                    if _is_array(v):
+                        n = int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                        key = k if name != "trajectories" else f"trajectories.{k}"
+                        sizes[key] = max(sizes.get(key, 0), n)
+                        total += n
+        out["perf/batch_bytes"] = total
+        comm = {}
+        for ev in events:
+            if ev.stage == "weight_sync" and ev.writes.get("weight_sync_s") is not None:
+                comm["weight_push"] = float(ev.writes["weight_sync_s"])
+            if ev.stage == "gather_rollout":
+                comm["gather_rollout"] = ev.t_end - ev.t_start
+        step_s = float(metrics.get("timing_s/step") or (time.perf_counter() - self._t0))
+        t = time.perf_counter()
+        by_process = _gather_step_times(step_s)
+        if len(by_process) > 1:
+            comm["step_time_allgather"] = time.perf_counter() - t
+        out.update({f"comm_s/{k}": v for k, v in comm.items()})
+        out["timing_s/comm"] = sum(comm.values())
+        slowest = int(np.argmax(by_process))
+        out.update({"perf/step_time_by_process": [round(x, 6) for x in by_process],
+                    "perf/slowest_process": slowest,
+                    "perf/step_time_max_over_min": float(max(by_process) / min(by_process)) if min(by_process) > 0
+                    else 1.0})
+        self._slowest[slowest] = self._slowest.get(slowest, 0) + 1
+        return out
 
     def _rollout_step(self, step: int, rows, fields: Mapping) -> None:
         """Which process generated which prompt uids this step (``rollout_uids.jsonl``; counts in the summary)."""
@@ -366,6 +468,9 @@ class Tracer:
 
         if faults.enabled():  # a test provoked these bugs on purpose
             summary["faults"] = faults.enabled()
+        summary["bytes_per_field"] = self._bytes
+        summary["invariants"] = self._invariants
+        summary["slowest_process_steps"] = {str(k): v for k, v in sorted(self._slowest.items())}
         if self._async is not None:
             summary["async"] = self._async
         if self._rollout is not None:
@@ -532,7 +637,8 @@ class Tracer:
                 w = fields
             p = w["prompts"][g]
             return dict(row_index=int(p.index), position=int(p.position), prompt_tokens=len(p.ids),
-                        truncated=bool(p.truncated), message_count=1, prompt_key=w["uids"][g],
+                        truncated=bool(p.truncated), message_count=message_count(getattr(p, "prompt", ""), cfg.data.system_prompt),
+                        prompt_key=w["uids"][g],
                         uid_rule="uid = '{step}-{index in batch}'", num_groups=len(w["uids"]),
                         weight_version=w.get("weight_version"))
         if ev.stage == "rollout_sessions":
@@ -649,6 +755,46 @@ class Tracer:
         return dict(minibatch=minibatch, actor_metrics=actor,
                     behaviour_logp={"field": behaviour, "producer": ev.producers.get(behaviour) if behaviour else None,
                                     "bypass_mode": bool(self.cfg.algorithm.bypass_mode), "in_update": in_update})
+
+
+def message_count(prompt, system_prompt: Optional[str] = None) -> int:
+    """Messages of a chat prompt: the message list's length, plus the ``data.system_prompt``
+    the formatter puts first when the chat has no system message; 1 for a text prompt."""
+    if isinstance(prompt, str):
+        return 1
+    msgs = list(prompt)
+    return len(msgs) + (system_prompt is not None and not any(m.get("role") == "system" for m in msgs))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_facts_fn(with_ids: bool, with_obs: bool):
+    import jax
+
+    from rljax.trace import invariants as I
+
+    def facts(lm, ids, obs):
+        return I.device_row_facts_traced(lm, ids if with_ids else None, obs if with_obs else None)
+
+    return jax.jit(facts)
+
+
+def _device_row_facts(loss_mask, response_ids, observations) -> dict:
+    import jax
+
+    fn = _device_facts_fn(response_ids is not None, observations is not None)
+    out = jax.device_get(fn(loss_mask, response_ids, observations))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _gather_step_times(step_s: float) -> list[float]:
+    """Every process's step time (one process: its own)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [step_s]
+    from jax.experimental import multihost_utils
+
+    return [float(x) for x in np.asarray(multihost_utils.process_allgather(np.float32(step_s))).ravel()]
 
 
 def _producers(events) -> dict[str, str]:

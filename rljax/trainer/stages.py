@@ -308,6 +308,8 @@ def trajectory_fields(c: Components, b) -> dict:
                           multiple=dict(c.mesh.shape).get("sp", 1), longest=longest)
     if share.processes > 1:
         host["group_id"] = host["group_id"] + np.int32(share.lo)
+    faults.learner_fields(host, traj, seed=c.cfg.trainer.seed, step=b["step"], groups=c.cfg.trace.groups,
+                          version=c.version)
     return assemble(host, c.mesh, share)
 
 

@@ -1,0 +1,113 @@
+"""Whole-batch invariants: every row of every step, reduced on device where the data lives.
+
+The traced groups (``trace.groups``) give field-level detail for a few rows; these checks
+cover all of them with a few reductions per step (one int per row and invariant comes to
+the host, never the ``[B, T]`` arrays the learner holds):
+
+* **policy tokens**: per row, the tokens of the ``loss_mask`` the update consumed == the
+  policy tokens of the rollout (its ``loss_mask``: ``response_mask`` less padding rows);
+* **mask positions**: a position-sensitive per-row digest of that mask
+  (:func:`position_digest`) agrees between the rollout and the update, so a mask shifted by
+  one position (same count) is caught;
+* **tokens under the mask**: the same digest over the response token ids the update read
+  (``input_ids``' response columns) agrees with the rollout's ``response_ids``;
+* **versions**: no row with ``max_version`` > the learner's version at the update;
+* **observations**: no observation token (``roles == TOOL_RESULT``, multi-turn runs) with
+  mask 1 in the update's ``loss_mask``.
+
+A violation names the tensor, the step, the stage and the row's trajectory key
+(``{uid}_{session}_{index}``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+#: A prime below 2**16: residues times position weights stay below 2**32 (uint32 on device).
+P = 65521
+#: ``rljax.loss.Role.TOOL_RESULT``.
+OBSERVATION_ROLE = 2
+
+
+def position_weights(width: int) -> np.ndarray:
+    """Per-position weights in ``[1, P)``, distinct for neighbouring positions (uint32)."""
+    t = np.arange(width, dtype=np.uint64)
+    return ((t * np.uint64(40503) + np.uint64(12345)) % np.uint64(P - 1) + np.uint64(1)).astype(np.uint32)
+
+
+def position_digest(mask, ids=None):
+    """Per row, ``sum_t mask[t] * w(t) * (ids[t] mod P + 1)  mod P`` (``ids`` None: 1).
+
+    Works on NumPy and on jax arrays alike (``[B, T]`` -> ``[B]`` uint32); extra columns of
+    zeros (a learner width rounded up to a multiple of ``sp``) do not change it.
+    """
+    xp = np if isinstance(mask, np.ndarray) else _jnp()
+    width = mask.shape[1]
+    w = xp.asarray(position_weights(width))
+    m = (mask != 0).astype(xp.uint32)
+    term = m * w
+    if ids is not None:  # < P * P < 2**32
+        term = (term * (ids.astype(xp.uint32) % xp.uint32(P) + xp.uint32(1))) % xp.uint32(P)
+    return xp.sum(term, axis=1, dtype=xp.uint32) % xp.uint32(P)  # < T * P < 2**32 for T < 65537
+
+
+def _jnp():
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def device_row_facts_traced(loss_mask, response_ids=None, observations=None) -> dict:
+    """The update's per-row facts (jit this: a few reductions, ``[B]`` ints out)."""
+    jnp = _jnp()
+    out = {"tokens": jnp.sum(loss_mask != 0, axis=1, dtype=jnp.int32), "mask_digest": position_digest(loss_mask)}
+    if response_ids is not None:
+        out["token_digest"] = position_digest(loss_mask, response_ids)
+    if observations is not None:
+        out["observation_tokens"] = jnp.sum((loss_mask[:, :observations.shape[1]] != 0) & observations, axis=1,
+                                            dtype=jnp.int32)
+    return out
+
+
+def host_row_facts(mask: np.ndarray, ids: np.ndarray) -> dict:
+    """The rollout's per-row facts (the sampler's host arrays)."""
+    return {"tokens": (mask != 0).sum(axis=1).astype(np.int32), "mask_digest": position_digest(mask),
+            "token_digest": position_digest(mask, ids)}
+
+
+def compare(step: int, keys, real: np.ndarray, rollout: dict, update: dict, *, stage: str = "actor_minibatch",
+            max_version: Optional[np.ndarray] = None, learner_version: Optional[int] = None,
+            limit: int = 5) -> tuple[dict, list[dict]]:
+    """``(counts, violations)``: every real row of the step against the invariants above."""
+    violations: list[dict] = []
+    rows = np.nonzero(real)[0]
+
+    def add(tensor, i, detail):
+        if len(violations) < limit:
+            violations.append({"step": int(step), "tensor": tensor, "stage": stage, "key": keys[i],
+                               "uid": keys[i].rsplit("_", 2)[0], "row": int(i), "detail": detail})
+
+    counts = {"rows": int(len(rows)), "violations": 0}
+    for i in rows:
+        bad = False
+        if int(update["tokens"][i]) != int(rollout["tokens"][i]):
+            add("loss_mask", i, f"{int(update['tokens'][i])} loss tokens in the update, {int(rollout['tokens'][i])} "
+                                f"policy tokens in the rollout")
+            bad = True
+        elif int(update["mask_digest"][i]) != int(rollout["mask_digest"][i]):
+            add("loss_mask", i, "same token count, different positions: the update's loss_mask is not the "
+                                "rollout's (shifted or moved)")
+            bad = True
+        elif "token_digest" in update and int(update["token_digest"][i]) != int(rollout["token_digest"][i]):
+            add("input_ids", i, "the response tokens under the mask differ between the rollout and the update")
+            bad = True
+        if int(update.get("observation_tokens", np.zeros(len(real), np.int32))[i]):
+            add("loss_mask", i, f"{int(update['observation_tokens'][i])} observation token(s) with mask 1")
+            bad = True
+        if max_version is not None and learner_version is not None and int(max_version[i]) > learner_version:
+            add("max_version", i, f"max_version {int(max_version[i])} > the learner's version {learner_version}")
+            bad = True
+        counts["violations"] += bad
+    return counts, violations

@@ -1,0 +1,71 @@
+"""Data-flow bugs provoked on purpose (rljax.trace.faults, switched on by RLJAX_FAULTS) in short
+runs: each makes ``python -m rljax.trace check`` fail, naming the tensor, the step and the uid,
+and the run exit 3 (an error-severity alert). The whole-batch invariants cover rows outside the
+traced prompt groups: every fault here hits an untraced row."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launching import launch_env
+from test_launch import SMALL
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_position_digest_sees_positions_not_counts():
+    import jax.numpy as jnp
+
+    from rljax.trace.invariants import compare, host_row_facts, position_digest
+
+    mask = np.zeros((3, 12), bool)
+    mask[:, 2:7] = True
+    ids = np.arange(36).reshape(3, 12) * 7919
+    shifted = np.roll(mask, 1, axis=1)
+    assert (position_digest(mask) != position_digest(shifted)).all()
+    # the learner's wider (sp-rounded) copy on device agrees with the sampler's host arrays
+    wide = np.pad(mask, ((0, 0), (0, 4))).astype(np.float32)
+    dev = np.asarray(position_digest(jnp.asarray(wide), jnp.asarray(np.pad(ids, ((0, 0), (0, 4))), jnp.int32)))
+    assert (dev == position_digest(mask, ids)).all()
+    rollout = host_row_facts(mask, ids)
+    update = host_row_facts(np.stack([mask[0], shifted[1], mask[2]]), ids)
+    keys = ("1-0_0_0", "1-0_1_1", "1-1_0_2")
+    counts, v = compare(1, keys, np.ones(3, bool), rollout, update, max_version=np.array([0, 0, 2]),
+                        learner_version=1)
+    assert counts == {"rows": 3, "violations": 2}
+    assert [(x["tensor"], x["key"], x["uid"]) for x in v] == [("loss_mask", "1-0_1_1", "1-0"),
+                                                              ("max_version", "1-1_0_2", "1-1")]
+
+
+def test_unknown_fault_is_one_clear_error():
+    from rljax.trace import faults
+
+    with pytest.raises(ValueError, match="unknown fault.*nope; accepted: keep_batch_field"):
+        faults.enable("nope")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,tensor,detail", [
+    ("zero_loss_mask_token", "loss_mask", "loss tokens in the update"),
+    ("shift_loss_mask", "loss_mask", "different positions"),
+    ("future_version", "max_version", "> the learner's version"),
+])
+def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail):
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", "--run-dir", str(run), *SMALL,
+                          "trainer.total_steps=1"], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=fault),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
+    inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
+    v = inv["violations"][0]
+    traced = {json.loads(line)["uid"] for line in open(run / "trace.jsonl")}
+    assert v["tensor"] == tensor and v["step"] == 1 and v["uid"] not in traced, (v, traced)
+    check = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    line = next(x for x in check.stdout.splitlines() if "whole-batch invariants" in x)
+    assert check.returncode == 1 and line.startswith("FAIL"), check.stdout
+    assert f"step 1 tensor {tensor}" in line and f"uid {v['uid']}" in line and detail in line, line
