@@ -188,6 +188,9 @@ def test_shape_checksum_mismatch_alert(tmp_path, caplog):
     _, out = _step(tmp_path, old_logp_shape=(B, T - 1))
     assert out.get("alerts/shape_checksum_mismatch") == 1
     assert "old_log_prob" in caplog.text and "resp_len" in caplog.text and "[error]" in caplog.text
+    # the tensor named, with the exact width of its layout (the learner's here), not "one of the two"
+    assert f"tensor old_logp at stage old_log_prob (step 1, uid 1-" in caplog.text, caplog.text
+    assert f"width {T - 1} != {T}, the learner layout's response width" in caplog.text, caplog.text
 
 
 def test_dp_token_imbalance_alert(tmp_path):

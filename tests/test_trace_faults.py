@@ -41,6 +41,20 @@ def test_position_digest_sees_positions_not_counts():
                                                               ("max_version", "1-1_0_2", "1-1")]
 
 
+def test_scores_are_tied_to_the_trajectory_they_scored():
+    from rljax.trace.invariants import compare_scores
+
+    digest = np.array([11, 22, 33, 44], np.uint32)
+    scored = {"digest": digest, "scores": np.array([1.0, 0.0, 0.5, 0.0], np.float32)}
+    keys = ("1-0_0_0", "1-0_1_1", "1-1_0_2", "1-1_1_3")
+    ok = compare_scores(1, keys, np.ones(4, bool), digest, scored, scored["scores"])
+    assert ok == ({"violations": 0}, [])
+    swapped = np.array([0.5, 0.0, 1.0, 0.0], np.float32)  # rows 0 and 2 (groups 1-0 and 1-1) swapped
+    counts, v = compare_scores(1, keys, np.ones(4, bool), digest, scored, swapped)
+    assert counts == {"violations": 2} and [(x["tensor"], x["uid"]) for x in v] == [("scores", "1-0"), ("scores", "1-1")]
+    assert "score 0.5 read by the advantages, the reward stage scored this trajectory 1" in v[0]["detail"]
+
+
 def test_unknown_fault_is_one_clear_error():
     from rljax.trace import faults
 
@@ -49,15 +63,17 @@ def test_unknown_fault_is_one_clear_error():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault,tensor,detail", [
-    ("zero_loss_mask_token", "loss_mask", "loss tokens in the update"),
-    ("shift_loss_mask", "loss_mask", "different positions"),
-    ("future_version", "max_version", "> the learner's version"),
+@pytest.mark.parametrize("fault,tensor,detail,extra", [
+    ("zero_loss_mask_token", "loss_mask", "loss tokens in the update", ()),
+    # longer responses: some row ends early (EOS), so its mask has a free position to shift into
+    ("shift_loss_mask", "loss_mask", "different positions", ("data.max_response_length=8",)),
+    ("future_version", "max_version", "> the learner's version", ()),
+    ("swap_rewards", "scores", "read by the advantages", ()),
 ])
-def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail):
+def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail, extra):
     run = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", "--run-dir", str(run), *SMALL,
-                          "trainer.total_steps=1"], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=fault),
+                          "trainer.total_steps=1", *extra], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=fault),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     inv = json.loads((run / "trace_summary.json").read_text())["invariants"]

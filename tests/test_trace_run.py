@@ -55,7 +55,7 @@ def test_default_run_writes_every_file(run_dir):
     for r in recs:  # summaries only: no token lists or text
         for f in r["fields"]:
             assert set(f) <= {"name", "producer", "consumers", "shape", "dtype", "sharding", "valid_length",
-                              "mask_sum", "is_padding", "row_value", "row_mean", "outside_mask_abs_sum"}, f
+                              "mask_sum", "is_padding", "row_value", "row_mean", "outside_mask_abs_sum", "layout"}, f
     shapes = {row["tensor"] for row in json.loads((run_dir / "shape_ledger.json").read_text())}
     for t in ("prompt_ids", "response_ids", "full_sequence (input_ids)", "attention_mask", "response_mask",
               "loss_mask", "old_logp", "new_logp", "scores (rewards)", "advantages", "returns", "loss_matrix",

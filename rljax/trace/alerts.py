@@ -149,6 +149,26 @@ def drop_rate_alert(dropped_rows: int, generated_rows: int, frac: float) -> Opti
     return None
 
 
+def width_alerts(records, widths: Mapping[str, Optional[int]], response_fields) -> list[Alert]:
+    """``shape_checksum_mismatch`` naming the tensor: a response-shaped field (``[B, T]``) of a traced
+    record whose width is not its layout's exact one (``widths``: ``{"sampler": T, "learner": T'}``,
+    the learner's rounded up to a multiple of ``sp``). One alert per (tensor, stage)."""
+    alerts, seen = [], set()
+    for r in records:
+        for f in r.get("fields", []):
+            want = widths.get(f.get("layout"))
+            shape = f.get("shape") or []
+            if f["name"] not in response_fields or len(shape) != 2 or want is None or shape[1] == want:
+                continue
+            if (f["name"], r["stage"]) in seen:
+                continue
+            seen.add((f["name"], r["stage"]))
+            alerts.append(("shape_checksum_mismatch",
+                           f"tensor {f['name']} at stage {r['stage']} (step {r['step']}, uid {r['uid']}): shape "
+                           f"{shape}, width {shape[1]} != {want}, the {f['layout']} layout's response width"))
+    return alerts
+
+
 def checksum_alerts(signatures: Mapping[str, Mapping[str, dict]]) -> list[Alert]:
     """``signatures[uid][stage]`` -> alerts where a stage disagrees with ``trajectory_fields``.
 

@@ -17,6 +17,8 @@ Faults (name: the bug it provokes, where):
   count -> ``batch_invariant`` (mask positions).
 * ``future_version``: an untraced row claims ``max_version`` = the learner's + 1 (a sync run)
   -> ``batch_invariant`` (versions).
+* ``swap_rewards``: the scores of two untraced rows of different prompt groups swapped after
+  scoring (``reward``) -> ``batch_invariant`` (scores tied to the trajectory digest).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ FAULTS = {
     "zero_loss_mask_token": "one loss_mask token zeroed in a row outside the traced groups",
     "shift_loss_mask": "one untraced row's loss_mask shifted by one position (same count)",
     "future_version": "an untraced row claims a weight version newer than the learner's",
+    "swap_rewards": "the scores of two untraced rows of different prompt groups swapped after scoring",
 }
 _on: set[str] = set()
 _kept: list = []
@@ -103,6 +106,24 @@ def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, versi
         lm[r, moved] = value
     if "future_version" in _on:
         traj.max_version[r] = version + 1
+
+
+def reward_scores(scores, traj, *, seed: int, step: int, groups: int) -> None:
+    """``swap_rewards``: swaps two untraced rows' scores (of different groups, different scores) in place."""
+    if "swap_rewards" not in _on:
+        return
+    from rljax.trace.tracer import choose_groups
+
+    traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
+    rows = [i for i in range(traj.batch_size) if not traj.is_padding[i] and int(traj.group_id[i]) not in traced]
+    for a in rows:
+        for b in rows:
+            if traj.group_id[a] != traj.group_id[b] and scores[a] != scores[b]:
+                scores[a], scores[b] = scores[b], scores[a]
+                return
+    a, b = next((a, b) for a in rows for b in rows if traj.group_id[a] != traj.group_id[b])
+    scores[a] += 1.0  # every untraced score equal: a swap would change nothing; make it a wrong score
+    scores[b] -= 1.0
 
 
 _on.update(_parse(os.environ.get("RLJAX_FAULTS", "")))

@@ -13,7 +13,10 @@ the host, never the ``[B, T]`` arrays the learner holds):
   (``input_ids``' response columns) agrees with the rollout's ``response_ids``;
 * **versions**: no row with ``max_version`` > the learner's version at the update;
 * **observations**: no observation token (``roles == TOOL_RESULT``, multi-turn runs) with
-  mask 1 in the update's ``loss_mask``.
+  mask 1 in the update's ``loss_mask``;
+* **rewards tied to trajectories**: the reward stage records, per row, the digest of the
+  response tokens it scored and the score; each row's score as the advantage stage read it
+  must be the one recorded for the digest of that row's trajectory (a swap is named by uid).
 
 A violation names the tensor, the step, the stage and the row's trajectory key
 (``{uid}_{session}_{index}``).
@@ -111,3 +114,27 @@ def compare(step: int, keys, real: np.ndarray, rollout: dict, update: dict, *, s
             bad = True
         counts["violations"] += bad
     return counts, violations
+
+
+def compare_scores(step: int, keys, real: np.ndarray, digest: np.ndarray, scored: dict, read: np.ndarray, *,
+                   limit: int = 5) -> tuple[dict, list[dict]]:
+    """Each real row's score as the advantage stage read it == the score the reward stage gave the
+    trajectory with that row's digest (``scored``: ``{"digest", "scores"}`` per row, as scored)."""
+    by_digest: dict[int, list[float]] = {}
+    for d, s in zip(np.asarray(scored["digest"]).tolist(), np.asarray(scored["scores"]).tolist()):
+        by_digest.setdefault(int(d), []).append(float(s))
+    violations, bad = [], 0
+    for i in np.nonzero(real)[0]:
+        want = by_digest.get(int(digest[i]))
+        if want is None:
+            detail, tensor = "no score was computed for this trajectory's response tokens", "response_ids"
+        elif not any(abs(float(read[i]) - w) <= 1e-6 * max(1.0, abs(w)) for w in want):
+            detail, tensor = (f"score {float(read[i]):g} read by the advantages, the reward stage scored this "
+                              f"trajectory {want[0]:g}"), "scores"
+        else:
+            continue
+        bad += 1
+        if len(violations) < limit:
+            violations.append({"step": int(step), "tensor": tensor, "stage": "advantages", "key": keys[i],
+                               "uid": keys[i].rsplit("_", 2)[0], "row": int(i), "detail": detail})
+    return {"violations": bad}, violations

@@ -221,6 +221,10 @@ class Tracer:
                 records.extend(recs)
             self._pending = records
             found = A.checksum_alerts(sigs)
+            learner_mask = fields.get("loss_mask")
+            found += A.width_alerts(records, {"sampler": int(traj.response_ids.shape[1]),
+                                              "learner": int(learner_mask.shape[1]) if learner_mask is not None
+                                              else None}, RESPONSE_FIELDS)
             if not self._ledgers_done:
                 t = time.perf_counter()
                 self._ledgers_done = True
@@ -249,7 +253,8 @@ class Tracer:
         self._invariant_alerts = []
         if self._inv_counts is not None:
             out.update({"invariants/rows": self._inv_counts["rows"],
-                        "invariants/violating_rows": self._inv_counts["violations"]})
+                        "invariants/violating_rows": self._inv_counts["violations"],
+                        "trace/invariants_s": self._inv_counts["s"]})
             self._inv_counts = None
         found += [a for a in (A.mismatch_alert(metrics, self.cfg.trace.alert_rollout_probs_diff_max),) if a]
         for name, msg in found:
@@ -316,13 +321,30 @@ class Tracer:
                     self._invariant_alerts.append(
                         ("batch_invariant", f"step {step} {first['tensor']} at {first['stage']}, {first['key']} (uid "
                                             f"{first['uid']}): {first['detail']} ({c['violations']} row(s))"))
+        scored = fields.get("scored_rows")
+        adv = next((ev for ev in events if ev.stage == "advantages" and "scores" in ev.reads), None)
+        if scored is not None and adv is not None:
+            keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
+            read = np.asarray(_to_host(adv.reads["scores"]), np.float32)
+            present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
+            c, v = I.compare_scores(step, keys, real, I.position_digest(present, np.asarray(traj.response_ids)),
+                                    scored, read)
+            counts["violations"] += c["violations"]
+            if v:
+                inv["violations"].extend(v[:max(20 - len(inv["violations"]), 0)])
+                if not self._invariant_alerts:
+                    self._invariant_alerts.append(("batch_invariant", f"step {step} scores at advantages, "
+                                                                      f"{v[0]['key']} (uid {v[0]['uid']}): "
+                                                                      f"{v[0]['detail']}"))
+            inv["scores_tied"] = True
         inv["steps"] += 1
         inv["rows"] += counts["rows"]
         inv["violating_rows"] += counts["violations"]
         inv["stages"] = sorted(set(inv.get("stages", [])) | {ev.stage for ev in events if "loss_mask" in ev.reads
                                                              and ev.stage != "metrics"})
-        inv["s"] = inv.get("s", 0.0) + time.perf_counter() - t
-        self._inv_counts = counts
+        dt = time.perf_counter() - t
+        inv["s"] = inv.get("s", 0.0) + dt
+        self._inv_counts = dict(counts, s=dt)
 
     def _bytes_and_comm(self, events, metrics: Mapping) -> dict:
         """Bytes of every batch field each stage wrote (global, from shapes: no copy), the communication
@@ -593,9 +615,11 @@ class Tracer:
                 valid = p_len
             else:
                 valid = None
-            return summarize(name, x, producer=producer, consumers=consumers.get(consumed_as or name, []), rows=r,
-                             valid_length=valid, mask_rows=mask_rows, is_padding=is_pad,
-                             values=name in VALUE_FIELDS)
+            out = summarize(name, x, producer=producer, consumers=consumers.get(consumed_as or name, []), rows=r,
+                            valid_length=valid, mask_rows=mask_rows, is_padding=is_pad,
+                            values=name in VALUE_FIELDS)
+            out["layout"] = "sampler" if sampler else "learner"  # whose response width it must have
+            return out
 
         def fields_of(ev) -> list[dict]:
             out = []

@@ -332,18 +332,31 @@ def reward(c: Components, b) -> dict:
 
     share = rollout_share(c)
     bound = c.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
-    scores, report = score(c, b["trajectories"], b["prompts"], max_error_fraction=bound)
+    traj = b["trajectories"]
+    scores, report = score(c, traj, b["prompts"], max_error_fraction=bound)
     if "rm_scores" in b:  # reward.combine: weighted rule and model scores, then the overlong penalty
-        penalty = overlong_penalty(c, b["trajectories"])
+        penalty = overlong_penalty(c, traj)
         host = {"function_scores": scores.astype(np.float32),
                 "penalty": np.zeros_like(scores, np.float32) if penalty is None else penalty}
         dev = assemble(host, c.mesh, share)
         w = c.cfg.reward.combine
         combined = w.function_weight * dev["function_scores"] + w.model_weight * b["rm_scores"] + dev["penalty"]
         return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report}
-    scores = overlong_shaping(c, b["trajectories"], scores)
-    return {"scores": assemble({"scores": scores.astype(np.float32)}, c.mesh, share)["scores"],
-            "reward_report": report}
+    scores = overlong_shaping(c, traj, scores).astype(np.float32)
+    # What was scored, per row: the digest of the response tokens and the score (the trace ties
+    # each row's score, as the advantage stage reads it, to the trajectory it was computed for).
+    scored = {"digest": response_digest(traj), "scores": scores.copy()}
+    faults.reward_scores(scores, traj, seed=c.cfg.trainer.seed, step=b["step"], groups=c.cfg.trace.groups)
+    return {"scores": assemble({"scores": scores}, c.mesh, share)["scores"], "reward_report": report,
+            "scored_rows": scored}
+
+
+def response_digest(traj) -> np.ndarray:
+    """Per row, the position-sensitive digest of the response tokens (observations included)."""
+    from rljax.trace.invariants import position_digest
+
+    present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
+    return position_digest(present, np.asarray(traj.response_ids))
 
 
 def reward_model(c: Components, b) -> dict:
