@@ -77,7 +77,7 @@ def untraced_row(traj, *, seed: int, step: int, groups: int, partial: bool = Fal
     ``partial``: one whose mask leaves a position free, so it can shift)."""
     import numpy as np
 
-    from rljax.trace.tracer import choose_groups
+    from rljax.trace.groups import choose_groups
 
     traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
     n = lambda i: int(np.asarray(traj.loss_mask[i]).sum())  # noqa: E731
@@ -112,7 +112,7 @@ def reward_scores(scores, traj, *, seed: int, step: int, groups: int) -> None:
     """``swap_rewards``: swaps two untraced rows' scores (of different groups, different scores) in place."""
     if "swap_rewards" not in _on:
         return
-    from rljax.trace.tracer import choose_groups
+    from rljax.trace.groups import choose_groups
 
     traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
     rows = [i for i in range(traj.batch_size) if not traj.is_padding[i] and int(traj.group_id[i]) not in traced]

@@ -92,27 +92,28 @@ def compare(step: int, keys, real: np.ndarray, rollout: dict, update: dict, *, s
             violations.append({"step": int(step), "tensor": tensor, "stage": stage, "key": keys[i],
                                "uid": keys[i].rsplit("_", 2)[0], "row": int(i), "detail": detail})
 
-    counts = {"rows": int(len(rows)), "violations": 0}
-    for i in rows:
-        bad = False
-        if int(update["tokens"][i]) != int(rollout["tokens"][i]):
-            add("loss_mask", i, f"{int(update['tokens'][i])} loss tokens in the update, {int(rollout['tokens'][i])} "
-                                f"policy tokens in the rollout")
-            bad = True
-        elif int(update["mask_digest"][i]) != int(rollout["mask_digest"][i]):
+    tok_u, tok_r = np.asarray(update["tokens"]).astype(np.int64), np.asarray(rollout["tokens"]).astype(np.int64)
+    bad_tokens = tok_u != tok_r
+    bad_mask = ~bad_tokens & (np.asarray(update["mask_digest"]) != np.asarray(rollout["mask_digest"]))
+    bad_ids = (~bad_tokens & ~bad_mask & (np.asarray(update["token_digest"]) != np.asarray(rollout["token_digest"]))
+               if "token_digest" in update else np.zeros(len(real), bool))
+    obs = np.asarray(update.get("observation_tokens", np.zeros(len(real), np.int64)))
+    future = (np.asarray(max_version) > learner_version if max_version is not None and learner_version is not None
+              else np.zeros(len(real), bool))
+    bad = real & (bad_tokens | bad_mask | bad_ids | (obs > 0) | future)
+    counts = {"rows": int(len(rows)), "violations": int(bad.sum())}
+    for i in np.nonzero(bad)[0][:limit]:  # vectorised above; only the rows to name are visited
+        if bad_tokens[i]:
+            add("loss_mask", i, f"{tok_u[i]} loss tokens in the update, {tok_r[i]} policy tokens in the rollout")
+        elif bad_mask[i]:
             add("loss_mask", i, "same token count, different positions: the update's loss_mask is not the "
                                 "rollout's (shifted or moved)")
-            bad = True
-        elif "token_digest" in update and int(update["token_digest"][i]) != int(rollout["token_digest"][i]):
+        elif bad_ids[i]:
             add("input_ids", i, "the response tokens under the mask differ between the rollout and the update")
-            bad = True
-        if int(update.get("observation_tokens", np.zeros(len(real), np.int32))[i]):
-            add("loss_mask", i, f"{int(update['observation_tokens'][i])} observation token(s) with mask 1")
-            bad = True
-        if max_version is not None and learner_version is not None and int(max_version[i]) > learner_version:
+        if obs[i]:
+            add("loss_mask", i, f"{int(obs[i])} observation token(s) with mask 1")
+        if future[i]:
             add("max_version", i, f"max_version {int(max_version[i])} > the learner's version {learner_version}")
-            bad = True
-        counts["violations"] += bad
     return counts, violations
 
 

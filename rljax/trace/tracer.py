@@ -37,6 +37,7 @@ from rljax.sharding import to_host
 from rljax.trace import alerts as A
 from rljax.trace._io import append_lines, write_atomic
 from rljax.trace.fields import host_rows, summarize
+from rljax.trace.groups import choose_groups  # noqa: F401 -- re-exported (rljax.trace.choose_groups)
 
 log = logging.getLogger("rljax.trace")
 
@@ -81,15 +82,6 @@ def _timed(fn):
             self._spent += time.perf_counter() - t
 
     return wrapper
-
-
-def choose_groups(seed: int, step: int, num_groups: int, k: int) -> list[int]:
-    """The ``k`` traced groups of a step: consecutive from a start drawn from ``(seed, step)``."""
-    if k <= 0 or num_groups <= 0:
-        return []
-    h = int.from_bytes(hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest(), "little")
-    start = h % num_groups
-    return sorted({(start + i) % num_groups for i in range(min(k, num_groups))})
 
 
 def _percentiles(x: np.ndarray, prefix: str) -> dict:
