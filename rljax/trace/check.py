@@ -252,7 +252,9 @@ def check_invariants(run: Run) -> Result:
     and mask positions of the update == the rollout's, the same response tokens, no future version,
     no observation token with mask 1."""
     name = "whole-batch invariants on every row"
-    inv = (run.summary or {}).get("invariants")
+    if run.summary is None:
+        return NA, name, f"{SUMMARY_FILE} missing (see 'trace summary saved')"
+    inv = run.summary.get("invariants")
     if inv is None:
         return FAIL, name, f"{SUMMARY_FILE} has no invariants section"
     if inv.get("skipped"):
