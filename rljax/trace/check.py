@@ -257,6 +257,8 @@ def check_invariants(run: Run) -> Result:
     inv = run.summary.get("invariants")
     if inv is None:
         return FAIL, name, f"{SUMMARY_FILE} has no invariants section"
+    if inv.get("error"):  # the tracer failed to compute them: the rows went unchecked
+        return FAIL, name, inv["error"]
     if inv.get("skipped"):
         return NA, name, inv["skipped"]
     if inv.get("violations"):

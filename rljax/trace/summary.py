@@ -139,8 +139,8 @@ def summarize_run(run_dir: str) -> str:
                    f"max {100 * s.get('overhead_frac_max', 0):.2f}%), ledgers {s.get('ledger_s', 0):.2f} s once")
         out.append("alerts: " + (", ".join(f"{k} x{v}" for k, v in s["alerts"].items()) if s.get("alerts") else "none"))
         inv = s.get("invariants") or {}
-        if inv.get("skipped"):
-            out.append(f"whole-batch invariants: not checked ({inv['skipped']})")
+        if inv.get("error") or inv.get("skipped"):
+            out.append(f"whole-batch invariants: not checked ({inv.get('error') or inv['skipped']})")
         elif inv:
             out.append(f"whole-batch invariants: {inv.get('rows', 0)} rows over {inv.get('steps', 0)} step(s), "
                        f"{inv.get('violating_rows', 0)} violating; {1000 * inv.get('s', 0.0):.1f} ms in all"

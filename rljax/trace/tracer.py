@@ -203,7 +203,7 @@ class Tracer:
                 self._invariants_step(step, events, traj, fields, rows_view)
             except Exception as e:  # a check must never stop training; check reports what was not checked
                 log.warning("rljax.trace: whole-batch invariants not computed: %s: %s", type(e).__name__, e)
-                self._invariants["skipped"] = f"not computed: {type(e).__name__}: {e}"
+                self._invariants["error"] = f"step {step}: not computed: {type(e).__name__}: {e}"
             records = []
             sigs: dict[str, dict] = {}
             groups = choose_groups(self.cfg.trainer.seed, step, int(traj.num_groups), self.k)
@@ -317,7 +317,7 @@ class Tracer:
         adv = next((ev for ev in events if ev.stage == "advantages" and "scores" in ev.reads), None)
         if scored is not None and adv is not None:
             keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
-            read = np.asarray(_to_host(adv.reads["scores"]), np.float32)
+            read = np.asarray(to_host(adv.reads["scores"]), np.float32)
             present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
             c, v = I.compare_scores(step, keys, real, I.position_digest(present, np.asarray(traj.response_ids)),
                                     scored, read)
