@@ -20,7 +20,7 @@ from launching import REPO, launch, launch_env, train_rows
 from test_launch import SMALL
 
 ASYNC = ["trainer.mode=async"]
-IGNORED = ("timing_s/", "perf/", "trace/", "memory/", "async/", "alerts/")
+IGNORED = ("timing_s/", "comm_s/", "perf/", "trace/", "memory/", "async/", "alerts/")
 
 
 @pytest.mark.parametrize("args, fragment", [

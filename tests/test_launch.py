@@ -273,7 +273,9 @@ def _rollouts(run_dir):
 #: Logged metrics compared between the runs: every metric of the batch (the rollout's, the
 #: learner's, the reward report); not timings, throughput, memory or queue waits.
 _NOT_COMPARED = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/rollout_tokens_per_s", "perf/mfu",
-                 "trace/", "memory/", "async/learner_wait_s", "async/rollout_wait_s", "async/queue_depth")
+                 "trace/", "memory/", "async/learner_wait_s", "async/rollout_wait_s", "async/queue_depth",
+                 "comm_s/", "perf/step_time_by_process", "perf/slowest_process", "perf/step_time_max_over_min",
+                 "perf/batch_bytes", "invariants/")
 
 
 @pytest.fixture(scope="module")
