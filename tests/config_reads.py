@@ -32,6 +32,17 @@ def _consumer_codes() -> frozenset:
     return frozenset({derive.__code__, apply_model_overrides.__code__})
 
 
+@lru_cache(maxsize=None)
+def _observer_setup_codes() -> frozenset:
+    """The functions in ``rljax/trace`` that act on a key rather than record it: the run's
+    experiment-logger set-up starts the loggers ``trainer.logger`` names (TensorBoard, wandb,
+    mlflow) under ``trainer.project_name`` / ``experiment_name``. The tracer and the trace
+    checks, which read keys to record or check them, stay excluded."""
+    from rljax.trace.loggers import open_run_logs
+
+    return frozenset({open_run_logs.__code__})
+
+
 def _in_preflight(frame) -> bool:
     """The read happens in the trainer's preflight check (``rljax.trainer.check``: the model
     files, tokenizer, tp and loggers), which reads keys to check them, not to use them (as the
@@ -55,7 +66,9 @@ def _counts_as_read(key: str, frame) -> bool:
         return False  # tests, dataclasses' generated methods
     if _in_preflight(frame):
         return False  # the trainer's input checks read every key they check
-    return not filename.startswith(_TRACE_DIR) or key.startswith("trace.")  # observers only read trace.*
+    if not filename.startswith(_TRACE_DIR) or key.startswith("trace."):
+        return True
+    return frame.f_code in _observer_setup_codes()  # observers only read trace.*, except to set themselves up
 
 
 @lru_cache(maxsize=None)
@@ -82,7 +95,8 @@ def record_reads():
     subclasses of the schema's dataclasses, equal in value). A read counts when code in
     ``rljax/`` reads the attribute directly, except code in ``rljax/config`` (validation,
     checks and serialisation read every key and do nothing with it) and observers in
-    ``rljax/trace`` (which count only for ``trace.*``). Used by the test that every schema
+    ``rljax/trace`` (which count only for ``trace.*``, except the experiment loggers' set-up,
+    which starts the loggers ``trainer.logger`` names). Used by the test that every schema
     key is read by the code that runs.
     """
     global _reads

@@ -65,3 +65,20 @@ def qwen2_dir(path, *, max_position_embeddings: int = 128, tie: bool = True, see
     model = transformers.Qwen2ForCausalLM(cfg)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+def tiny_reward_model(path, *, seed: int = 0, scale: float = 1.0) -> str:
+    """An rljax ``tiny``-shaped Qwen2ForSequenceClassification checkpoint (the policy's vocabulary),
+    random backbone and score head, written with rljax's own export (no torch needed)."""
+    import dataclasses
+
+    import jax
+
+    from rljax import models
+
+    config = dataclasses.replace(models.get_config("tiny"), tie_embeddings=True)
+    _, params = models.init_params(config, seed=seed)
+    head = models.RewardHead("Qwen2ForSequenceClassification", 1, False)
+    score = scale * jax.random.normal(jax.random.key(seed), (config.hidden_size, 1))
+    models.save_hf_reward_model(str(path), config, head, params, score)
+    return str(path)

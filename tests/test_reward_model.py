@@ -11,6 +11,7 @@ pytestmark = pytest.mark.hf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_tiny import tiny_reward_model  # noqa: E402
 from rljax import models  # noqa: E402
 from rljax import sharding as sh  # noqa: E402
 
@@ -106,19 +107,6 @@ def test_reward_model_rejects_a_causal_lm(tmp_path):
     transformers.LlamaForCausalLM(cfg).save_pretrained(str(tmp_path / "lm"), safe_serialization=True)
     with pytest.raises(ValueError, match="unsupported reward model architecture 'LlamaForCausalLM'"):
         models.load_hf_reward_model(str(tmp_path / "lm"))
-
-
-def tiny_reward_model(path, *, seed=0, scale=1.0):
-    """An rljax ``tiny``-shaped Qwen2ForSequenceClassification checkpoint (the policy's vocabulary),
-    random backbone and score head, written with rljax's own export."""
-    import dataclasses
-
-    config = dataclasses.replace(models.get_config("tiny"), tie_embeddings=True)
-    _, params = models.init_params(config, seed=seed)
-    head = models.RewardHead("Qwen2ForSequenceClassification", 1, False)
-    score = scale * jax.random.normal(jax.random.key(seed), (config.hidden_size, 1))
-    models.save_hf_reward_model(str(path), config, head, params, score)
-    return str(path)
 
 
 @pytest.mark.slow
