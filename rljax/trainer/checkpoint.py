@@ -464,6 +464,7 @@ class Checkpointer:
           CheckpointError: the checkpoint is damaged or unverified (names it, why, and the
             newest intact one).
         """
+        self._join()  # a save this checkpointer started finishes (digest written) before any restore
         status, reason = self.verify(step)
         if status == "damaged":
             raise self._damaged(step, reason)
