@@ -115,7 +115,7 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
             "rollout.correction=token", "rollout.max_slots=8",
             # DAPO: dynamic sampling on the score after the soft overlong penalty.
             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
-            "algorithm.filter_groups.max_num_gen_batches=0", "reward.reward_kwargs.max_resp_len=8",
+            "algorithm.filter_groups.max_num_gen_batches=8", "reward.reward_kwargs.max_resp_len=8",
             "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=6",
             "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5"]
     # GAE with a reward model (a tiny sequence-classification checkpoint) combined with the rule reward.
