@@ -92,6 +92,9 @@ class P:
     answer: str
     index: int = 0
 
+    def reward_extra(self) -> dict:  # what rljax.data's prompts hand the reward (verl's extra fields): none here
+        return {}
+
 
 class Scripted(Environment):
     """Observations after turns 0 and 1 (whatever the model wrote), a reward at the end:
