@@ -316,7 +316,10 @@ def test_packed_critic_update_equals_padded(critic_setup):
     step = PackedTrainStep(graphdef, opt, cfg, P.PackConfig(row_len=32, micro_batch_size=2), response_len=T,
                            loss_fn=critic_loss)
     out, mout = step(init_state(jax.tree.map(jnp.copy, cp), opt), fields, key)
-    chex.assert_trees_all_close(out.params, ref.params, rtol=1e-5, atol=1e-6)
+    # 1e-4 / 1e-5 as the mesh case above: the value loss's gradients are large, so float32 sums in
+    # another order (packed rows vs padded) move the embedding by up to 8.5e-6 on an AMD EPYC host
+    # (XLA's CPU code orders reductions per CPU; 1e-6 held on the Intel hosts of earlier sessions)
+    chex.assert_trees_all_close(out.params, ref.params, rtol=1e-4, atol=1e-5)
     for k in ("loss", "vf_loss", "vf_clipfrac", "grad_norm"):
         np.testing.assert_allclose(mout[k], mref[k], rtol=1e-5, atol=1e-6, err_msg=k)
     assert 0 < float(mref["vf_clipfrac"]) < 1  # the clip is exercised both ways
