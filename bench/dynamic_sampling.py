@@ -10,11 +10,9 @@ the wall time of each run.
 """
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import time
+
+from _launch import launch_run  # bench/ is on sys.path when a bench runs as a script
 
 BASE = ["--mesh=dp2", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=8",
         "trainer.val_before_train=true", "trace.ledgers=false", "data.val_batch_size=64", "data.embedded.num_test=64"]
@@ -32,17 +30,8 @@ def main() -> None:
     results = {}
     for name, extra in RUNS:
         run_dir = os.path.join(a.out, name.replace(" ", "").replace("+", "_"))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        env.pop("XLA_FLAGS", None)
-        t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "rljax.launch", "--run-dir", run_dir, *BASE, *extra,
-                            f"trainer.total_steps={a.steps}", f"trainer.test_freq={a.every}"],
-                           env=env, capture_output=True, text=True)
-        if p.returncode:
-            raise SystemExit(f"{name}: exit {p.returncode}\n{p.stderr[-3000:]}")
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            recs = list(map(json.loads, f))
-        results[name] = (recs, time.perf_counter() - t)
+        results[name] = launch_run(run_dir, [*BASE, *extra, f"trainer.total_steps={a.steps}",
+                                             f"trainer.test_freq={a.every}"], name=name)
         print(f"{name}: {results[name][1]:.0f} s", flush=True)
     steps = sorted({r["step"] for recs, _ in results.values() for r in recs if "val/score/mean" in r})
     print("| step | " + " | ".join(f"{n}: held-out reward | {n}: prompts generated / step" for n, _ in RUNS) + " |")

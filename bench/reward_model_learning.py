@@ -19,12 +19,11 @@ GRPO on the embedded addition task with that model as the only reward.
 
 import argparse
 import dataclasses
-import json
 import os
 import random
-import subprocess
-import sys
 import time
+
+from _launch import launch_run  # bench/ is on sys.path when a bench runs as a script
 
 #: responses scored per prompt in the fit
 CANDIDATES = 48
@@ -114,17 +113,9 @@ def main() -> None:
     results = {}
     for name, extra in runs:
         run_dir = os.path.join(a.out, name.replace(" ", "_"))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        env.pop("XLA_FLAGS", None)
-        t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "rljax.launch", "--run-dir", run_dir, *BASE, *extra,
-                            f"trainer.total_steps={a.steps}", f"trainer.test_freq={a.every}"],
-                           env=env, capture_output=True, text=True)
-        if p.returncode:
-            raise SystemExit(f"{name}: exit {p.returncode}\n{p.stderr[-3000:]}")
-        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-            results[name] = list(map(json.loads, fh))
-        print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
+        results[name], seconds = launch_run(run_dir, [*BASE, *extra, f"trainer.total_steps={a.steps}",
+                                                      f"trainer.test_freq={a.every}"], name=name)
+        print(f"{name}: {seconds:.0f} s", flush=True)
     steps = sorted({r["step"] for recs in results.values() for r in recs if "val/score/mean" in r})
     print("| step | " + " | ".join(f"{n}: held-out rule reward" for n, _ in runs) + " | reward model: train reward/model/mean |")
     print("|---" * (2 + len(runs)) + "|")
