@@ -184,3 +184,31 @@ def test_bad_arguments():
         TrajectoryQueue(0, 0)
     with pytest.raises(ValueError, match="max_staleness is -1"):
         TrajectoryQueue(1, -1)
+
+
+def test_drop_stalest_throttle_does_not_deadlock_when_the_gate_empties_the_queue():
+    """tau=0, queue_size=1: an overflow drop throttles the producer until the learner takes a batch;
+    when the learner's gate then drops the queued batch as stale, nothing is left to take. The
+    throttle must let the producer go on (before the fix both sides waited for the other)."""
+    q = TrajectoryQueue(max_batches=1, max_staleness=0, overflow="drop_stalest")
+    q.put(item(1, 0, uid="a"))
+    q.put(item(2, 0, uid="b"))  # full: "a" dropped for overflow; the producer is now throttled
+    assert q.stats.dropped_overflow_batches == 1
+    q.set_learner_version(1)  # the learner has trained once more and pushed version 1
+    got, errors = [], []
+
+    def learner():  # at version 1, "b" (version 0) is too stale: dropped, then the learner waits for data
+        try:
+            got.append(q.get(current_version=1, timeout=5))
+        except BaseException as e:  # noqa: BLE001 -- reported by the assertions below
+            errors.append(e)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.2)  # the learner has dropped "b" and waits on an empty queue
+    q.wait_admission(lambda: 1, timeout=5)  # the producer, with the version-1 weights, starts the next batch
+    q.put(item(3, 1, uid="c"))
+    t.join(timeout=10)
+    assert not t.is_alive() and not errors, errors
+    assert got[0].index == 3 and got[0].staleness == 0
+    assert q.stats.dropped_uids == [("overflow", "a"), ("stale", "b")]

@@ -15,7 +15,9 @@ oldest, the version of the prompt's prefill; ``max_version``: the newest, later 
   counted (``overflow="drop_stalest"``, :attr:`QueueStats.dropped_overflow`). The bound is
   never exceeded (:attr:`QueueStats.max_depth`). ``drop_stalest`` throttles: once
   ``max_batches`` batches were dropped for overflow since the learner last took one, the
-  producer waits for admission until the learner takes the next, so it runs at most
+  producer waits for admission until the learner takes the next (or until the queue is
+  empty: when the gate drops the queued batches as stale the learner waits for data, and
+  holding the producer then would stop both sides), so it runs at most
   ``max_batches`` batches beyond what τ admits and at most ``max_batches`` batches are
   dropped per trained batch (without it a fast producer would generate and drop without
   end while the learner trains).
@@ -183,7 +185,10 @@ class TrajectoryQueue:
                 self._raise_if_closed()
                 ahead = len(self._items) + self._in_flight
                 consumed_at = max(self._learner_version, self._start_version + self.stats.got) + ahead
-                throttled = self.overflow == "drop_stalest" and self._overflow_since_get >= self.max_batches
+                # drop_stalest's throttle holds the producer while a queued batch waits for the learner; with
+                # the queue empty (the gate dropped what was queued as stale) the learner waits for data.
+                throttled = (self.overflow == "drop_stalest" and self._overflow_since_get >= self.max_batches
+                             and bool(self._items))
                 if not throttled and consumed_at - int(weight_version()) <= self.max_staleness:
                     break
                 left = None if deadline is None else deadline - time.perf_counter()
