@@ -96,11 +96,11 @@ def test_a_full_disk_at_a_save_is_one_line_naming_the_newest_intact_checkpoint(t
     """A failing save printed ~500 traceback lines (orbax's threads); a failing trace write ended
     the run with tracebacks, a cut line in trace.jsonl and a 0-byte trace_summary.json."""
     rc, err, run = _in_small_tmpfs(tmp_path, "3m", "trainer.save_freq=1", "trainer.max_checkpoints=null")
-    # Known residual: tensorstore's C callbacks may print "Event loop is closed" tracebacks while
-    # orbax's failed save winds down (0-8 per run, down from ~300 lines); nothing else may.
-    residual = "RuntimeError: Event loop is closed"
+    # tensorstore's late callbacks into orbax's closed event loop printed 0-33 "Event loop is
+    # closed" tracebacks per run, and asyncio ten "Task exception was never retrieved" (CI, 1 Dec):
+    # none may be left.
     assert rc == 1 and "ERROR:absl" not in err, err[-3000:]
-    assert err.count("Traceback (most recent call last)") == err.count(residual), err[-3000:]
+    assert "Traceback" not in err and "Task exception" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("rljax.launch: error: saving checkpoint") and "No space left on device" in last
     steps = sorted(int(n) for n in os.listdir(run / "checkpoints") if n.isdigit())
@@ -118,3 +118,59 @@ def test_a_full_disk_at_a_trace_write_is_one_line_and_every_record_whole(tmp_pat
     _whole(run)
     results = {name: status for status, name, _ in run_checks(str(run))}
     assert results["record files whole"] == "PASS"
+
+
+def _unretrieved_task_stderr(tmp_path, filename):
+    """stderr of a process that builds a Checkpointer, then lets an asyncio task whose exception
+    was raised in ``filename`` be collected unretrieved (as orbax's writer tasks are on a full disk)."""
+    code = textwrap.dedent(f"""
+        import asyncio, gc
+        from rljax.trainer.checkpoint import Checkpointer
+        Checkpointer({str(tmp_path / "ckpt")!r})
+        ns = {{}}
+        exec(compile("async def write():\\n    raise ValueError('RESOURCE_EXHAUSTED: No space left on device')\\n",
+                     {filename!r}, "exec"), ns)
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(ns["write"]())
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        del task
+        gc.collect()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=launch_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stderr
+
+
+def test_orbax_writer_tasks_never_retrieved_print_nothing(tmp_path):
+    """CI of 1 Dec: a full disk printed ten asyncio "Task exception was never retrieved" tracebacks
+    from orbax's writer tasks beside the one-line save error. Those are dropped; a task failing in
+    any other code is still reported."""
+    orbax_file = "/site-packages/orbax/checkpoint/_src/serialization/serialization.py"
+    assert "Task exception was never retrieved" not in _unretrieved_task_stderr(tmp_path, orbax_file)
+    other = _unretrieved_task_stderr(tmp_path, "/site-packages/somelib/io.py")
+    assert "Task exception was never retrieved" in other and "No space left on device" in other
+
+
+def test_late_callbacks_into_a_closed_event_loop_print_nothing(tmp_path):
+    """tensorstore hands sys.excepthook the RuntimeError a closed loop's call_soon_threadsafe raises
+    when a write finishes after orbax's failed save closed its loop (0-33 tracebacks a run). Those
+    print nothing once a Checkpointer exists; the same error raised anywhere else still prints."""
+    code = textwrap.dedent(f"""
+        import asyncio, sys
+        from rljax.trainer.checkpoint import Checkpointer
+        Checkpointer({str(tmp_path / "ckpt")!r})
+        loop = asyncio.new_event_loop()
+        loop.close()
+        try:
+            loop.call_soon_threadsafe(print)
+        except RuntimeError:
+            sys.excepthook(*sys.exc_info())
+        try:
+            raise RuntimeError("Event loop is closed")
+        except RuntimeError:
+            sys.excepthook(*sys.exc_info())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=launch_env(), timeout=120)
+    assert out.returncode == 0 and out.stderr.count("Traceback (most recent call last)") == 1, out.stderr[-2000:]
+    assert "call_soon_threadsafe" not in out.stderr and "RuntimeError: Event loop is closed" in out.stderr

@@ -95,16 +95,64 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
+def _raised_in_orbax(exc_info) -> bool:
+    """True when the record's exception was raised inside orbax's code (its traceback passes
+    through an ``orbax`` file)."""
+    tb = exc_info[2] if exc_info and len(exc_info) == 3 else None
+    while tb is not None:
+        if "orbax" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class _QuietOrbaxErrors(logging.Filter):
-    """Drops the ERROR records orbax's background save threads log (a traceback each, about 300
+    """Drops the ERROR records of orbax's background save threads (a traceback each, about 300
     lines for one failed save on a full disk): :class:`Checkpointer` reports the failure itself, in
-    one line, when the step loop next waits on the save."""
+    one line, when the step loop next waits on the save. Two sources: orbax logging through absl,
+    and asyncio's "Task exception was never retrieved" for orbax's own writer tasks, which its
+    event loops log when they are collected (the CI run of 1 Dec printed ten of those)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+        if record.levelno < logging.ERROR:
+            return True
+        return not ("orbax" in record.pathname or _raised_in_orbax(record.exc_info))
 
 
 _QUIET = _QuietOrbaxErrors()
+
+
+def _late_callback_into_closed_loop(exc_type, exc, tb) -> bool:
+    """True for the error tensorstore reports when a write it finishes after a failed save calls
+    back into the asyncio loop orbax has already closed: ``RuntimeError('Event loop is closed')``
+    raised by ``call_soon_threadsafe``. tensorstore prints each through ``sys.excepthook`` (no
+    Python caller to raise to): 0-33 tracebacks per failed save on a full disk, before and after
+    the save's one-line error."""
+    if exc_type is not RuntimeError or str(exc) != "Event loop is closed":
+        return False
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "call_soon_threadsafe" and code.co_filename.endswith(os.path.join("asyncio", "base_events.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _install_closed_loop_hook() -> None:
+    """Wraps ``sys.excepthook`` once so that those late callbacks print nothing; every other
+    exception reaches the previous hook unchanged."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_rljax_closed_loop", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if not _late_callback_into_closed_loop(exc_type, exc, tb):
+            previous(exc_type, exc, tb)
+
+    hook._rljax_closed_loop = True
+    sys.excepthook = hook
 _DRAIN_S = 2.0  # how long a failed save's writer threads get to wind down, their stderr muted
 
 
@@ -207,7 +255,9 @@ class Checkpointer:
         if self.primary and os.path.isdir(self.directory):
             self._clean()
         _no_replica_parallel_saves_on_cpu()
-        logging.getLogger("absl").addFilter(_QUIET)  # save failures are one CheckpointError line, no tracebacks
+        for name in ("absl", "asyncio"):  # save failures are one CheckpointError line, no tracebacks
+            logging.getLogger(name).addFilter(_QUIET)
+        _install_closed_loop_hook()
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._verifier: Optional[threading.Thread] = None
