@@ -9,7 +9,8 @@ a Hugging Face model directory or a PEFT adapter.
 * ``--to peft``: a LoRA run's adapters as a PEFT adapter directory whose
   ``base_model_name_or_path`` is the run's ``model.path``.
 
-The checkpoint (default the newest complete one) is verified as a resume verifies it, then
+The checkpoint (default the newest complete one) is verified as a resume verifies it (one
+without a digest is refused unless ``--unverified``, as ``--resume-unverified`` for a resume), then
 only the policy's parameters are read (not the optimizer state). A LoRA checkpoint holds
 adapters only: the base it names is rebuilt (``model.path``, or the preset and seed) and
 checked to be the same base before the adapters go on it. Every mistake (no run directory,
@@ -85,10 +86,11 @@ def _restore_params(checkpointer, step: int, like):
     return params
 
 
-def load_run_policy(run_dir: str, step: int | None = None, *, echo=print):
+def load_run_policy(run_dir: str, step: int | None = None, *, unverified: bool = False, echo=print):
     """``(config, model_config, params, step)`` of a run's checkpoint: ``params`` is the plain
     dict of a full run or :class:`~rljax.models.lora.LoRAParams` (the rebuilt base, the restored
-    adapters) of a LoRA run. Raises :class:`ExportError` (one line) for every unusable input."""
+    adapters) of a LoRA run. A checkpoint without a digest is refused unless ``unverified``.
+    Raises :class:`ExportError` (one line) for every unusable input."""
     import jax
 
     from rljax.models.lora import LoRAParams, check_base
@@ -115,6 +117,13 @@ def load_run_policy(run_dir: str, step: int | None = None, *, echo=print):
         if status == "damaged":
             raise ExportError(f"checkpoint {chosen} is damaged ({reason}); newest intact: "
                               f"{checkpointer.newest_intact(chosen)}; choose one with --step")
+        if status == "unverified":
+            if not unverified:
+                raise ExportError(f"checkpoint {chosen} {reason}, so its bytes cannot be checked; newest verified: "
+                                  f"{checkpointer.newest_intact(chosen)}; choose one with --step, or pass "
+                                  "--unverified to export it anyway (its values still checked to be finite)")
+            echo(f"checkpoint {chosen} {reason}; exporting it unverified (--unverified; its values are still "
+                 "checked to be finite)")
         try:
             meta = checkpointer.read_meta(chosen)
         except Exception as e:  # noqa: BLE001
@@ -142,7 +151,8 @@ def load_run_policy(run_dir: str, step: int | None = None, *, echo=print):
         checkpointer.close()
 
 
-def export(run_dir: str, out: str, *, to: str, step: int | None = None, echo=print) -> int:
+def export(run_dir: str, out: str, *, to: str, step: int | None = None, unverified: bool = False,
+           echo=print) -> int:
     """Writes checkpoint ``step`` (default the newest) of ``run_dir`` to ``out`` as ``to``
     (``hf`` | ``peft`` | ``merged``); returns the step exported."""
     from rljax.models.hf import save_hf_checkpoint
@@ -153,7 +163,7 @@ def export(run_dir: str, out: str, *, to: str, step: int | None = None, echo=pri
         raise ExportError(f"--to {to} is not accepted; accepted: {', '.join(TARGETS)}")
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ExportError(f"{out} exists and is not an empty directory; choose a new output directory")
-    cfg, mcfg, params, chosen = load_run_policy(run_dir, step, echo=echo)
+    cfg, mcfg, params, chosen = load_run_policy(run_dir, step, unverified=unverified, echo=echo)
     lora = isinstance(params, LoRAParams)
     if to == "peft" and not lora:
         raise ExportError(f"checkpoint {chosen} holds every parameter (actor.lora.rank=0), not LoRA adapters; "
@@ -205,10 +215,12 @@ def main(argv=None) -> int:
     p.add_argument("--to", required=True, choices=TARGETS,
                    help="hf: transformers directory (LoRA merged); peft: a LoRA run's adapter; merged: LoRA merged")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
+    p.add_argument("--unverified", action="store_true",
+                   help="export a checkpoint without a digest (refused otherwise; as a resume's --resume-unverified)")
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
-        export(args.run_dir, args.out, to=args.to, step=args.step)
+        export(args.run_dir, args.out, to=args.to, step=args.step, unverified=args.unverified)
     except ExportError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from rljax import models  # noqa: E402
 from rljax.config import resolve, to_dict  # noqa: E402
 from rljax.export import main  # noqa: E402
 from rljax.models import lora as L  # noqa: E402
-from rljax.trainer.checkpoint import Checkpointer  # noqa: E402
+from rljax.trainer.checkpoint import DIGEST_FILE, Checkpointer  # noqa: E402
 
 from hf_tiny import qwen2_dir  # noqa: E402
 
@@ -141,6 +141,14 @@ def test_bad_input_exits_2_in_one_line_and_writes_nothing(full_run, lora_run, ba
     with open(files[0], "r+b") as fh:
         fh.write(b"\0" * 16)
     _one_line_exit_2(capsys, [str(damaged), "--to", "hf", out], "checkpoint 4 is damaged", out)
+    # an unverified checkpoint (no digest: the run stopped before verifying it) is refused as a
+    # resume refuses it, unless --unverified
+    undigested = tmp_path / "undigested"
+    shutil.copytree(run, undigested)
+    os.remove(undigested / "checkpoints" / "4" / DIGEST_FILE)
+    _one_line_exit_2(capsys, [str(undigested), "--to", "hf", out], "checkpoint 4 has no digest", out)
+    assert main([str(undigested), "--to", "hf", "--unverified", out]) == 0
+    assert "exporting it unverified" in capsys.readouterr().out and os.path.isfile(os.path.join(out, "config.json"))
 
 
 @pytest.mark.slow  # a transformers load per export: ~20 s each here
