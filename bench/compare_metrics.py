@@ -4,8 +4,8 @@
 
 A behaviour-preserving change (a refactor) must give the same numbers to the last bit at a
 fixed seed: every key of every row of either file is compared as written (its JSON text),
-except wall-clock-dependent ones (``timing_s/*``, ``*_s``, ``*per_s``, ``perf/throughput``,
-``trace/overhead*``, ``memory/*``) and any ``--ignore`` prefix. Prints each difference
+except wall-clock-dependent ones (:func:`rljax.trace.metrics.is_wall_clock`: ``timing_s/*``,
+``comm_s/*``, ``*_s``, ``*per_s``, ``memory/*``, per-process step times, ...) and any ``--ignore`` prefix. Prints each difference
 (step, key, before, after) and a one-line verdict; exits 1 when anything differs.
 """
 
@@ -15,13 +15,13 @@ import argparse
 import json
 import sys
 
-TIMING_PREFIXES = ("timing_s/", "memory/", "trace/overhead", "perf/throughput")
-TIMING_SUFFIXES = ("_s", "per_s")
+from rljax.trace.metrics import is_wall_clock
 
 
 def is_timing(key: str, extra: tuple = ()) -> bool:
-    """Keys whose values depend on the wall clock or the machine's memory, not on the computation."""
-    return key.startswith(TIMING_PREFIXES + tuple(extra)) or key.endswith(TIMING_SUFFIXES)
+    """Keys whose values depend on the wall clock or the machine's memory, not on the computation
+    (:func:`rljax.trace.metrics.is_wall_clock`), and the ``--ignore`` prefixes."""
+    return is_wall_clock(key) or key.startswith(tuple(extra))
 
 
 def read_rows(path: str) -> list[dict]:

@@ -26,9 +26,10 @@ import tempfile
 import threading
 import time
 
+from rljax.trace.metrics import is_wall_clock
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = {"default": ["--mesh=dp8"], "tool": ["--config", "tool_lookup"]}
-_VOLATILE = ("timing_s/", "perf/", "trace/", "async/learner_wait_s", "async/rollout_wait_s")
 
 
 def _env() -> dict:
@@ -66,7 +67,7 @@ def launch(args: list[str], run_dir: str, cache: str | None, steps: int) -> dict
     m = re.search(r"loaded (\d+) program\(s\) from it and compiled (\d+)", out)
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         rows = [json.loads(ln) for ln in fh if ln.strip()]
-    rows = [{k: v for k, v in r.items() if not k.startswith(_VOLATILE)} for r in rows if "actor/pg_loss" in r]
+    rows = [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in rows if "actor/pg_loss" in r]
     return {"first_step_s": first[0], "total_s": total, "loaded": int(m[1]) if m else 0,
             "compiled": int(m[2]) if m else None, "rows": rows}
 

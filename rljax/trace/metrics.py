@@ -9,6 +9,19 @@ from typing import Any, Mapping, Optional
 
 from rljax.trace._io import append_lines
 
+#: Metric names whose values depend on the wall clock, the machine's memory or which process was
+#: slowest, not on the computation: two runs of the same computation differ only in these.
+WALL_CLOCK_PREFIXES = ("timing_s/", "comm_s/", "memory/", "trace/overhead", "trace/invariants_s", "trace/ledger_s",
+                       "perf/throughput", "perf/step_time_by_process", "perf/slowest_process",
+                       "perf/step_time_max_over_min", "perf/mfu", "async/learner_wait_s", "async/rollout_wait_s")
+WALL_CLOCK_SUFFIXES = ("_s", "per_s")
+
+
+def is_wall_clock(name: str) -> bool:
+    """Whether metric ``name`` measures time or memory (see :data:`WALL_CLOCK_PREFIXES`);
+    behaviour-preserving changes and cache-loaded programs must reproduce every other metric."""
+    return name.startswith(WALL_CLOCK_PREFIXES) or name.endswith(WALL_CLOCK_SUFFIXES)
+
 
 def _scalar(v: Any) -> Optional[float]:
     try:
