@@ -8,7 +8,7 @@ trainer's input checks and serialisation read every key and do nothing with it) 
 ``rljax/trace`` (observers, which count only for ``trace.*``, except the experiment loggers'
 set-up, which starts the loggers ``trainer.logger`` names). The slow test runs the launcher in
 this process on four small real runs that together take every branch that reads a key (GRPO
-with DAPO dynamic sampling and overlong shaping, GAE with a reward model, a multi-turn run
+with DAPO dynamic sampling and overlong shaping, GAE with a reward model and a generative judge, a multi-turn run
 with the python tool's sandbox, an asynchronous run on local conversation files scored by a
 reward plugin in workers; KL in the reward and as a loss, rollout correction, validation,
 checkpoints), and fails on any key that nothing read. A grep for ``.<leaf>`` would be fooled by a leaf
@@ -102,6 +102,12 @@ PLUGIN = """def reward(response, answer, **extra):
 """
 
 
+def _judge_parse(path):
+    """A judge parser that scores every verdict (its length): a random judge's text rarely holds a number."""
+    path.write_text("def length(text):\n    return float(len(text))\n")
+    return path
+
+
 @pytest.mark.slow
 def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
     from rljax.launch import main
@@ -124,6 +130,10 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
            "actor.lora.rank=4", "actor.lora.dropout=0.1",
            f"reward.model.path={tiny_reward_model(tmp_path / 'rm')}", "reward.model.label=0",
            "reward.combine.function_weight=1.0", "reward.combine.model_weight=0.5",
+           # ... and a generative judge: the policy's initial weights (a LoRA base, rebuilt: no KL keeps no reference)
+           "reward.judge.path=ref", f"reward.judge.parse={_judge_parse(tmp_path / 'judge.py')}:length",
+           "reward.judge.prompt_template={prompt}|{response}|{answer}>", "reward.judge.temperature=0.5",
+           "reward.judge.response_length=3", "reward.judge.prompt_length=40", "reward.combine.judge_weight=0.1",
            "trainer.total_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
     # A multi-turn run (rljax.env) reads env.*; the tools environment's python tool probes its
     # sandbox (non_root only: the others need user namespaces or CAP_SYS_ADMIN, which CI may lack).
@@ -157,5 +167,6 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
 
     logged = lambda run: set().union(*metrics(run))  # noqa: E731
     assert {"train/num_gen_batches", "reward/overlong_penalty/mean"} <= logged(tmp_path / "runs" / "p" / "grpo")
-    assert {"reward/model/mean", "timing_s/reward_model"} <= logged(tmp_path / "gae")
+    assert {"reward/model/mean", "timing_s/reward_model", "reward/judge/mean", "timing_s/reward_judge"} <= logged(
+        tmp_path / "gae")
     assert json.loads((tmp_path / "env" / "trace_summary.json").read_text())["sandbox"]["non_root"]

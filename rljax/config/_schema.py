@@ -294,11 +294,31 @@ class RewardModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RewardJudgeConfig:
+    path: Optional[str] = _f(None, "a generative judge: ref (the policy's initial weights, i.e. the reference model) or "
+                                   "a local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM checkpoint; it reads each "
+                                   "trajectory through prompt_template on the rollout engine (the reward_judge stage) "
+                                   "and parse turns its text into a reward; null: no judge")
+    prompt_template: str = _f("{prompt}{response}\nVerdict:", "the judge's input: a format string with {response} "
+                                                                "and optionally {prompt} and {answer} (ground truth)")
+    parse: Optional[str] = _f(None, "path/to/file.py:function, fn(text) -> float (None: unparseable); null: the first "
+                                    "number in the judge's text. A parser that raises or returns None scores 0 and "
+                                    "counts in reward/judge/errors or reward/judge/unparseable (and against "
+                                    "reward.max_error_fraction)")
+    temperature: float = _f(0.0, "the judge's sampling temperature (0: greedy)", ge=0.0)
+    response_length: int = _f(16, "most tokens of a verdict (verl's rollout.response_length)", ge=1)
+    prompt_length: Optional[int] = _f(None, "most tokens of a judge input; longer ones keep their end (null: "
+                                            "data.max_prompt_length + data.max_response_length + the template's own "
+                                            "tokens)", ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class RewardCombineConfig:
     function_weight: float = _f(1.0, "with reward.model.path: weight of reward.function's score in the step's "
                                      "reward (0: the reward model alone; the rule reward is still logged and "
                                      "validated)")
     model_weight: float = _f(1.0, "with reward.model.path: weight of the reward model's score in the step's reward")
+    judge_weight: float = _f(1.0, "with reward.judge.path: weight of the judge's parsed verdict in the step's reward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,8 +339,11 @@ class RewardConfig:
     import_timeout_s: float = _f(60.0, "the plugin is first imported in a child process before the run starts; an "
                                        "import that takes longer (or exits the process) is a one-line error", gt=0.0)
     model: RewardModelConfig = _section(RewardModelConfig, "a discriminative reward model (verl's reward_model)")
+    judge: RewardJudgeConfig = _section(RewardJudgeConfig, "a generative judge (an LLM that reads the response and "
+                                                           "answers with a verdict; verl's GenRM)")
     combine: RewardCombineConfig = _section(RewardCombineConfig, "the step's reward = function_weight * "
-                                            "reward.function + model_weight * reward model (+ the overlong penalty)")
+                                            "reward.function + model_weight * reward model + judge_weight * judge "
+                                            "(+ the overlong penalty)")
     reward_kwargs: RewardKwargsConfig = _section(RewardKwargsConfig, "reward shaping (verl's reward_kwargs of the DAPO "
                                                                       "reward manager)")
 

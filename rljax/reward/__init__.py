@@ -4,12 +4,23 @@ A reward function has the signature ``fn(response: str, answer: str, **extra) ->
 :func:`score_batch` calls it per row, scores failures 0, counts them and raises
 :class:`RewardError` when too many fail. :func:`make_reward` gives the function itself or,
 with ``reward.num_workers > 0``, a :class:`RewardPool` of worker processes (per-sample
-timeouts, crash isolation, parallel scoring). Pure Python and NumPy.
+timeouts, crash isolation, parallel scoring). A generative judge's template, parser and
+verdict report are here too (:func:`parse_verdicts`; its generation runs in
+:mod:`rljax.trainer.judge`). Pure Python and NumPy.
 """
 
 from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, score_batch
 from rljax.reward._check import check, probe_plugin
 from rljax.reward._filter import FILTER_METRICS, groups_to_keep
+from rljax.reward._judge import (
+    JUDGE_FIELDS,
+    JudgeReport,
+    check_judge_template,
+    first_number,
+    judge_prompt,
+    load_judge_parse,
+    parse_verdicts,
+)
 from rljax.reward._overlong import overlong_metrics, overlong_penalty
 from rljax.reward._plugin import (
     BUILTIN_REWARDS,
@@ -35,6 +46,13 @@ from rljax.reward._rules import (
 __all__ = [
     "BUILTIN_REWARDS",
     "InProcessReward",
+    "JUDGE_FIELDS",
+    "JudgeReport",
+    "check_judge_template",
+    "first_number",
+    "judge_prompt",
+    "load_judge_parse",
+    "parse_verdicts",
     "MAX_ABS_SCORE",
     "check",
     "probe_plugin",

@@ -13,13 +13,15 @@ import subprocess
 import sys
 
 from rljax.errors import ConfigError
+from rljax.reward._judge import check_judge_template, load_judge_parse
 from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES, load_reward_plugin
 
 _OK = "rljax-reward-plugin-ok"
 
 
 def probe_plugin(spec: str, *, data_source: str | None, timeout_s: float, key: str = "reward.function") -> None:
-    """Imports the plugin ``spec`` in a child process and checks its signature there.
+    """Imports the plugin ``spec`` in a child process and checks its signature there (a reward
+    function's, or with ``key="reward.judge.parse"`` a judge parser's: one argument).
 
     Raises:
       ConfigError: the import failed (the child's one-line reason), exited the child, or took
@@ -31,7 +33,7 @@ def probe_plugin(spec: str, *, data_source: str | None, timeout_s: float, key: s
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        out = subprocess.run([sys.executable, "-m", "rljax.reward._check", spec, data_source or ""],
+        out = subprocess.run([sys.executable, "-m", "rljax.reward._check", spec, data_source or "", key],
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s, env=env,
                              start_new_session=True)
     except subprocess.TimeoutExpired:
@@ -63,12 +65,47 @@ def check(cfg) -> None:
                           "or reward.timeout_s=null")
     if r.function != "auto" and r.function not in BUILTIN_REWARDS:
         probe_plugin(r.function, data_source=DATA_SOURCES.get(cfg.data.dataset), timeout_s=r.import_timeout_s)
+    check_judge(cfg)
+
+
+def check_judge(cfg) -> None:
+    """``reward.judge``: a checkpoint (``ref`` or a directory with ``config.json``), a template
+    that reads the response, a parser that imports and takes one argument, a schedule that runs it.
+
+    Raises:
+      ConfigError: one line naming the key and what is accepted.
+    """
+    j = cfg.reward.judge
+    if j.path is None:
+        return
+    if j.path != "ref" and not os.path.isfile(os.path.join(j.path, "config.json")):
+        raise ConfigError(f"reward.judge.path={j.path} is neither ref nor a Hugging Face checkpoint directory (no "
+                          "config.json); accepted: ref (the policy's initial weights) or a local LlamaForCausalLM / "
+                          "Qwen2ForCausalLM directory")
+    check_judge_template(j.prompt_template)
+    for key, value, why in (("trainer.mode", cfg.trainer.mode != "sync", "not yet in the async producer"),
+                            ("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable,
+                             "the filter scores with reward.function before the judge runs"),
+                            ("env.function", cfg.env.function is not None, "single-turn rollouts only")):
+        if value:
+            raise ConfigError(f"reward.judge.path with {key}={_value(cfg, key)} is not supported yet ({why})")
+    if j.parse is not None:
+        probe_plugin(j.parse, data_source=None, timeout_s=cfg.reward.import_timeout_s, key="reward.judge.parse")
+
+
+def _value(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return str(cfg).lower() if isinstance(cfg, bool) else cfg
 
 
 def _main(argv: list[str]) -> int:
-    spec, data_source = argv[0], argv[1] or None
+    spec, data_source, key = argv[0], argv[1] or None, argv[2] if len(argv) > 2 else "reward.function"
     try:
-        load_reward_plugin(spec, data_source=data_source)
+        if key == "reward.judge.parse":
+            load_judge_parse(spec, key=key)
+        else:
+            load_reward_plugin(spec, key=key, data_source=data_source)
     except ConfigError as e:
         print(" ".join(str(e).split()), flush=True)
         return 2

@@ -5,7 +5,8 @@ evaluation (the same prompts every time, so they show progress); ``trace.log_tra
 the first N rows of each training batch (taken from the ``reward`` stage by
 :class:`TrainSamples`, a step-runner observer). Each row is ``{"step", "split", "uid",
 "session", "prompt", "response", "reward", "ground_truth"}`` (plus ``data_source`` when the
-dataset names one), appended to ``<run dir>/generations.jsonl`` and to each experiment
+dataset names one, and the generative judge's verdict ``judge`` and its score ``judge_score``
+with ``reward.judge``), appended to ``<run dir>/generations.jsonl`` and to each experiment
 logger's table (:class:`~rljax.trace.loggers.ExperimentLoggers`).
 
 ``python -m rljax.trace samples RUN_DIR [--step K] [--split val|train]`` prints them.
@@ -27,7 +28,7 @@ from rljax.trace._io import append_lines
 GENERATIONS = "generations.jsonl"
 
 
-def sample_rows(traj, prompts, scores, *, decode, step: int, split: str, limit: int) -> list[dict]:
+def sample_rows(traj, prompts, scores, *, decode, step: int, split: str, limit: int, judge=None) -> list[dict]:
     """The first ``limit`` real (non-padding) rows of a rollout as sample records.
 
     Args:
@@ -36,6 +37,8 @@ def sample_rows(traj, prompts, scores, *, decode, step: int, split: str, limit: 
       prompts: the batch's :class:`~rljax.data.Prompt` s, indexed by ``group_id``.
       scores: ``[B]`` rewards (host values).
       decode: ``ids -> text`` (the tokenizer's ``decode``).
+      judge: ``(texts, scores)`` per row of a generative judge (``reward.judge``): each row then
+        carries ``"judge"`` (the verdict text) and ``"judge_score"`` (its parsed score).
     """
     rows: list[dict] = []
     scores = np.asarray(scores).reshape(-1)
@@ -50,6 +53,8 @@ def sample_rows(traj, prompts, scores, *, decode, step: int, split: str, limit: 
                "reward": float(scores[i]), "ground_truth": p.answer}
         if getattr(p, "data_source", ""):
             row["data_source"] = p.data_source
+        if judge is not None:
+            row["judge"], row["judge_score"] = judge[0][i], float(judge[1][i])
         rows.append(row)
     return rows
 
@@ -76,22 +81,28 @@ class TrainSamples:
     def __init__(self, log: SampleLog, *, decode, limit: int):
         self.log, self.decode, self.limit = log, decode, int(limit)
         self._rows: list[dict] = []
+        self._judge = None  # reward.judge: (texts, scores) of this step's rows
 
     def step_start(self, step: int, t: float) -> None:
         self._rows = []
+        self._judge = None
 
     def stage(self, event) -> None:
+        if event.stage == "reward_judge":  # reward.judge: the verdicts go with the rows
+            # host copies (a list, not the batch's array: the runner's leak check follows the batch's arrays)
+            self._judge = (event.writes["judge_texts"], [float(x) for x in event.writes["judge_scores"]])
+            return
         if event.stage != "reward" or "scores" not in event.writes:
             return
         traj, prompts, scores = event.reads.get("trajectories"), event.reads.get("prompts"), event.writes["scores"]
         if traj is None or prompts is None or not getattr(scores, "is_fully_addressable", True):
             return
         self._rows = sample_rows(traj, prompts, np.asarray(scores), decode=self.decode, step=event.step,
-                                 split="train", limit=self.limit)
+                                 split="train", limit=self.limit, judge=self._judge)
 
     def step_end(self, step: int, metrics) -> None:
         self.log.write("train", step, self._rows)
-        self._rows = []
+        self._rows, self._judge = [], None
 
     def cleanup(self, report) -> None:
         pass

@@ -56,7 +56,7 @@ SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
 #: Masks: their own mask sums are reported.
 MASK_FIELDS = ("prompt_mask", "response_mask", "loss_mask", "sampler_loss_mask", "attention_mask")
 #: Fields whose traced rows' values are summarised (row means under the mask).
-VALUE_FIELDS = ("scores", "rm_scores", "function_scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
+VALUE_FIELDS = ("scores", "rm_scores", "judge_scores", "function_scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
                 "token_level_rewards", "rollout_is_weights")
 #: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
 KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
@@ -710,6 +710,12 @@ class Tracer:
             pad_abs = _padding_abs_sum(scores, g_pad) if scores is not None else None
             return dict(placement="outcome reward: one scalar per trajectory, on its last action token",
                         padding_rows=int(g_pad.sum()), padding_reward_abs_sum=pad_abs)
+        if ev.stage == "reward_judge":  # reward.judge: each traced row's verdict text, parsed score and status
+            texts, status, scores = w.get("judge_texts") or (), w.get("judge_status") or (), w.get("judge_scores")
+            verdicts = [{"key": key_of[int(i)], "text": texts[i][:200], "score": float(scores[i]), "status": status[i]}
+                        for i in rows if i < len(texts)]
+            report = w.get("judge_report")
+            return dict(verdicts=verdicts, batch=report.metrics() if report is not None else None)
         if ev.stage == "advantages":
             return dict(estimator=cfg.algorithm.adv_estimator,
                         returns="materialised (critic targets)" if "values" in ev.reads

@@ -163,6 +163,8 @@ class Components:
     share: Any = None
     #: ``reward.model.path``'s scoring function, loaded on the first ``reward_model`` stage.
     reward_model_fn: Optional[Callable] = None
+    #: ``reward.judge``'s :class:`rljax.trainer.judge.Judge`, loaded on the first ``reward_judge`` stage.
+    judge: Any = None
 
     @property
     def behaviour_logp(self) -> str:
@@ -195,6 +197,8 @@ def sync_stages(c: Components) -> list[Stage]:
               Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard")]
     if cfg.reward.model.path is not None:  # a discriminative reward model scores the learner batch
         stages.append(Stage("reward_model", lambda b: reward_model(c, b), "reward_model"))
+    if cfg.reward.judge.path is not None:  # a generative judge reads each trajectory on the rollout engine
+        stages.append(Stage("reward_judge", lambda b: reward_judge(c, b), "reward_judge"))
     stages.append(Stage("reward", lambda b: reward_fn(c, b), "reward"))
     if rollout_share(c).processes > 1:  # the whole batch's row facts and reward report, on the learner side
         stages.append(Stage("gather_rollout", lambda b: gather_rollout(c, b), "gather_rollout"))
@@ -334,13 +338,19 @@ def reward(c: Components, b) -> dict:
     bound = c.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
     traj = b["trajectories"]
     scores, report = score(c, traj, b["prompts"], max_error_fraction=bound)
-    if "rm_scores" in b:  # reward.combine: weighted rule and model scores, then the overlong penalty
+    if "rm_scores" in b or "judge_scores" in b:  # reward.combine: weighted rule, model and judge scores + penalty
         penalty = overlong_penalty(c, traj)
         host = {"function_scores": scores.astype(np.float32),
                 "penalty": np.zeros_like(scores, np.float32) if penalty is None else penalty}
+        if "judge_scores" in b:
+            host["judge_scores"] = b["judge_scores"]
         dev = assemble(host, c.mesh, share)
         w = c.cfg.reward.combine
-        combined = w.function_weight * dev["function_scores"] + w.model_weight * b["rm_scores"] + dev["penalty"]
+        combined = w.function_weight * dev["function_scores"] + dev["penalty"]
+        if "rm_scores" in b:
+            combined = combined + w.model_weight * b["rm_scores"]
+        if "judge_scores" in b:
+            combined = combined + w.judge_weight * dev["judge_scores"]
         return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report}
     scores = overlong_shaping(c, traj, scores).astype(np.float32)
     # What was scored, per row: the digest of the response tokens and the score (the trace ties
@@ -386,6 +396,39 @@ def load_reward_model(c: Components) -> Callable:
     fn = jax.jit(lambda p, w, x: reward_scores(graphdef, p, w, x["input_ids"], mask=x["attention_mask"],
                                                positions=x["positions"], mesh=mesh)[:, label])
     return lambda inputs: fn(params, head_w, inputs)
+
+
+def reward_judge(c: Components, b) -> dict:
+    """``reward.judge``: the generative judge's verdict on each row (:mod:`rljax.trainer.judge`):
+    ``judge_scores [B]`` (host), the verdict texts and statuses, and the verdicts' report."""
+    if c.judge is None:
+        c.judge = load_judge(c)
+    return c.judge(b["trajectories"], b["prompts"], policy_tokenizer=c.tokenizer,
+                   max_error_fraction=c.cfg.reward.max_error_fraction)
+
+
+def load_judge(c: Components):
+    """The :class:`~rljax.trainer.judge.Judge` of ``reward.judge``, on the policy sampler's devices;
+    ``path=ref``: the policy's initial weights (the reference's copy when the run keeps one)."""
+    from rljax.trainer.judge import Judge, initial_policy_params
+
+    if rollout_share(c).processes > 1:
+        raise ValueError("reward.judge.path runs on one process (not yet on several: each process would judge its "
+                         "own rows and the verdict reports would have to be merged)")
+
+    engine = c.sampler.engine
+
+    def initial():
+        if c.ref_params is not None:
+            return c.ref_params
+        if c.ref_is_base:
+            from rljax.models.lora import disable
+
+            return disable(c.actor.params)
+        return initial_policy_params(c.cfg, engine.config, c.mesh)
+
+    return Judge.from_config(c.cfg, policy_config=engine.config, policy_tokenizer=c.tokenizer,
+                             devices=list(engine.mesh.devices.flat), initial_params=initial)
 
 
 def overlong_penalty(c: Components, rows) -> Optional[np.ndarray]:
@@ -565,6 +608,10 @@ def step_metrics(c: Components, b) -> dict:
         rm, fn = (np.asarray(x)[real] for x in to_host((b["rm_scores"], b["function_scores"])))
         m.update({"reward/model/mean": float(rm.mean()), "reward/model/max": float(rm.max()),
                   "reward/model/min": float(rm.min()), "reward/function/mean": float(fn.mean())})
+    if "judge_report" in b:  # reward.judge: the parsed verdicts and how many failed to parse
+        from rljax.trainer.judge import judge_metrics
+
+        m.update(judge_metrics(b["judge_scores"], b["judge_report"], ~np.asarray(traj.is_padding)))
     if "dynamic_sampling" in b:
         from rljax.trainer.dynamic_sampling import metrics as ds_metrics
 
