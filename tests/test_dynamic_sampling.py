@@ -62,9 +62,10 @@ def test_filter_metrics_listed_in_the_schema():
 ])
 def test_filter_groups_misuse_is_one_config_error_line(overrides, match):
     from rljax.config import ConfigError, resolve
+    from rljax.trainer import check
 
-    with pytest.raises(ConfigError, match=match) as e:
-        resolve("default", ["algorithm.filter_groups.enable=true", *overrides])
+    with pytest.raises(ConfigError, match=match) as e:  # the schema's range checks or rljax.trainer.check
+        check(resolve("default", ["algorithm.filter_groups.enable=true", *overrides])[0])
     assert "\n" not in str(e.value)
 
 

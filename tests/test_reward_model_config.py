@@ -1,4 +1,5 @@
-"""``reward.model.path`` misuse: one ConfigError line (the launcher exits 2 on it)."""
+"""``reward.model.path`` misuse: one ConfigError line from ``rljax.reward.check`` (the launcher's
+preflight, which exits 2 on it before anything is written)."""
 
 import pytest
 
@@ -10,18 +11,20 @@ import pytest
 ])
 def test_reward_model_misuse_is_one_config_error_line(overrides, match, tmp_path):
     from rljax.config import ConfigError, resolve
+    from rljax.reward import check
 
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match=match) as e:
-        resolve("default", [f"reward.model.path={tmp_path}", *overrides])
+        check(resolve("default", [f"reward.model.path={tmp_path}", *overrides])[0])
     assert "\n" not in str(e.value)
 
 
 def test_reward_model_path_must_be_a_checkpoint_directory(tmp_path):
     from rljax.config import ConfigError, resolve
+    from rljax.reward import check
 
     with pytest.raises(ConfigError, match="not a Hugging Face checkpoint directory"):
-        resolve("default", [f"reward.model.path={tmp_path}"])
+        check(resolve("default", [f"reward.model.path={tmp_path}"])[0])
 
 
 def test_reward_model_keys_resolve(tmp_path):

@@ -59,9 +59,10 @@ def test_overlong_penalty_rejects_a_buffer_outside_the_limit():
 ])
 def test_overlong_misuse_is_one_config_error_line(overrides, match):
     from rljax.config import ConfigError, resolve
+    from rljax.reward import check
 
-    with pytest.raises(ConfigError, match=match) as e:
-        resolve("default", ["data.max_response_length=8", *overrides])
+    with pytest.raises(ConfigError, match=match) as e:  # the schema's range checks or rljax.reward.check
+        check(resolve("default", ["data.max_response_length=8", *overrides])[0])
     assert "\n" not in str(e.value)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import string
 from collections.abc import Mapping
 
@@ -141,9 +140,6 @@ def validate(config) -> None:
             raise ConfigError(f"trainer.{key}={name!r} names a run directory component; "
                               "use a non-empty name without '/' or '\\' (not '.' or '..')")
     check_async(config)
-    check_reward_shaping(config)
-    check_filter_groups(config)
-    check_reward_model(config)
     m = config.model
     if m.path is None and m.name not in MODEL_PRESETS:
         raise ConfigError(f"model.name={m.name!r} is not a preset; accepted: {', '.join(MODEL_PRESETS)} (or set model.path)")
@@ -163,54 +159,6 @@ def validate(config) -> None:
         raise ConfigError(f"model.hidden_size={m.hidden_size} does not divide into model.num_heads={m.num_heads} heads; "
                           "set model.head_dim")
     _validate_lora(config)
-
-
-def check_filter_groups(config) -> None:
-    """``algorithm.filter_groups``: groups of several samples, in the schedules that support it."""
-    fg = config.algorithm.filter_groups
-    if not fg.enable:
-        return
-    if config.rollout.n < 2:
-        raise ConfigError(f"algorithm.filter_groups.enable=true needs rollout.n>=2 (it drops groups whose samples all "
-                          f"score the same; rollout.n={config.rollout.n} makes every group one sample)")
-    if config.trainer.mode != "sync":
-        raise ConfigError("algorithm.filter_groups.enable=true runs with trainer.mode=sync only (not yet in the async "
-                          f"producer); trainer.mode={config.trainer.mode}")
-    if config.env.function is not None:
-        raise ConfigError("algorithm.filter_groups.enable=true runs single-turn rollouts only (not yet with "
-                          f"env.function={config.env.function})")
-    if fg.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
-        raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the KL "
-                          "penalty needs the learner's log-probs, computed after the filter; use score or acc")
-
-
-def check_reward_model(config) -> None:
-    """``reward.model.path``: in the schedules that support it."""
-    path = config.reward.model.path
-    if path is None:
-        return
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ConfigError(f"reward.model.path={path} is not a Hugging Face checkpoint directory (no config.json); "
-                          "accepted: a local LlamaForSequenceClassification / Qwen2ForSequenceClassification directory")
-    if config.trainer.mode != "sync":
-        raise ConfigError("reward.model.path runs with trainer.mode=sync only (not yet in the async producer); "
-                          f"trainer.mode={config.trainer.mode}")
-    if config.algorithm.filter_groups.enable:
-        raise ConfigError("reward.model.path with algorithm.filter_groups.enable=true is not supported yet (the filter "
-                          "scores with reward.function before the learner batch exists)")
-    if config.env.function is not None:
-        raise ConfigError(f"reward.model.path with env.function={config.env.function} is not supported yet "
-                          "(single-turn rollouts only)")
-
-
-def check_reward_shaping(config) -> None:
-    """``reward.reward_kwargs``: the overlong buffer fits in the length limit."""
-    kw = config.reward.reward_kwargs
-    ob = kw.overlong_buffer_cfg
-    limit = kw.max_resp_len or config.data.max_response_length
-    if ob.enable and not 1 <= ob.len <= limit:
-        raise ConfigError(f"reward.reward_kwargs.overlong_buffer_cfg.len={ob.len} must be in [1, {limit}] (the "
-                          "max_resp_len, default data.max_response_length) with overlong_buffer_cfg.enable=true")
 
 
 def _validate_lora(config) -> None:

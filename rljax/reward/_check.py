@@ -52,13 +52,17 @@ def probe_plugin(spec: str, *, data_source: str | None, timeout_s: float, key: s
 
 
 def check(cfg) -> None:
-    """The reward section's inputs: ``reward.timeout_s`` only with workers, and a plugin that
-    imports (in a child process) and has a reward signature.
+    """The reward section's inputs: ``reward.timeout_s`` only with workers, a plugin that imports
+    (in a child process) and has a reward signature, the overlong buffer within the length
+    limit, the reward model's checkpoint and the generative judge's inputs, each in the
+    schedules that run it.
 
     Raises:
       ConfigError: one line naming the key and what is accepted.
     """
     r = cfg.reward
+    check_reward_shaping(cfg)
+    check_reward_model(cfg)
     if r.num_workers == 0 and r.timeout_s is not None:
         raise ConfigError(f"reward.timeout_s={r.timeout_s:g} needs reward workers: reward.num_workers=0 runs the reward "
                           "in the trainer's process, where a hung call cannot be stopped; set reward.num_workers>=1 "
@@ -66,6 +70,35 @@ def check(cfg) -> None:
     if r.function != "auto" and r.function not in BUILTIN_REWARDS:
         probe_plugin(r.function, data_source=DATA_SOURCES.get(cfg.data.dataset), timeout_s=r.import_timeout_s)
     check_judge(cfg)
+
+
+def check_reward_model(config) -> None:
+    """``reward.model.path``: in the schedules that support it."""
+    path = config.reward.model.path
+    if path is None:
+        return
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"reward.model.path={path} is not a Hugging Face checkpoint directory (no config.json); "
+                          "accepted: a local LlamaForSequenceClassification / Qwen2ForSequenceClassification directory")
+    if config.trainer.mode != "sync":
+        raise ConfigError("reward.model.path runs with trainer.mode=sync only (not yet in the async producer); "
+                          f"trainer.mode={config.trainer.mode}")
+    if config.algorithm.filter_groups.enable:
+        raise ConfigError("reward.model.path with algorithm.filter_groups.enable=true is not supported yet (the filter "
+                          "scores with reward.function before the learner batch exists)")
+    if config.env.function is not None:
+        raise ConfigError(f"reward.model.path with env.function={config.env.function} is not supported yet "
+                          "(single-turn rollouts only)")
+
+
+def check_reward_shaping(config) -> None:
+    """``reward.reward_kwargs``: the overlong buffer fits in the length limit."""
+    kw = config.reward.reward_kwargs
+    ob = kw.overlong_buffer_cfg
+    limit = kw.max_resp_len or config.data.max_response_length
+    if ob.enable and not 1 <= ob.len <= limit:
+        raise ConfigError(f"reward.reward_kwargs.overlong_buffer_cfg.len={ob.len} must be in [1, {limit}] (the "
+                          "max_resp_len, default data.max_response_length) with overlong_buffer_cfg.enable=true")
 
 
 def check_judge(cfg) -> None:

@@ -4,8 +4,9 @@
 estimator plugin (``algorithm.adv_estimator``), the model checkpoint directory
 (``model.path``: ``config.json`` with ``vocab_size``, ``*.safetensors``), the tokenizer
 (``model.tokenizer`` / ``model.path``'s ``tokenizer.json``), ``trainer.mesh``'s ``tp`` against
-the learner's vocabulary, ``actor.lora.modules_to_save`` against tied embeddings, and that the
-experiment loggers ``trainer.logger`` names (wandb, mlflow) are installed. Each
+the learner's vocabulary, ``actor.lora.modules_to_save`` against tied embeddings, that the
+experiment loggers ``trainer.logger`` names (wandb, mlflow) are installed, and DAPO's dynamic
+sampling (``algorithm.filter_groups``) in the schedules that run it. Each
 mistake is a :class:`~rljax.errors.ConfigError` of one line naming the key and what is
 accepted. Pure Python: JAX is imported only for what needs it (see the deferred imports).
 """
@@ -25,12 +26,33 @@ _CHECKPOINT = "a local Hugging Face checkpoint directory with config.json, *.saf
 
 
 def check(config) -> None:
-    """Checks the estimator plugin, the model files, the tokenizer, ``tp``, LoRA's saved modules, the loggers."""
+    """Checks the estimator plugin, the model files, the tokenizer, ``tp``, LoRA's saved modules, the loggers,
+    dynamic sampling."""
+    _check_filter_groups(config)
     _check_estimator(config)
     vocab, vocab_from = _check_model(config.model)
     _check_tp(config, vocab, vocab_from)
     _check_lora_saved_modules(config)
     _check_loggers(config)
+
+
+def _check_filter_groups(config) -> None:
+    """``algorithm.filter_groups``: groups of several samples, in the schedules that support it."""
+    fg = config.algorithm.filter_groups
+    if not fg.enable:
+        return
+    if config.rollout.n < 2:
+        raise ConfigError(f"algorithm.filter_groups.enable=true needs rollout.n>=2 (it drops groups whose samples all "
+                          f"score the same; rollout.n={config.rollout.n} makes every group one sample)")
+    if config.trainer.mode != "sync":
+        raise ConfigError("algorithm.filter_groups.enable=true runs with trainer.mode=sync only (not yet in the async "
+                          f"producer); trainer.mode={config.trainer.mode}")
+    if config.env.function is not None:
+        raise ConfigError("algorithm.filter_groups.enable=true runs single-turn rollouts only (not yet with "
+                          f"env.function={config.env.function})")
+    if fg.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
+        raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the KL "
+                          "penalty needs the learner's log-probs, computed after the filter; use score or acc")
 
 
 def _check_loggers(config) -> None:
