@@ -101,8 +101,8 @@ def main() -> int:
                           f"{runs[name]['compiled']}; load {_load()}", flush=True)
                 same = runs["off"]["rows"] == runs["first"]["rows"] == runs["second"]["rows"]
                 for name in ("first", "second"):
-                    for i, (a, b) in enumerate(zip(runs["off"]["rows"], runs[name]["rows"])):
-                        diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+                    for i, (x, y) in enumerate(zip(runs["off"]["rows"], runs[name]["rows"])):
+                        diff = {k: (x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)}
                         if diff:
                             print(f"  {task} round {r}: step {i + 1} differs, off vs {name}: {diff}")
                 results.append((task, r, runs, same))
