@@ -41,6 +41,39 @@ def test_position_digest_sees_positions_not_counts():
                                                               ("max_version", "1-1_0_2", "1-1")]
 
 
+def test_step_facts_one_reduction_equals_the_host_facts():
+    """The tracer's fused device reduction (every pair's facts, the row sums, the scores, one
+    transfer) gives, bit for bit, what the host computes from the same arrays: on dp8-sharded
+    rows, a learner mask wider than the sampler's (sp rounding), ids with prompt columns."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from rljax.trace.invariants import host_row_facts, position_digest, step_facts
+
+    rng = np.random.default_rng(0)
+    B, S, T = 16, 5, 7
+    mask = rng.random((B, T)) < 0.6
+    ids = rng.integers(0, 50_000, (B, S + T)).astype(np.int32)
+    obs = rng.random((B, T)) < 0.2
+    scores = np.array([0.5, -0.0, 1e-30, 3.0] * 4, np.float32)
+    mesh = jax.make_mesh((8,), ("dp",))
+    rows = NamedSharding(mesh, PartitionSpec("dp"))
+    lm = jax.device_put(np.pad(mask, ((0, 0), (0, 1))).astype(np.float32), rows)  # T' = 8
+    wide_ids = jax.device_put(np.pad(ids, ((0, 0), (0, 1))), rows)
+    other = jax.device_put(jnp.roll(lm, 1, axis=1), rows)  # a second, different mask read by another stage
+    per_pair, extra = step_facts([(lm, wide_ids), (other, None)], obs, lm, jax.device_put(scores, rows))
+    want = host_row_facts(mask, ids[:, S:])
+    assert set(per_pair[0]) == {"tokens", "mask_digest", "token_digest", "observation_tokens"}
+    for k in ("tokens", "mask_digest", "token_digest"):
+        assert per_pair[0][k].dtype == want[k].dtype and (per_pair[0][k] == want[k]).all(), k
+    assert (per_pair[0]["observation_tokens"] == (mask & obs).sum(axis=1)).all()
+    assert set(per_pair[1]) == {"tokens", "mask_digest", "observation_tokens"}
+    assert (per_pair[1]["mask_digest"] == position_digest(np.roll(np.pad(mask, ((0, 0), (0, 1))), 1, axis=1))).all()
+    assert extra["row_sum"].dtype == np.float32 and (extra["row_sum"] == mask.sum(axis=1)).all()
+    assert extra["scores"].tobytes() == scores.tobytes()  # bit for bit, -0.0 and denormals included
+
+
 def test_scores_are_tied_to_the_trajectory_they_scored():
     from rljax.trace.invariants import compare_scores
 

@@ -24,6 +24,7 @@ A violation names the tensor, the step, the stage and the row's trajectory key
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -34,10 +35,13 @@ P = 65521
 OBSERVATION_ROLE = 2
 
 
+@functools.lru_cache(maxsize=64)
 def position_weights(width: int) -> np.ndarray:
-    """Per-position weights in ``[1, P)``, distinct for neighbouring positions (uint32)."""
+    """Per-position weights in ``[1, P)``, distinct for neighbouring positions (uint32, read-only)."""
     t = np.arange(width, dtype=np.uint64)
-    return ((t * np.uint64(40503) + np.uint64(12345)) % np.uint64(P - 1) + np.uint64(1)).astype(np.uint32)
+    w = ((t * np.uint64(40503) + np.uint64(12345)) % np.uint64(P - 1) + np.uint64(1)).astype(np.uint32)
+    w.flags.writeable = False
+    return w
 
 
 def position_digest(mask, ids=None):
@@ -72,6 +76,61 @@ def device_row_facts_traced(loss_mask, response_ids=None, observations=None) -> 
         out["observation_tokens"] = jnp.sum((loss_mask[:, :observations.shape[1]] != 0) & observations, axis=1,
                                             dtype=jnp.int32)
     return out
+
+
+def _fact_names(with_ids: bool, with_obs: bool) -> list[str]:
+    return ["tokens", "mask_digest"] + ["token_digest"] * with_ids + ["observation_tokens"] * with_obs
+
+
+#: dtype of each per-row fact (they travel to the host as one ``uint32`` array, bit for bit).
+_FACT_DTYPES = {"tokens": np.int32, "mask_digest": np.uint32, "token_digest": np.uint32,
+                "observation_tokens": np.int32, "row_sum": np.float32, "scores": np.float32}
+
+
+@functools.lru_cache(maxsize=None)
+def _step_facts_fn():
+    import jax
+    import jax.numpy as jnp
+
+    def facts(pairs, observations, row_sum_mask, scores):
+        rows = []
+        for lm, ids in pairs:
+            resp = None if ids is None else ids[:, ids.shape[1] - lm.shape[1]:]  # the response columns
+            f = device_row_facts_traced(lm, resp, observations)
+            rows += [f[k] for k in _fact_names(ids is not None, observations is not None)]
+        if row_sum_mask is not None:
+            rows.append(jnp.sum(row_sum_mask, axis=1).astype(jnp.float32))
+        if scores is not None:
+            rows.append(scores.astype(jnp.float32))
+        return jnp.stack([jax.lax.bitcast_convert_type(r, jnp.uint32) for r in rows])
+
+    return jax.jit(facts)
+
+
+def step_facts(pairs, observations=None, row_sum_mask=None, scores=None) -> tuple[list[dict], dict]:
+    """Every device-side fact of a step in one jitted reduction and one host transfer.
+
+    ``pairs``: the distinct ``(loss_mask [B, T'], input_ids [B, S + T'] or None)`` the learner
+    stages read; ``observations``: ``[B, T]`` bool (multi-turn) or None; ``row_sum_mask``: a
+    ``[B, T']`` mask whose per-row sums the trace records also (None: skipped); ``scores``: the
+    ``[B]`` scores the advantage stage read (None: skipped). Returns ``(facts per pair,
+    {"row_sum", "scores"})`` as NumPy arrays. The per-row facts are computed on device and only
+    ``[k, B]`` 32-bit values (stacked, bit-cast to ``uint32``) come to the host: the reduction
+    and the transfer are one dispatch each however many facts there are.
+    """
+    import jax
+
+    pairs = tuple((lm, ids) for lm, ids in pairs)
+    stacked = np.asarray(jax.device_get(_step_facts_fn()(pairs, observations, row_sum_mask, scores)))
+    names = [n for lm, ids in pairs for n in _fact_names(ids is not None, observations is not None)]
+    names += ["row_sum"] * (row_sum_mask is not None) + ["scores"] * (scores is not None)
+    values = [stacked[i].view(_FACT_DTYPES[n]) for i, n in enumerate(names)]
+    per_pair, i = [], 0
+    for lm, ids in pairs:
+        keys = _fact_names(ids is not None, observations is not None)
+        per_pair.append(dict(zip(keys, values[i:i + len(keys)])))
+        i += len(keys)
+    return per_pair, dict(zip(names[i:], values[i:]))
 
 
 def host_row_facts(mask: np.ndarray, ids: np.ndarray) -> dict:
@@ -121,11 +180,19 @@ def compare_scores(step: int, keys, real: np.ndarray, digest: np.ndarray, scored
                    limit: int = 5) -> tuple[dict, list[dict]]:
     """Each real row's score as the advantage stage read it == the score the reward stage gave the
     trajectory with that row's digest (``scored``: ``{"digest", "scores"}`` per row, as scored)."""
+    scored_digest = np.asarray(scored["digest"], np.uint32)
+    scored_scores = np.asarray(scored["scores"], np.float32)
+    read = np.asarray(read, np.float32)
+    # A row whose (digest, score) is exactly a scored pair passes (vectorised); the others are
+    # looked at one by one, with a tolerance, and named.
+    exact = np.isin(_pair_keys(np.asarray(digest, np.uint32), read), _pair_keys(scored_digest, scored_scores))
+    rest = np.nonzero(real & ~(exact & np.isfinite(read)))[0]
     by_digest: dict[int, list[float]] = {}
-    for d, s in zip(np.asarray(scored["digest"]).tolist(), np.asarray(scored["scores"]).tolist()):
-        by_digest.setdefault(int(d), []).append(float(s))
+    if len(rest):
+        for d, s in zip(scored_digest.tolist(), scored_scores.tolist()):
+            by_digest.setdefault(int(d), []).append(float(s))
     violations, bad = [], 0
-    for i in np.nonzero(real)[0]:
+    for i in rest:
         want = by_digest.get(int(digest[i]))
         if want is None:
             detail, tensor = "no score was computed for this trajectory's response tokens", "response_ids"
@@ -139,3 +206,8 @@ def compare_scores(step: int, keys, real: np.ndarray, digest: np.ndarray, scored
             violations.append({"step": int(step), "tensor": tensor, "stage": "advantages", "key": keys[i],
                                "uid": keys[i].rsplit("_", 2)[0], "row": int(i), "detail": detail})
     return {"violations": bad}, violations
+
+
+def _pair_keys(digest: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """``digest << 32 | the score's float32 bits``, one uint64 per row."""
+    return (digest.astype(np.uint64) << np.uint64(32)) | scores.astype(np.float32).view(np.uint32).astype(np.uint64)

@@ -191,19 +191,19 @@ class Tracer:
                 for k in ev.reads:
                     consumers.setdefault(k, []).append(ev.stage)
             loss_mask = fields.get("loss_mask")
-            # Per-row loss tokens of the consumed mask: a global reduction, so every process
-            # takes part (process 0 alone would wait for the others on multi-host).
-            row_tokens = None
-            if loss_mask is not None:
+            row_tokens = None  # per-row loss tokens of the consumed mask (the invariants' reduction has them)
+            try:
+                row_tokens = self._invariants_step(step, events, traj, fields, rows_view)
+            except Exception as e:  # a check must never stop training; check reports what was not checked
+                log.warning("rljax.trace: whole-batch invariants not computed: %s: %s", type(e).__name__, e)
+                self._invariants["error"] = f"step {step}: not computed: {type(e).__name__}: {e}"
+            if row_tokens is None and loss_mask is not None:
+                # A global reduction, so every process takes part (process 0 alone would wait
+                # for the others on multi-host).
                 import jax.numpy as jnp
 
                 row_tokens = np.asarray(to_host(jnp.sum(loss_mask, axis=1)))
             self._row_tokens = row_tokens
-            try:
-                self._invariants_step(step, events, traj, fields, rows_view)
-            except Exception as e:  # a check must never stop training; check reports what was not checked
-                log.warning("rljax.trace: whole-batch invariants not computed: %s: %s", type(e).__name__, e)
-                self._invariants["error"] = f"step {step}: not computed: {type(e).__name__}: {e}"
             records = []
             sigs: dict[str, dict] = {}
             groups = choose_groups(self.cfg.trainer.seed, step, int(traj.num_groups), self.k)
@@ -273,36 +273,48 @@ class Tracer:
         self._steps += 1
         metrics.update(out)
 
-    def _invariants_step(self, step: int, events, traj, fields: Mapping, rows_view) -> None:
+    def _invariants_step(self, step: int, events, traj, fields: Mapping, rows_view) -> Optional[np.ndarray]:
         """Whole-batch invariants (:mod:`rljax.trace.invariants`) over every row of the step, for each
-        distinct ``loss_mask`` / ``input_ids`` a learner stage read (one jitted reduction each)."""
+        distinct ``loss_mask`` / ``input_ids`` a learner stage read, and the scores tie. Every
+        device-side fact of the step (those pairs' per-row facts, the per-row sums of the step's
+        ``loss_mask``, the scores the advantages read) comes from one jitted reduction and one
+        host transfer (:func:`~rljax.trace.invariants.step_facts`). Returns those per-row sums
+        (None when not computed here: several processes)."""
         from rljax.trace import invariants as I
 
         inv = self._invariants
         if rows_view is not None:  # several processes: the learner rows are every process's
             inv["skipped"] = "several processes: the learner arrays hold rows this process did not generate"
-            return
+            return None
         t = time.perf_counter()
-        real = ~np.asarray(traj.is_padding)
-        rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
+        B = int(traj.batch_size)
+        pairs: dict = {}  # (id(loss_mask), id(input_ids)) -> [loss_mask, input_ids, the stages that read them]
+        for ev in events:
+            lm = ev.reads.get("loss_mask")
+            if lm is None or ev.stage in ("metrics",) or lm.shape[0] != B:
+                continue
+            ids = ev.reads.get("input_ids", fields.get("input_ids"))
+            pairs.setdefault((id(lm), id(ids)), [lm, ids, []])[2].append(ev.stage)
+        loss_mask = fields.get("loss_mask")
+        row_sum_mask = loss_mask if loss_mask is not None and loss_mask.shape[0] == B else None
+        scored = fields.get("scored_rows")
+        adv = next((ev for ev in events if ev.stage == "advantages" and "scores" in ev.reads), None)
+        scores = adv.reads["scores"] if scored is not None and adv is not None else None
+        on_device = scores is not None and tuple(scores.shape) == (B,) and not isinstance(scores, np.ndarray)
         roles = getattr(traj, "roles", None)
         obs = None if roles is None else np.asarray(roles) == I.OBSERVATION_ROLE
+        per_pair, extra = I.step_facts([(lm, ids) for lm, ids, _ in pairs.values()], obs, row_sum_mask,
+                                       scores if on_device else None)
+
+        real = ~np.asarray(traj.is_padding)
+        keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
+        rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
         learner_version = (fields.get("dequeue") or {}).get("learner_version")
         if learner_version is None and fields.get("weight_version_after") is not None:
             learner_version = int(fields["weight_version_after"]) - 1  # the sync after the update advanced it
-        seen: dict = {}
         counts = {"rows": 0, "violations": 0}
-        for ev in events:
-            lm = ev.reads.get("loss_mask")
-            if lm is None or ev.stage in ("metrics",) or lm.shape[0] != traj.batch_size:
-                continue
-            ids = ev.reads.get("input_ids", fields.get("input_ids"))
-            key = (id(lm), id(ids))
-            if key not in seen:
-                resp = None if ids is None else ids[:, ids.shape[1] - lm.shape[1]:]
-                seen[key] = _device_row_facts(lm, resp, obs)
-            keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
-            c, v = I.compare(step, keys, real, rollout, seen[key], stage=ev.stage,
+        for (_, _, stages), update in zip(pairs.values(), per_pair):  # one comparison per distinct array
+            c, v = I.compare(step, keys, real, rollout, update, stage=stages[0],
                              max_version=np.asarray(traj.max_version), learner_version=learner_version)
             counts = {"rows": max(counts["rows"], c["rows"]), "violations": max(counts["violations"], c["violations"])}
             if v:
@@ -313,11 +325,8 @@ class Tracer:
                     self._invariant_alerts.append(
                         ("batch_invariant", f"step {step} {first['tensor']} at {first['stage']}, {first['key']} (uid "
                                             f"{first['uid']}): {first['detail']} ({c['violations']} row(s))"))
-        scored = fields.get("scored_rows")
-        adv = next((ev for ev in events if ev.stage == "advantages" and "scores" in ev.reads), None)
-        if scored is not None and adv is not None:
-            keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
-            read = np.asarray(to_host(adv.reads["scores"]), np.float32)
+        if scores is not None:
+            read = extra["scores"] if on_device else np.asarray(to_host(scores), np.float32)
             present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
             c, v = I.compare_scores(step, keys, real, I.position_digest(present, np.asarray(traj.response_ids)),
                                     scored, read)
@@ -332,11 +341,11 @@ class Tracer:
         inv["steps"] += 1
         inv["rows"] += counts["rows"]
         inv["violating_rows"] += counts["violations"]
-        inv["stages"] = sorted(set(inv.get("stages", [])) | {ev.stage for ev in events if "loss_mask" in ev.reads
-                                                             and ev.stage != "metrics"})
+        inv["stages"] = sorted(set(inv.get("stages", [])) | {st for _, _, stages in pairs.values() for st in stages})
         dt = time.perf_counter() - t
         inv["s"] = inv.get("s", 0.0) + dt
         self._inv_counts = dict(counts, s=dt)
+        return extra.get("row_sum")
 
     def _bytes_and_comm(self, events, metrics: Mapping) -> dict:
         """Bytes of every batch field each stage wrote (global, from shapes: no copy), the communication
@@ -786,26 +795,6 @@ def message_count(prompt, system_prompt: Optional[str] = None) -> int:
         return 1
     msgs = list(prompt)
     return len(msgs) + (system_prompt is not None and not any(m.get("role") == "system" for m in msgs))
-
-
-@functools.lru_cache(maxsize=None)
-def _device_facts_fn(with_ids: bool, with_obs: bool):
-    import jax
-
-    from rljax.trace import invariants as I
-
-    def facts(lm, ids, obs):
-        return I.device_row_facts_traced(lm, ids if with_ids else None, obs if with_obs else None)
-
-    return jax.jit(facts)
-
-
-def _device_row_facts(loss_mask, response_ids, observations) -> dict:
-    import jax
-
-    fn = _device_facts_fn(response_ids is not None, observations is not None)
-    out = jax.device_get(fn(loss_mask, response_ids, observations))
-    return {k: np.asarray(v) for k, v in out.items()}
 
 
 def _gather_step_times(step_s: float) -> list[float]:
