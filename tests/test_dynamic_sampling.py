@@ -55,7 +55,6 @@ def test_filter_metrics_listed_in_the_schema():
 
 @pytest.mark.parametrize("overrides,match", [
     (["rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "rollout.n>=2"),
-    (["trainer.mode=async"], "trainer.mode=sync only"),
     (["algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"], "seq_final_reward"),
     (["algorithm.filter_groups.metric=accuracy"], "metric"),
     (["algorithm.filter_groups.max_num_gen_batches=-1"], "max_num_gen_batches"),
@@ -136,3 +135,95 @@ def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
     assert resumed[2]["by_process"] == uids[2]["by_process"] and resumed[2]["dropped"] == uids[2]["dropped"]
     a, b = (np.load(d / "rollouts" / "process0" / "step2.npz") for d in (run, again))
     np.testing.assert_array_equal(a["prompt_ids"], b["prompt_ids"])
+
+
+def test_filter_groups_runs_in_async_mode_too():
+    from rljax.config import resolve
+    from rljax.trainer import check
+
+    check(resolve("default", ["algorithm.filter_groups.enable=true", "trainer.mode=async"])[0])
+
+
+@pytest.mark.slow
+def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path):
+    """In trainer.mode=async the producer refills each queued batch by the same rule: with tau=0
+    (the synchronous schedule) every metric, kept and dropped uid equals the synchronous run's;
+    with tau=1 and weight pushes between decode chunks every batch is full, the dropped uids are
+    recorded and the trace check proves none was trained."""
+    from launching import launch, train_rows
+    from test_async_launch import _compare
+
+    from rljax.trace.check import run_checks
+
+    base = [*RUN, "trainer.total_steps=3", "trainer.save_freq=-1"]
+    out = launch("--run-dir", str(tmp_path / "sync"), *base)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = launch("--run-dir", str(tmp_path / "tau0"), *base, "trainer.mode=async", "async_training.max_staleness=0")
+    assert out.returncode == 0, out.stderr[-3000:]
+    sync, tau0 = train_rows(tmp_path / "sync"), train_rows(tmp_path / "tau0")
+    _compare(sync, tau0)
+    assert _records(tmp_path / "sync" / "rollout_uids.jsonl") == {
+        s: {k: v for k, v in r.items() if k != "batch_index"}
+        for s, r in _records(tmp_path / "tau0" / "rollout_uids.jsonl").items()}
+
+    run = tmp_path / "tau1"
+    out = launch("--run-dir", str(run), *base, "trainer.mode=async", "async_training.max_staleness=1",
+                 "async_training.partial_rollout=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    uids = _records(run / "rollout_uids.jsonl")
+    assert sorted(uids) == [1, 2, 3]
+    for m in train_rows(run):
+        rec = uids[m["step"]]
+        assert m["train/kept_groups"] == len(rec["by_process"]["0"]) == 4
+        assert m["train/dropped_groups"] + m["train/excess_groups"] == len(rec["dropped"])
+        assert not set(rec["by_process"]["0"]) & set(rec["dropped"])
+    assert any(r["dropped"] for r in uids.values()), "the tiny random policy should fail every sample of some groups"
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    name = "no dropped group trained (dynamic sampling)"
+    assert checks[name][0] == "PASS", checks[name]
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+
+
+@pytest.mark.slow  # a real sampler: ~17 s of compiling on this loaded host
+def test_each_draw_checks_the_weights_it_started_with():
+    """trainer.mode=async with partial_rollout may install a weight push while the filter draws:
+    each further draw is checked against the sampler's version at its start (the synchronous
+    step's learner version otherwise). A real sampler; the push is installed between decode
+    chunks of the first draw, as the asynchronous producer's on_chunk does."""
+    import types
+
+    from rljax import models
+    from rljax.config import resolve
+    from rljax.reward import RewardReport
+    from rljax.rollout import DecodeParams, RljaxEngine, Sampler
+    from rljax.tokenizer import CharTokenizer
+    from rljax.trainer.dynamic_sampling import filtered_rollout
+    from rljax.trainer.stages import rollout_sessions
+
+    tok = CharTokenizer()
+    config = models.get_config("tiny").replace(vocab_size=tok.vocab_size, eos_token_id=tok.eos_id)
+    _, params = models.init_params(config, seed=0)
+    sampler = Sampler(RljaxEngine(config, num_slots=4, max_prefill_length=8, max_decode_length=3), params)
+    cfg = resolve("default", ["algorithm.filter_groups.enable=true", "data.train_batch_size=2", "rollout.n=2",
+                              "actor.ppo_mini_batch_size=2"])[0]
+    prompt = lambda text: types.SimpleNamespace(ids=tok.encode(text, add_bos=True))  # noqa: E731
+    pushed = []
+
+    def on_chunk(info):  # one push during the first draw
+        if not pushed:
+            pushed.append(sampler.update_weights(params, sampler.version + 1))
+
+    c = types.SimpleNamespace(cfg=cfg, sampler=sampler, decode=DecodeParams(max_new_tokens=3, seed=0),
+                              on_chunk=on_chunk, data=iter([[prompt("3+4="), prompt("1+1=")]]))
+    draws = []
+
+    def score(c, traj, prompts):  # only group 0 of a draw has spread: two draws fill the batch
+        draws.append(int(traj.min_version.min()))
+        keep = np.asarray(traj.group_id) == 0
+        return np.where(keep, np.asarray(traj.session, np.float32), 0.0), RewardReport(len(traj.uid), 0, 0, (), None)
+
+    out = filtered_rollout(c, {"step": 1, "prompts": [prompt("2+2="), prompt("0+4=")], "uids": ["1-0", "1-1"],
+                               "weight_version": 0}, rollout_fn=rollout_sessions, score_fn=score,
+                           shape_fn=lambda c, t, s: s)
+    assert pushed and draws == [0, 1]  # the second draw started on the pushed weights
+    assert out["dynamic_sampling"]["num_gen_batches"] == 2 and out["uids"] == ["1-0", "1-2"]

@@ -44,9 +44,6 @@ def _check_filter_groups(config) -> None:
     if config.rollout.n < 2:
         raise ConfigError(f"algorithm.filter_groups.enable=true needs rollout.n>=2 (it drops groups whose samples all "
                           f"score the same; rollout.n={config.rollout.n} makes every group one sample)")
-    if config.trainer.mode != "sync":
-        raise ConfigError("algorithm.filter_groups.enable=true runs with trainer.mode=sync only (not yet in the async "
-                          f"producer); trainer.mode={config.trainer.mode}")
     if config.env.function is not None:
         raise ConfigError("algorithm.filter_groups.enable=true runs single-turn rollouts only (not yet with "
                           f"env.function={config.env.function})")

@@ -13,6 +13,12 @@ over the extra batches, so every prompt's uid (and random stream) is its own.
 The ``reward`` stage then places the scores computed here (no second scoring). Every
 draw goes through the data iterator, whose position the checkpoint records after the step,
 so a resumed run draws exactly what the uninterrupted one would.
+
+``trainer.mode=async`` runs the same stage on the producer thread
+(:mod:`rljax.trainer.async_loop` takes the synchronous ``rollout_sessions`` and ``reward``):
+a queued batch is a full batch of kept groups, its ``dynamic_sampling`` facts travel with it
+through the queue (metrics and the trace's dropped uids at the step that trains it), and the
+checkpoint's data position is the iterator's after the batch's last draw.
 """
 
 from __future__ import annotations
@@ -132,6 +138,9 @@ def filtered_rollout(c, b, *, rollout_fn, score_fn, shape_fn) -> dict:
                                "are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")
         prompts = list(next(c.data))
         uids = [f"{step}-{batches * want + i}" for i in range(len(prompts))]
+        # the next draw's weights: the learner's in the synchronous step; in trainer.mode=async with
+        # partial_rollout the producer may have installed a push during the last draw
+        b = dict(b, weight_version=int(c.sampler.version))
     return {"trajectories": concat(parts), "prompts": kept_prompts, "uids": kept_uids,
             "dynamic_sampling": {"scores": np.concatenate(kept_scores), "reward_report": merge_reports(reports),
                                  "num_gen_batches": batches, "kept_groups": kept, "dropped_groups": zero_var,
