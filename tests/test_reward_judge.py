@@ -197,7 +197,7 @@ def test_grpo_with_only_the_judges_reward_runs_and_its_verdicts_are_traced(fitte
     for r in rows:  # the step's reward is the judge's parsed verdict alone (function_weight=0, no penalty)
         assert r["critic/score/mean"] == pytest.approx(r["reward/judge/mean"], abs=1e-6)
         assert r["reward/judge/errors"] == 0 and 0 <= r["reward/judge/unparseable"] <= 16
-        assert "timing_s/reward_judge" in r
+        assert "timing_s/reward_judge" in r and "reward/function/mean" in r  # the rule, logged beside
     gens = [json.loads(line) for line in open(run / "generations.jsonl")]
     assert len(gens) == 32
     judged = 0

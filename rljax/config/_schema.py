@@ -314,9 +314,9 @@ class RewardJudgeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RewardCombineConfig:
-    function_weight: float = _f(1.0, "with reward.model.path: weight of reward.function's score in the step's "
-                                     "reward (0: the reward model alone; the rule reward is still logged and "
-                                     "validated)")
+    function_weight: float = _f(1.0, "with reward.model.path or reward.judge.path: weight of reward.function's score "
+                                     "in the step's reward (0: the learned rewards alone; the rule reward is still "
+                                     "logged and validated)")
     model_weight: float = _f(1.0, "with reward.model.path: weight of the reward model's score in the step's reward")
     judge_weight: float = _f(1.0, "with reward.judge.path: weight of the judge's parsed verdict in the step's reward")
 

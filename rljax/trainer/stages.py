@@ -604,10 +604,12 @@ def step_metrics(c: Components, b) -> dict:
     }
     if c.old_logp_in_update:  # the update wrote old_logp (the update must not read rollout_logp: the trace
         m.update(rollout_mismatch(b["old_logp"], b))  # tells its behaviour log-prob by what it reads)
-    if "rm_scores" in b:  # reward.model.path: the model's and the rule's scores before combining
-        rm, fn = (np.asarray(x)[real] for x in to_host((b["rm_scores"], b["function_scores"])))
+    if "function_scores" in b:  # reward.model.path / reward.judge.path: the rule's scores before combining
+        m["reward/function/mean"] = float(np.asarray(to_host(b["function_scores"]))[real].mean())
+    if "rm_scores" in b:
+        rm = np.asarray(to_host(b["rm_scores"]))[real]
         m.update({"reward/model/mean": float(rm.mean()), "reward/model/max": float(rm.max()),
-                  "reward/model/min": float(rm.min()), "reward/function/mean": float(fn.mean())})
+                  "reward/model/min": float(rm.min())})
     if "judge_report" in b:  # reward.judge: the parsed verdicts and how many failed to parse
         from rljax.trainer.judge import judge_metrics
 
