@@ -1,6 +1,6 @@
 """Data-flow bugs provoked on purpose (rljax.trace.faults, switched on by RLJAX_FAULTS) in short
 runs: each makes ``python -m rljax.trace check`` fail, naming the tensor, the step and the uid,
-and the run exit 3 (an error-severity alert). The whole-batch invariants cover rows outside the
+and the run exit 3 (an error-severity alert); the observation ones on the tool task. The whole-batch invariants cover rows outside the
 traced prompt groups: every fault here hits an untraced row."""
 
 import json
@@ -95,26 +95,34 @@ def test_unknown_fault_is_one_clear_error():
         faults.enable("nope")
 
 
+TOOL_TASK = ("--config", "tool_lookup")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fault,tensor,detail,extra", [
-    ("zero_loss_mask_token", "loss_mask", "loss tokens in the update", ()),
-    # (shift_loss_mask needs an untraced row that ends before the last column; in these short
-    # runs every row fills its response, so the shift is provoked in test_position_digest_... above)
-    ("future_version", "max_version", "> the learner's version", ()),
-    ("swap_rewards", "scores", "read by the advantages", ()),
+@pytest.mark.parametrize("fault,tensor,detail,preset,extra", [
+    ("zero_loss_mask_token", "loss_mask", "loss tokens in the update", (), ("trainer.total_steps=1",)),
+    # rows that end before the last column (EOS), so the mask can shift by one position
+    ("shift_loss_mask", "loss_mask", "same token count, different positions", (),
+     ("trainer.total_steps=1", "data.max_response_length=16")),
+    ("future_version", "max_version", "> the learner's version", (), ("trainer.total_steps=1",)),
+    ("swap_rewards", "scores", "read by the advantages", (), ("trainer.total_steps=1",)),
+    # the tool task: a random policy calls the tool rarely, the traced group seldom holds an observation
+    ("observation_action_mask", "loss_mask", "observation token(s) with mask 1", TOOL_TASK, ("trainer.total_steps=3",)),
+    ("observation_loss_mask", "loss_mask", "loss tokens in the update", TOOL_TASK, ("trainer.total_steps=3",)),
 ])
-def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail, extra):
+def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail, preset, extra):
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", "--run-dir", str(run), *SMALL,
-                          "trainer.total_steps=1", *extra], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=fault),
+    out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", *preset, "--run-dir", str(run), *SMALL,
+                          *extra], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=fault),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
     v = inv["violations"][0]
-    traced = {json.loads(line)["uid"] for line in open(run / "trace.jsonl")}
-    assert v["tensor"] == tensor and v["step"] == 1 and v["uid"] not in traced, (v, traced)
+    step = v["step"]
+    traced = {json.loads(line)["uid"] for line in open(run / "trace.jsonl") if json.loads(line)["step"] == step}
+    assert v["tensor"] == tensor and detail in v["detail"] and v["uid"] not in traced, (v, traced)
     check = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run)], cwd=REPO, capture_output=True,
                            text=True, timeout=120)
     line = next(x for x in check.stdout.splitlines() if "whole-batch invariants" in x)
     assert check.returncode == 1 and line.startswith("FAIL"), check.stdout
-    assert f"step 1 tensor {tensor}" in line and f"uid {v['uid']}" in line and detail in line, line
+    assert f"step {step} tensor {tensor}" in line and f"uid {v['uid']}" in line and detail in line, line

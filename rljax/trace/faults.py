@@ -19,6 +19,14 @@ Faults (name: the bug it provokes, where):
   -> ``batch_invariant`` (versions).
 * ``swap_rewards``: the scores of two untraced rows of different prompt groups swapped after
   scoring (``reward``) -> ``batch_invariant`` (scores tied to the trajectory digest).
+* ``observation_action_mask`` (multi-turn): an untraced row's tool-observation tokens given
+  action mask 1 by the rollout (its ``response_mask`` / ``loss_mask``, and so the learner's
+  copy) -> ``batch_invariant`` (observation tokens with mask 1; token counts and digests agree).
+* ``observation_loss_mask`` (multi-turn): the same tokens put in the learner's ``loss_mask``
+  only (``trajectory_fields``) -> ``batch_invariant`` (loss tokens, then observation tokens).
+
+The two observation faults act on every step with an untraced row that holds a tool
+observation (on the tool task a random policy calls the tool rarely: some steps have none).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ FAULTS = {
     "shift_loss_mask": "one untraced row's loss_mask shifted by one position (same count)",
     "future_version": "an untraced row claims a weight version newer than the learner's",
     "swap_rewards": "the scores of two untraced rows of different prompt groups swapped after scoring",
+    "observation_action_mask": "an untraced row's tool observation tokens given action mask 1 by the rollout",
+    "observation_loss_mask": "an untraced row's tool observation tokens put in the learner's loss_mask",
 }
 _on: set[str] = set()
 _kept: list = []
@@ -88,10 +98,36 @@ def untraced_row(traj, *, seed: int, step: int, groups: int, partial: bool = Fal
     return rows[-1]
 
 
+def observation_row(traj, *, seed: int, step: int, groups: int):
+    """The last real row outside the traced groups with a tool observation (None: no such row)."""
+    import numpy as np
+
+    from rljax.trace.groups import choose_groups
+    from rljax.trace.invariants import OBSERVATION_ROLE
+
+    roles = getattr(traj, "roles", None)
+    if roles is None:
+        raise RuntimeError("fault hooks: the observation faults need a multi-turn run (env.function)")
+    traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
+    rows = [i for i in range(traj.batch_size) if not traj.is_padding[i] and int(traj.group_id[i]) not in traced
+            and (np.asarray(roles[i]) == OBSERVATION_ROLE).any()]
+    return rows[-1] if rows else None
+
+
 def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, version: int) -> None:
     """Applies the switched-on faults of ``trajectory_fields`` to the learner's host arrays (in place)."""
     import numpy as np
 
+    if _on & {"observation_action_mask", "observation_loss_mask"}:
+        r = observation_row(traj, seed=seed, step=step, groups=groups)
+        if r is not None:
+            from rljax.trace.invariants import OBSERVATION_ROLE
+
+            cols = np.flatnonzero(np.asarray(traj.roles[r]) == OBSERVATION_ROLE)
+            if "observation_action_mask" in _on:  # the rollout's own record: the trace's side sees it too
+                traj.response_mask[r, cols] = True
+                traj.loss_mask[r, cols] = True
+            host["loss_mask"][r, cols] = 1  # the learner's copy (built from the rollout's before this hook)
     if not _on & {"zero_loss_mask_token", "shift_loss_mask", "future_version"}:
         return
     r = untraced_row(traj, seed=seed, step=step, groups=groups, partial="shift_loss_mask" in _on)
