@@ -1,4 +1,4 @@
-"""Multi-turn rollouts: an episode loop over :class:`rljax.rollout.Sampler`'s engine.
+"""Multi-turn rollouts: episodes as a client of the rollout driver (:mod:`rljax.rollout.driver`).
 
 A session (episode) starts from a prompt and alternates model turns and observations: a turn
 decodes until the tool stop token, EOS, or its token budget; the environment answers the turn
@@ -9,21 +9,24 @@ rule: turns do not create sessions; ``index`` 0 because an episode returns one o
 
 **Context continuation** (``continuation``, config ``env.continuation``):
 
-``"kv"`` (default): a session keeps its decode slot and KV cache for the whole episode.
-Sessions enter free slots as in the single-turn sampler (each prompt prefilled once, inserted
-into its ``n`` sessions' slots). When a slot's turn ends, the slot is *parked* (its cache
-kept, nothing decoded for it) and the turn goes to the environment on a thread pool while
-the other slots keep decoding: each session's :meth:`Environment.step` on its own worker, or,
-for an environment that overrides :meth:`Environment.step_many` (e.g. :class:`ToolEnv`, whose
-sandbox runs a batch concurrently), one ``step_many`` call per decode chunk's finished turns,
-several such calls at once. After each chunk the host waits at most one decode step's time
-for answers still running, so tools that answer at once resume together (one decode wave,
-not two) while a slow tool holds up nobody for longer than a step. When an observation
-is ready, :meth:`RljaxEngine.extend_many` writes the turn's last token and the observation
-into the slot's cache at its current length (one chunked forward pass over the new tokens
-only; the earlier context is attended to, never recomputed), samples the next turn's first
-token, and the slot decodes on. Freed slots (ended episodes) take waiting sessions: continuous
-batching across turns. Per turn the prefilled tokens are the observation plus one.
+``"kv"`` (default): a session keeps its decode slot and KV cache for the whole episode. The
+scheduling is the sampler's :class:`rljax.rollout.driver.Driver` (the one decode driver; this
+package holds no decode loop): each prompt is one multi-turn request of ``n`` sessions
+(prefilled once, inserted into its sessions' slots as they free). When a session's turn ends
+the driver raises ``turn_ended`` and *parks* its slot (its cache kept, nothing decoded for it);
+the turn goes to the environment on a thread pool while the other slots keep decoding: each
+session's :meth:`Environment.step` on its own worker, or, for an environment that overrides
+:meth:`Environment.step_many` (e.g. :class:`ToolEnv`, whose sandbox runs a batch
+concurrently), one ``step_many`` call per round's finished turns, several such calls at once.
+After each round the host waits at most one decode step's time for answers still running, so
+tools that answer at once resume together (one decode wave, not two) while a slow tool holds
+up nobody for longer than a step. An answer with an observation resumes the session
+(:meth:`Driver.resume`: the driver writes the turn's last token and the observation into the
+slot's cache at its current length with :meth:`RljaxEngine.extend_many` -- one chunked forward
+pass over the new tokens only; the earlier context is attended to, never recomputed -- samples
+the next turn's first token, and the slot decodes on); an answer that ends the episode frees
+the slot (:meth:`Driver.end`), which takes a waiting session: continuous batching across
+turns. Per turn the prefilled tokens are the observation plus one.
 
 ``"reprefill"`` (the reference): each turn is a ``Sampler.generate`` call over all unfinished
 sessions whose prompt is the session's whole context so far; every turn recomputes the
@@ -51,7 +54,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Optional
 
@@ -291,13 +293,14 @@ def _env_answer(envs, turns):
 
 
 def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tokenizer, t0, max_env_workers):
-    """Sessions keep their slots across turns; see the module docstring."""
-    import jax
-
-    from rljax.rollout.sampling import trajectory_keys
+    """Sessions keep their slots across turns (a client of the sampler's :class:`Driver`); see
+    the module docstring."""
+    # deferred: the driver imports the engine (JetStream, and through it TensorFlow's import machinery)
+    from rljax.rollout import trajectory_keys
+    from rljax.rollout.driver import Request
 
     eng = sampler.engine
-    num_slots, total = eng.num_slots, len(sessions)
+    total = len(sessions)
     need = max(len(p.ids) for p in prompts) + lim.max_response_tokens + turn_decode.max_new_tokens
     if need > eng.max_len:
         raise ValueError(f"continuation='kv' needs a cache of prompt + max_response_tokens + max_new_tokens = {need} "
@@ -309,107 +312,52 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
     all_keys = trajectory_keys(turn_decode.seed, [_turn_uid(uids, n, r, k) for r in range(total)
                                                   for k in range(lim.max_turns)], [0] * (total * lim.max_turns))
 
-    def keys(rows):
-        return all_keys[[r * lim.max_turns + sessions[r].turns for r in rows]]
+    def key(r):  # the random stream of session r's next turn
+        return all_keys[r * lim.max_turns + sessions[r].turns]
 
     env_cls = type(sessions[0].env)
     one_by_one = getattr(env_cls.step_many, "__func__", None) is Environment.step_many.__func__
     sync_before, stats_before = sampler.total_weight_sync_s, dict(eng.stats)
-    params, version = sampler.snapshot()
-    layers = eng.decode_layers(params)  # per-layer weight copies, once per version (not per chunk)
-    version_start = version
-    state = eng.init_decode_state(turn_decode)
-    slot_row = np.full(num_slots, -1, np.int64)
-    slot_of = np.full(total, -1, np.int64)
-    free = deque(range(num_slots))
-    waiting = deque(range(total))  # sessions not yet in a slot
-    decoding: set = set()  # slots decoding a turn
-    ready: list = []  # (row, observation tokens) to append
-    prefixes: dict = {}  # prompt -> (Prefix, its row, version): prompts with sessions still to insert
+    driver = sampler.driver(turn_decode)
+    handles = []  # the driver's session of each row
+    for g, p in enumerate(prompts):
+        handles += driver.submit(Request(np.asarray(p.ids, np.int32), keys=all_keys[[(g * n + s) * lim.max_turns
+                                                                                    for s in range(n)]],
+                                         rows=range(g * n, (g + 1) * n), park=True, tag=g))
     inflight: dict = {}  # future -> (rows, turns, submitted at)
     steps_all: list[Step] = []
-    prefill_s = decode_s = env_s = step_s = 0.0
-    gen_tokens = chunks = 0
+    env_s = 0.0
+    gen_tokens = 0
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(max_env_workers, total)),
                                                  thread_name_prefix="rljax-env")
     try:
-        while decoding or inflight or ready or waiting:
-            latest, latest_version = sampler.snapshot()
-            if latest_version != version:  # new weights apply to every slot from here on
-                params, version = latest, latest_version
-                layers = eng.decode_layers(params)
-                for r in slot_row[slot_row >= 0]:
-                    sessions[r].max_version = version
-            tp = time.perf_counter()
-            for i in range(0, len(ready), eng.prefill_batch_size):  # observations into their slots' caches
-                part = ready[i : i + eng.prefill_batch_size]
-                rows = [r for r, _ in part]
-                slots = [int(slot_of[r]) for r in rows]
-                state, logits = eng.extend_many(params, state, slots=slots, tokens=[o for _, o in part], keys=keys(rows))
-                jax.block_until_ready(logits)
-                decoding.update(slots)
-                for r in rows:
-                    sessions[r].max_version = max(sessions[r].max_version, version)
-            ready = []
-            if free and waiting:  # new sessions into free slots: each prompt prefilled once for its n sessions
-                rows = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
-                todo = [g for g in dict.fromkeys(r // n for r in rows) if g not in prefixes]
-                for g0 in range(0, len(todo), eng.prefill_batch_size):
-                    batch = todo[g0 : g0 + eng.prefill_batch_size]
-                    prefix = eng.prefill_batch(params, [prompts[g].ids for g in batch])
-                    prefixes.update({g: (prefix, j, version) for j, g in enumerate(batch)})
-                by_prefix: dict = {}
-                for r in rows:
-                    prefix, j, pversion = prefixes[r // n]
-                    by_prefix.setdefault(id(prefix), (prefix, []))[1].append((r, j, pversion))
-                    if r % n == n - 1 or r == total - 1:  # the prompt's last session: drop its prefix
-                        del prefixes[r // n]
-                for prefix, mine in by_prefix.values():
-                    slots = [free.popleft() for _ in mine]
-                    state = eng.insert_many(prefix, state, rows=[j for _, j, _ in mine], slots=slots,
-                                            keys=keys([r for r, _, _ in mine]))
-                    now = time.perf_counter()
-                    for (r, _, pversion), slot in zip(mine, slots):
-                        slot_row[slot], slot_of[r] = r, slot
-                        s = sessions[r]
-                        s.min_version, s.max_version, s.queue_s = min(pversion, version), version, now - t0
-                    decoding.update(slots)
-                jax.block_until_ready(state.tokens)
-            prefill_s += time.perf_counter() - tp
-            if decoding:
-                tc = time.perf_counter()
-                state, steps = eng.generate_chunk(params, state, num_steps=sampler.steps_per_sync,
-                                              exit_after=min(len(decoding), sampler.refill_batch), layers=layers)
-                done, step, steps = jax.device_get((state.done, state.step, steps))
-                chunks += 1
-                fin = sorted(slot for slot in decoding if done[slot])
-                if fin:
-                    out_tokens, out_logp = jax.device_get((state.out_tokens, state.out_logp))
-                    decoding.difference_update(fin)
-                    rows = [int(slot_row[slot]) for slot in fin]
-                    turns = []
-                    for slot, r in zip(fin, rows):
-                        length = int(step[slot])
-                        gen_tokens += length
-                        turns.append(_take_turn(sessions[r], out_tokens[slot, :length], out_logp[slot, :length], lim,
-                                                tokenizer))
-                    now = time.perf_counter()
-                    if one_by_one:  # each session's turn on its own worker
-                        for r, turn in zip(rows, turns):
-                            inflight[pool.submit(_env_answer, [sessions[r].env], [turn])] = ([r], [turn], now)
-                    else:  # the environment answers the chunk's turns together (its step_many batches them)
-                        envs = [sessions[r].env for r in rows]
-                        inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, now)
-                took = time.perf_counter() - tc
-                decode_s += took
-                step_s = took / max(1, int(steps))
-            elif inflight:  # every session in a slot waits on its environment
+        while driver.busy or inflight:
+            chunks = driver.chunks
+            rows, turns = [], []
+            for ev in driver.step():
+                h = ev.session
+                if ev.kind == "turn_ended":
+                    r = h.row
+                    if sessions[r].turns == 0:
+                        sessions[r].queue_s = h.inserted_at - t0
+                    gen_tokens += ev.length
+                    rows.append(r)
+                    turns.append(_take_turn(sessions[r], ev.tokens, ev.logp, lim, tokenizer))
+            if rows:
+                now = time.perf_counter()
+                if one_by_one:  # each session's turn on its own worker
+                    for r, turn in zip(rows, turns):
+                        inflight[pool.submit(_env_answer, [sessions[r].env], [turn])] = ([r], [turn], now)
+                else:  # the environment answers the chunk's turns together (its step_many batches them)
+                    envs = [sessions[r].env for r in rows]
+                    inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, now)
+            if driver.chunks == chunks and inflight:  # nothing decoded: every session in a slot waits on its environment
                 tw = time.perf_counter()
                 concurrent.futures.wait(list(inflight), return_when=concurrent.futures.FIRST_COMPLETED)
                 env_s += time.perf_counter() - tw
             if inflight:  # grace of one decode step: answers that come at once join the next chunk together
                 tw = time.perf_counter()
-                concurrent.futures.wait(list(inflight), timeout=step_s)
+                concurrent.futures.wait(list(inflight), timeout=driver.last_step_s)
                 env_s += time.perf_counter() - tw
             for fut in [f for f in inflight if f.done()]:
                 rows, turns, submitted = inflight.pop(fut)
@@ -421,21 +369,21 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
                     s.env_wait_s += now - submitted
                     obs = _take_step(s, turn, st, lim, tokenizer)
                     if obs is not None:
-                        ready.append((r, obs))
+                        driver.resume(handles[r], obs, key(r))
                         continue
-                    slot = int(slot_of[r])  # the episode ended: its slot takes a waiting session
-                    slot_row[slot], slot_of[r] = -1, -1
-                    free.append(slot)
+                    driver.end(handles[r])  # the episode ended: its slot takes a waiting session
                     s.decode_s = now - t0 - s.queue_s
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    stats = RolloutStats(wall_s=time.perf_counter() - t0, prefill_s=prefill_s, decode_s=decode_s,
+    for r, h in enumerate(handles):
+        sessions[r].min_version, sessions[r].max_version = h.min_version, h.max_version
+    stats = RolloutStats(wall_s=time.perf_counter() - t0, prefill_s=driver.prefill_s, decode_s=driver.decode_s,
                          weight_sync_s=sampler.total_weight_sync_s - sync_before, generated_tokens=gen_tokens,
                          prefill_calls=eng.stats["prefill_calls"] - stats_before.get("prefill_calls", 0),
                          prefill_rows=eng.stats["prefill_rows"] - stats_before.get("prefill_rows", 0),
-                         decode_chunks=chunks, num_slots=num_slots,
-                         version_start=int(version_start), version_end=int(version))
-    return stats, steps_all, {"gen_s": prefill_s + decode_s, "env_s": env_s}
+                         decode_chunks=driver.chunks, num_slots=eng.num_slots,
+                         version_start=int(driver.version_start), version_end=int(driver.version))
+    return stats, steps_all, {"gen_s": driver.prefill_s + driver.decode_s, "env_s": env_s}
 
 
 def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pad_to_multiple):

@@ -12,7 +12,8 @@
     sampler.update_weights(new_params, version=1)        # reshards, timed, versions increase
 
 Where things are: :mod:`~rljax.rollout.engine` (the JetStream ``Engine``),
-:mod:`~rljax.rollout.sampler` (the host loop, versions, ``on_chunk``),
+:mod:`~rljax.rollout.driver` (the one continuous-batching scheduler: slots, requests, events),
+:mod:`~rljax.rollout.sampler` (single-turn generation as a driver client, versions, ``on_chunk``),
 :mod:`~rljax.rollout.trajectory` (the returned batch and its padding conventions),
 :mod:`~rljax.rollout.sampling` (decode parameters, random streams, what
 ``rollout_logp`` means).
@@ -33,6 +34,10 @@ _LAZY = {
     "check_params": "rljax.rollout.engine",
     "Sampler": "rljax.rollout.sampler",
     "ChunkInfo": "rljax.rollout.sampler",
+    "Driver": "rljax.rollout.driver",
+    "Request": "rljax.rollout.driver",
+    "Event": "rljax.rollout.driver",
+    "Results": "rljax.rollout.driver",
     "JetStreamTokenizer": "rljax.rollout.tokenizer",
     "sampler_mesh": "rljax.rollout.mesh",
 }

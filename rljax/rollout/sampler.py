@@ -7,15 +7,16 @@
     ...                                        # learner step(s)
     sampler.update_weights(new_params, version=1)
 
-The host loop only schedules: it prefills waiting prompts in batches (each prompt once,
-however large ``n``), inserts each prefix into as many free slots as it has samples left,
-runs decode chunks of up to ``steps_per_sync`` steps on device, and after each chunk
-fetches two ``[slots]`` vectors (done flags and lengths) to free finished slots. Tokens
-and log-probs stay on device until the call returns. When prompts are waiting, a chunk
-ends early as soon as ``refill_batch`` slots finish, so a freed slot is refilled while
-the others keep decoding. Once none waits, each chunk ends as soon as the live rows fit a
-smaller decode state (four sizes an octave: ..., 32, 40, 48, 56, 64, ...), and they move into
-it (``compact``), so rows that ended on EOS stop costing a step each.
+The scheduling is :class:`rljax.rollout.driver.Driver`'s (``generate`` is a thin client: one
+request per prompt, its ``n`` sessions keyed ``(seed, uid, session)``): it prefills waiting
+prompts in batches (each prompt once, however large ``n``), inserts each prefix into as many
+free slots as it has samples left, runs decode chunks of up to ``steps_per_sync`` steps on
+device, and after each chunk fetches two ``[slots]`` vectors (done flags and lengths) to free
+finished slots. Tokens and log-probs stay on device until the call returns. When prompts are
+waiting, a chunk ends early as soon as ``refill_batch`` slots finish, so a freed slot is
+refilled while the others keep decoding. Once none waits, each chunk ends as soon as the live
+rows fit a smaller decode state (four sizes an octave: ..., 32, 40, 48, 56, 64, ...), and they
+move into it (``compact``), so rows that ended on EOS stop costing a step each.
 
 Versions. Every trajectory records the weight versions it was generated with:
 ``min_version`` (the version of its prompt's prefill) and ``max_version`` (the version
@@ -27,18 +28,15 @@ of its last decode chunk). New weights are installed only between decode chunks 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from rljax.rollout.driver import Driver, Request, results_for
 from rljax.rollout.engine import COMPACT_PER_OCTAVE, RljaxEngine, compact_sizes
 from rljax.rollout.sampling import DecodeParams, trajectory_keys
 from rljax.rollout.trajectory import RolloutStats, Trajectories
@@ -59,14 +57,6 @@ class ChunkInfo:
     total: int  # trajectories in this call (prompts x n)
     version: int  # weight version the chunk ran with
     slots: int = 0  # slots of the decode state it ran (fewer than the engine's once compacted)
-
-
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def _collect(res_tokens, res_logp, out_tokens, out_logp, slots, rows):
-    t = res_tokens.shape[1]
-    res_tokens = res_tokens.at[rows].set(out_tokens[slots, :t], mode="drop")
-    res_logp = res_logp.at[rows].set(out_logp[slots, :t], mode="drop")
-    return res_tokens, res_logp
 
 
 def _is_int(x) -> bool:
@@ -280,153 +270,68 @@ class Sampler:
         """
         prompts, uids, decode = self._prepare(prompts, uids, n, decode, pad_to_multiple)
         eng = self.engine
-        num_prompts, num_slots, t_max = len(prompts), eng.num_slots, decode.max_new_tokens
+        num_prompts, t_max = len(prompts), decode.max_new_tokens
         total = num_prompts * n
-        row_uid = [uids[i // n] for i in range(total)]
-        row_session = [i % n for i in range(total)]
-        keys = trajectory_keys(decode.seed, row_uid, row_session)
+        keys = trajectory_keys(decode.seed, [uids[i // n] for i in range(total)], [i % n for i in range(total)])
 
         t0 = time.perf_counter()
         sync_before = self.total_weight_sync_s
         stats_before = dict(eng.stats)
-        params, version = self.snapshot()
-        version_start = version
-        layers = eng.decode_layers(params)  # per-layer weight copies, sliced once per version (not per chunk)
-        state = eng.init_decode_state(decode)
-        rep = eng.replicated()
-        res_tokens = jax.device_put(np.zeros((total, t_max), np.int32), rep)
-        res_logp = jax.device_put(np.zeros((total, t_max), np.float32), rep)
-
+        driver = self.driver(decode)
+        results = results_for(eng, total, t_max)
+        requests = [driver.submit(Request(p, keys=keys[i * n : (i + 1) * n], results=results,
+                                          rows=range(i * n, (i + 1) * n), tag=i))
+                    for i, p in enumerate(prompts)]
         length = np.zeros(total, np.int32)
-        row_step = np.zeros(total, np.int64)  # tokens generated per row, as of the last chunk
-        min_version = np.zeros(total, np.int64)
-        max_version = np.zeros(total, np.int64)
-        queue_s = np.zeros(total, np.float32)
-        prefill_s = np.zeros(total, np.float32)
-        decode_s = np.zeros(total, np.float32)
-        t_insert = np.zeros(total, np.float64)
-
-        size = num_slots  # slots of the decode state: fewer once compacted
-        slot_row = np.full(num_slots, -1, np.int64)
-        free = deque(range(num_slots))
-        ready: deque = deque()  # [prefix, prefix_row, prompt, next_session, prefill_version, prefill_seconds]
-        next_prompt = inserted = finished = 0
-        prefill_total = decode_total = 0.0
-        chunk = total_steps = 0
-
-        while finished < total:
-            latest_params, latest_version = self.snapshot()
-            if latest_version != version:
-                params, version = latest_params, latest_version
-                layers = eng.decode_layers(params)
-                occupied = slot_row[slot_row >= 0]
-                max_version[occupied] = version
-
-            # Fill free slots: remaining samples of prefilled prompts first, then new prefills.
-            pending: dict[int, tuple] = {}
-            while free and (ready or next_prompt < num_prompts):
-                if not ready:
-                    k = min(eng.prefill_batch_size, num_prompts - next_prompt, math.ceil(len(free) / n))
-                    tp = time.perf_counter()
-                    prefix = eng.prefill_batch(params, prompts[next_prompt : next_prompt + k])
-                    jax.block_until_ready(prefix.logits)
-                    took = time.perf_counter() - tp
-                    prefill_total += took
-                    ready.extend([prefix, r, next_prompt + r, 0, version, took] for r in range(k))
-                    next_prompt += k
-                entry = ready[0]
-                prefix, prow, prompt, session, pversion, took = entry
-                take = min(len(free), n - session)
-                now = time.perf_counter()
-                group = pending.setdefault(id(prefix), (prefix, [], [], []))
-                for j in range(take):
-                    slot, row = free.popleft(), prompt * n + session + j
-                    slot_row[slot] = row
-                    row_step[row] = 1
-                    group[1].append(prow)
-                    group[2].append(slot)
-                    group[3].append(row)
-                    min_version[row], max_version[row] = min(pversion, version), version
-                    queue_s[row], prefill_s[row], t_insert[row] = now - t0, took, now
-                entry[3] += take
-                inserted += take
-                if entry[3] == n:
-                    ready.popleft()
-            for prefix, prows, slots, rows in pending.values():
-                state = eng.insert_many(prefix, state, rows=prows, slots=slots, keys=keys[rows])
-
-            waiting = total - inserted
-            occupied = np.nonzero(slot_row >= 0)[0]
-            # compacting pays (a gather of the live cache, a compile per new size) only while a
-            # live row may still decode for a whole chunk: short responses never compact
-            worth = self.compact and occupied.size and t_max - row_step[slot_row[occupied]].min() >= self.steps_per_sync
-            smaller = [c for c in self.compact_sizes if c < size] if worth else []
-            if not waiting and smaller and occupied.size <= smaller[-1]:
-                # nothing left to insert and the live rows fit a smaller state: move them into
-                # the smallest that holds them, so a step computes that many rows, not `size`
-                state = eng.compact(state, occupied, min_slots=self.compact_min_slots,
-                                    per_octave=self.compact_per_octave)
-                size = int(state.tokens.shape[0])
-                slot_row = np.concatenate([slot_row[occupied], np.full(size - occupied.size, -1, np.int64)])
-                free = deque(range(occupied.size, size))
-                smaller = [c for c in self.compact_sizes if c < size]
-            if waiting:
-                exit_after = min(waiting, self.refill_batch)
-            elif smaller:
-                exit_after = occupied.size - smaller[-1]  # end the chunk once the rows fit the next smaller state
-            else:
-                exit_after = size + 1
-            tc = time.perf_counter()
-            state, steps = eng.generate_chunk(params, state, num_steps=self.steps_per_sync, exit_after=exit_after,
-                                              layers=layers)
-            done, step, steps = jax.device_get((state.done, state.step, steps))
-            row_step[slot_row[slot_row >= 0]] = step[slot_row >= 0]
+        finished = 0
+        while driver.busy:
+            events = driver.step()
             now = time.perf_counter()
-            decode_total += now - tc
-            total_steps += int(steps)
-
-            fin_slots = np.nonzero((slot_row >= 0) & done)[0]
-            if fin_slots.size:
-                rows = slot_row[fin_slots]
-                length[rows] = step[fin_slots]
-                decode_s[rows] = now - t_insert[rows]
-                pad = size - fin_slots.size
-                res_tokens, res_logp = _collect(
-                    res_tokens, res_logp, state.out_tokens, state.out_logp,
-                    jnp.asarray(np.concatenate([fin_slots, np.zeros(pad, np.int64)]), jnp.int32),
-                    jnp.asarray(np.concatenate([rows, np.full(pad, total, np.int64)]), jnp.int32),
-                )
-                slot_row[fin_slots] = -1
-                free.extend(int(s) for s in fin_slots)
-                finished += fin_slots.size
+            for ev in events:
+                if ev.kind == "finished":
+                    length[ev.session.row] = ev.length
+                    finished += 1
             if on_chunk is not None:
                 on_chunk(ChunkInfo(
-                    chunk=chunk, steps=int(steps), total_steps=total_steps, finished=finished,
-                    active=int((slot_row >= 0).sum()), waiting=total - inserted, total=total, version=version,
-                    slots=size,
+                    chunk=driver.chunks - 1, steps=driver.last_steps, total_steps=driver.total_steps,
+                    finished=finished, active=driver.occupied, waiting=driver.waiting, total=total,
+                    version=driver.version, slots=driver.size,
                 ))
-            chunk += 1
+        sessions = [s for sessions in requests for s in sessions]
+        min_version = np.array([s.min_version for s in sessions], np.int64)
+        max_version = np.array([s.max_version for s in sessions], np.int64)
+        queue_s = np.array([s.inserted_at - t0 for s in sessions], np.float32)
+        prefill_s = np.array([s.prefill_s for s in sessions], np.float32)
+        decode_s = np.array([s.finished_at - s.inserted_at for s in sessions], np.float32)
 
-        tokens, logp = jax.device_get((res_tokens, res_logp))
+        tokens, logp = results.fetch()
         wall = time.perf_counter() - t0
         stats_after = eng.stats
         stats = RolloutStats(
             wall_s=wall,
-            prefill_s=prefill_total,
-            decode_s=decode_total,
+            prefill_s=driver.prefill_s,
+            decode_s=driver.decode_s,
             weight_sync_s=self.total_weight_sync_s - sync_before,
             generated_tokens=int(length.sum()),
             prefill_calls=stats_after["prefill_calls"] - stats_before.get("prefill_calls", 0),
             prefill_rows=stats_after["prefill_rows"] - stats_before.get("prefill_rows", 0),
-            decode_chunks=chunk,
-            num_slots=num_slots,
-            version_start=version_start,
-            version_end=version,
+            decode_chunks=driver.chunks,
+            num_slots=eng.num_slots,
+            version_start=driver.version_start,
+            version_end=driver.version,
         )
         return self._assemble(
             prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s, decode_s,
             stats, pad_to_multiple,
         )
+
+    def driver(self, decode: DecodeParams, *, admit=None) -> Driver:
+        """A :class:`~rljax.rollout.driver.Driver` over this sampler's engine and weights (a fresh
+        decode state for ``decode``), with its chunking, refill and compaction settings: the
+        scheduler :meth:`generate` and multi-turn episodes (:func:`rljax.env.run_episodes`) drive."""
+        return Driver(self.engine, self, decode, steps_per_sync=self.steps_per_sync, refill_batch=self.refill_batch,
+                      compact=self.compact, compact_min_slots=self.compact_min_slots,
+                      compact_per_octave=self.compact_per_octave, admit=admit)
 
     def _assemble(self, prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s,
                   decode_s, stats, pad_to_multiple) -> Trajectories:
