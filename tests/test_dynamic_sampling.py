@@ -2,7 +2,7 @@
 misuse errors (exit 2 from the launcher), and a real synchronous run that drops exactly the
 zero-variance groups, refills to full batches, marks every dropped uid in the trace, passes
 ``python -m rljax.trace check`` (which fails when a dropped uid is trained), and resumes to the
-same prompt draws."""
+same prompt draws; the same in trainer.mode=async (tau=0 equal to sync) and multi-turn runs."""
 
 import json
 import shutil
@@ -227,3 +227,75 @@ def test_each_draw_checks_the_weights_it_started_with():
                            shape_fn=lambda c, t, s: s)
     assert pushed and draws == [0, 1]  # the second draw started on the pushed weights
     assert out["dynamic_sampling"]["num_gen_batches"] == 2 and out["uids"] == ["1-0", "1-2"]
+
+
+@pytest.mark.slow
+def test_multi_turn_dynamic_sampling_filters_whole_episodes(tmp_path):
+    """env.function (the lookup tool task): groups whose episodes all score the same are dropped,
+    every batch is refilled to full, the trained rows are whole episodes of kept groups (their
+    turns, observations and tool calls with them) and the trace check passes."""
+    from launching import launch, train_rows
+
+    from rljax.trace.check import run_checks
+
+    run = tmp_path / "run"
+    out = launch("--config", "tool_lookup", "--run-dir", str(run), "--mesh=dp2", "data.train_batch_size=4",
+                 "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64", "data.embedded.num_test=16",
+                 "trainer.test_freq=-1", "trainer.val_before_train=false", "trace.ledgers=false",
+                 "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=0",
+                 "trace.rollout_dump=true", "trainer.total_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    uids = _records(run / "rollout_uids.jsonl")
+    rows = train_rows(run)
+    assert [m["step"] for m in rows] == [1, 2]
+    for m in rows:
+        rec = uids[m["step"]]
+        trained = rec["by_process"]["0"]
+        assert m["train/kept_groups"] == len(trained) == 4
+        assert m["train/dropped_groups"] + m["train/excess_groups"] == len(rec["dropped"])
+        assert not set(trained) & set(rec["dropped"])
+        assert m["critic/score/max"] > m["critic/score/min"]  # kept groups have spread
+        assert 0 <= m["env/tool_call_rate"] <= 1 and m["env/num_turns/mean"] >= 1  # over the trained episodes
+        dump = np.load(run / "rollouts" / "process0" / f"step{m['step']}.npz")
+        assert sorted(set(dump["uid"].tolist())) == sorted(trained)
+    assert any(r["dropped"] for r in uids.values()), "a random policy fails every episode of some groups"
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    assert checks["no dropped group trained (dynamic sampling)"][0] == "PASS"
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+
+
+def _episodes(n_groups, n, tag):
+    """Hand-made multi-turn rows: each row's host fields name it (``{tag}{row}``)."""
+    from rljax.env import EpisodeTrajectories
+    from rljax.rollout import DecodeParams, RolloutStats
+
+    b, t = n_groups * n, 3
+    z = lambda dt=np.float32: np.zeros(b, dt)  # noqa: E731
+    rows = np.arange(b)
+    return EpisodeTrajectories(
+        prompt_ids=np.tile(rows[:, None], (1, 2)).astype(np.int32), prompt_mask=np.ones((b, 2), bool),
+        response_ids=np.tile(rows[:, None], (1, t)).astype(np.int32), response_mask=np.ones((b, t), bool),
+        loss_mask=np.ones((b, t), bool), rollout_logp=np.zeros((b, t), np.float32),
+        prompt_length=np.full(b, 2, np.int32), response_length=np.full(b, t, np.int32), truncated=z(bool),
+        group_id=(rows // n).astype(np.int32), min_version=z(np.int32), max_version=z(np.int32), is_padding=z(bool),
+        queue_s=z(), prefill_s=z(), decode_s=z(), uid=tuple(f"{tag}{r // n}" for r in rows),
+        session=tuple(int(r % n) for r in rows), index=(0,) * b, decode=DecodeParams(), stats=RolloutStats(
+            wall_s=1.0, prefill_s=0.5, decode_s=0.5, weight_sync_s=0.0, generated_tokens=b * t, prefill_calls=1,
+            prefill_rows=n_groups, decode_chunks=1, num_slots=b, version_start=0, version_end=0),
+        num_groups=n_groups, pad_id=0, response_attention=np.ones((b, t), bool), roles=np.ones((b, t), np.int8),
+        num_turns=np.ones(b, np.int32), obs_tokens=rows.astype(np.int32), tool_calls=z(np.int32), env_reward=z(),
+        tool_s=z(), env_wait_s=z(), final_text=tuple(f"{tag}{r}" for r in rows),
+        turn_spans=tuple(((0, int(r), 1),) for r in rows), episode=(("continuation", "kv"), ("tool_calls", b)))
+
+
+def test_filtered_episodes_keep_their_own_turns_and_text():
+    """take_groups / concat carry multi-turn rows whole: each kept row's final text and turn
+    spans stay with its arrays, and the episode totals add up over the draws."""
+    from rljax.trainer.dynamic_sampling import concat, take_groups
+
+    a, b = _episodes(3, 2, "a"), _episodes(2, 2, "b")
+    out = concat([take_groups(a, [2, 0]), take_groups(b, [1])])
+    assert out.uid == ("a2", "a2", "a0", "a0", "b1", "b1") and out.group_id.tolist() == [0, 0, 1, 1, 2, 2]
+    assert out.final_text == ("a4", "a5", "a0", "a1", "b2", "b3")
+    assert [s[0][1] for s in out.turn_spans] == out.obs_tokens.tolist() == [4, 5, 0, 1, 2, 3]
+    assert out.episode_stats == {"continuation": "kv", "tool_calls": 6 + 4}

@@ -44,9 +44,6 @@ def _check_filter_groups(config) -> None:
     if config.rollout.n < 2:
         raise ConfigError(f"algorithm.filter_groups.enable=true needs rollout.n>=2 (it drops groups whose samples all "
                           f"score the same; rollout.n={config.rollout.n} makes every group one sample)")
-    if config.env.function is not None:
-        raise ConfigError("algorithm.filter_groups.enable=true runs single-turn rollouts only (not yet with "
-                          f"env.function={config.env.function})")
     if fg.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward:
         raise ConfigError("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: the KL "
                           "penalty needs the learner's log-probs, computed after the filter; use score or acc")

@@ -14,6 +14,10 @@ The ``reward`` stage then places the scores computed here (no second scoring). E
 draw goes through the data iterator, whose position the checkpoint records after the step,
 so a resumed run draws exactly what the uninterrupted one would.
 
+Multi-turn runs (``env.function``) filter whole episodes the same way, scored by the
+episode reward (:func:`rljax.env.episode_scores`); a rollout's episode totals (tool calls,
+turns, tool seconds) count every draw's episodes, dropped ones included: the work done.
+
 ``trainer.mode=async`` runs the same stage on the producer thread
 (:mod:`rljax.trainer.async_loop` takes the synchronous ``rollout_sessions`` and ``reward``):
 a queued batch is a full batch of kept groups, its ``dynamic_sampling`` facts travel with it
@@ -28,6 +32,13 @@ from typing import Any
 
 import numpy as np
 
+#: Host fields with one entry per row (multi-turn episodes add the final turn's text and the turn spans).
+ROW_FIELDS = ("uid", "session", "index", "final_text", "turn_spans")
+
+
+def _row_fields(traj) -> tuple:
+    return tuple(k for k in ROW_FIELDS if len(getattr(traj, k, ())) == traj.batch_size)
+
 
 def take_groups(traj, groups) -> Any:
     """The rows of ``groups`` (group ids, in this order) of a rollout, group ids renumbered ``0..``."""
@@ -37,7 +48,7 @@ def take_groups(traj, groups) -> Any:
     new_id = {g: i for i, g in enumerate(groups)}
     arrays = {k: np.asarray(v)[rows] for k, v in traj.arrays().items()}
     arrays["group_id"] = np.array([new_id[int(g)] for g in gid[rows]], np.int32)
-    host = {k: tuple(getattr(traj, k)[r] for r in rows) for k in ("uid", "session", "index")}
+    host = {k: tuple(getattr(traj, k)[r] for r in rows) for k in _row_fields(traj)}
     return traj.replace(**arrays, **host, num_groups=len(groups))
 
 
@@ -63,7 +74,9 @@ def concat(parts: list) -> Any:
         ids.append(np.asarray(p.group_id) + offset)
         offset += p.num_groups
     arrays["group_id"] = np.concatenate(ids).astype(np.int32)
-    host = {k: sum((tuple(getattr(p, k)) for p in parts), ()) for k in ("uid", "session", "index")}
+    host = {k: sum((tuple(getattr(p, k)) for p in parts), ()) for k in _row_fields(first)}
+    if getattr(first, "episode", ()):  # multi-turn totals (tool calls, turns, seconds): of every draw
+        host["episode"] = _merge_totals([dict(p.episode) for p in parts])
     stats = first.stats
     if dataclasses.is_dataclass(stats):
         sums = {f.name: sum(getattr(p.stats, f.name) for p in parts) for f in dataclasses.fields(stats)
@@ -71,6 +84,16 @@ def concat(parts: list) -> Any:
                               "prefill_rows", "decode_chunks")}
         stats = dataclasses.replace(stats, **sums)
     return first.replace(**arrays, **host, num_groups=offset, stats=stats)
+
+
+def _merge_totals(totals: list) -> tuple:
+    """Sorted ``(name, value)`` items: numbers summed over the draws, anything else the first draw's."""
+    out = dict(totals[0])
+    for t in totals[1:]:
+        for k, v in t.items():
+            num = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            out[k] = out.get(k, 0) + v if num and k in out else out.get(k, v)
+    return tuple(sorted(out.items()))
 
 
 def merge_reports(reports: list):

@@ -228,6 +228,8 @@ def _filtered_stages(c: Components, rollout_fn):
                          "groups would have to be agreed across processes)")
 
     def task_score(c, traj, prompts):
+        if c.env is not None:  # multi-turn: the episode's reward (the environment's, else the final turn's)
+            return episode_scores(traj, c.reward_fn, prompts, max_error_fraction=c.cfg.reward.max_error_fraction)
         return score(c, traj, prompts, max_error_fraction=c.cfg.reward.max_error_fraction)
 
     def rollout(c, b):
