@@ -138,21 +138,24 @@ def _late_callback_into_closed_loop(exc_type, exc, tb) -> bool:
     return False
 
 
+_HOOKED = threading.Event()  # set once sys.excepthook is wrapped (once a process)
+
+
 def _install_closed_loop_hook() -> None:
     """Wraps ``sys.excepthook`` once so that those late callbacks print nothing; every other
     exception reaches the previous hook unchanged."""
     import sys
 
-    previous = sys.excepthook
-    if getattr(previous, "_rljax_closed_loop", False):
+    if _HOOKED.is_set():
         return
+    previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
         if not _late_callback_into_closed_loop(exc_type, exc, tb):
             previous(exc_type, exc, tb)
 
-    hook._rljax_closed_loop = True
     sys.excepthook = hook
+    _HOOKED.set()
 _DRAIN_S = 2.0  # how long a failed save's writer threads get to wind down, their stderr muted
 
 
