@@ -84,7 +84,8 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
     mesh = make_mesh(f"dp{learner}", jax.devices()[:learner])
     trainer = Trainer(cfg, mesh, os.path.join(root, label.replace(" ", "_").replace("=", "")), echo=lambda *a: None)
     lengths, decode = [], {"s": 0.0, "steps": 0}
-    gen = trainer.c.sampler.generate
+    sampler = trainer.services.rollout.sampler
+    gen = sampler.generate
 
     def recording_generate(*a, **k):  # records every trajectory's length and the decode time per decode step
         user = k.pop("on_chunk", None)
@@ -103,7 +104,7 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
             decode["steps"] += last["steps"]
         return traj
 
-    trainer.c.sampler.generate = recording_generate
+    sampler.generate = recording_generate  # the instance's method: the producer thread calls it too
     rows, t0 = [], time.perf_counter()
     try:
         for _ in range(steps):
@@ -111,15 +112,14 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
             m["wall"] = time.perf_counter() - t0
             rows.append(m)
     finally:
-        if trainer.schedule is not None:
-            trainer.schedule.close()
+        trainer.schedule.close()
         trainer.tracer.close()
     wall = time.perf_counter() - t0
     # Steady state: the first two steps compile (the producer also waits through the learner's compile).
     steady = rows[2:] if len(rows) > 3 else rows[1:]
     span = max(steady[-1]["wall"] - rows[rows.index(steady[0]) - 1]["wall"], 1e-9)
     step_s = [r["timing_s/step"] for r in steady]
-    if trainer.schedule is None:
+    if cfg.trainer.mode != "async":
         busy_gen = sum(r.get("timing_s/gen", 0) + r.get("timing_s/reward", 0) for r in steady)
         learner_idle = busy_gen / max(sum(step_s), 1e-9)
         rollout_idle = 1 - learner_idle

@@ -97,7 +97,7 @@ def load_run_policy(run_dir: str, step: int | None = None, *, unverified: bool =
     from rljax.sharding import make_mesh
     from rljax.tokenizer import tokenizer_for
     from rljax.trainer.checkpoint import Checkpointer, CheckpointError
-    from rljax.trainer.loop import policy_params
+    from rljax.trainer.build import policy_params
 
     if not os.path.isdir(run_dir):
         raise ExportError(f"run directory {run_dir} does not exist")

@@ -237,7 +237,7 @@ def placement_topology(cfg, mesh) -> dict:
     """``topology.json``'s ``placement``: both device groups, their meshes, and whether they are disjoint."""
     import jax
 
-    from rljax.trainer.loop import rollout_devices
+    from rljax.trainer.build import rollout_devices
 
     r = cfg.rollout
     learner = [d.id for d in mesh.devices.flat]

@@ -190,6 +190,7 @@ def test_each_draw_checks_the_weights_it_started_with():
     each further draw is checked against the sampler's version at its start (the synchronous
     step's learner version otherwise). A real sampler; the push is installed between decode
     chunks of the first draw, as the asynchronous producer's on_chunk does."""
+    import functools
     import types
 
     from rljax import models
@@ -198,6 +199,7 @@ def test_each_draw_checks_the_weights_it_started_with():
     from rljax.rollout import DecodeParams, RljaxEngine, Sampler
     from rljax.tokenizer import CharTokenizer
     from rljax.trainer.dynamic_sampling import filtered_rollout
+    from rljax.trainer.services import Rollout, Services
     from rljax.trainer.stages import rollout_sessions
 
     tok = CharTokenizer()
@@ -213,8 +215,10 @@ def test_each_draw_checks_the_weights_it_started_with():
         if not pushed:
             pushed.append(sampler.update_weights(params, sampler.version + 1))
 
-    c = types.SimpleNamespace(cfg=cfg, sampler=sampler, decode=DecodeParams(max_new_tokens=3, seed=0),
-                              on_chunk=on_chunk, data=iter([[prompt("3+4="), prompt("1+1=")]]))
+    rollout = Rollout(sampler=sampler, decode=DecodeParams(max_new_tokens=3, seed=0), val_decode=None, tokenizer=tok,
+                      env=None, prompts=iter([[prompt("3+4="), prompt("1+1=")]]), val_prompts=None, share=None,
+                      to_sampler=None)
+    c = Services(cfg=cfg, mesh=None, model=None, rollout=rollout, learner=None, reward=None)
     draws = []
 
     def score(c, traj, prompts):  # only group 0 of a draw has spread: two draws fill the batch
@@ -223,7 +227,8 @@ def test_each_draw_checks_the_weights_it_started_with():
         return np.where(keep, np.asarray(traj.session, np.float32), 0.0), RewardReport(len(traj.uid), 0, 0, (), None)
 
     out = filtered_rollout(c, {"step": 1, "prompts": [prompt("2+2="), prompt("0+4=")], "uids": ["1-0", "1-1"],
-                               "weight_version": 0}, rollout_fn=rollout_sessions, score_fn=score,
+                               "weight_version": 0}, rollout_fn=functools.partial(rollout_sessions, on_chunk=on_chunk),
+                           score_fn=score,
                            shape_fn=lambda c, t, s: s)
     assert pushed and draws == [0, 1]  # the second draw started on the pushed weights
     assert out["dynamic_sampling"]["num_gen_batches"] == 2 and out["uids"] == ["1-0", "1-2"]

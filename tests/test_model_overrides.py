@@ -57,7 +57,7 @@ def test_trainer_builds_the_overridden_model_and_remat_applies_to_a_checkpoint(t
     from rljax.models import functional as F
     from rljax.models.hf import save_hf_checkpoint
     from rljax.models.tokenizer import CharTokenizer
-    from rljax.trainer.loop import _model
+    from rljax.trainer.build import model_for as _model
 
     tok = CharTokenizer()
     cfg, _ = resolve("default", ["model.hidden_size=32", "model.num_heads=2", "model.num_kv_heads=1",

@@ -28,7 +28,7 @@ def _one_step(tmp_path, mode):
     run.mkdir()
     write_resolved(cfg, prov, run / "config.resolved.yaml")
     trainer = Trainer(cfg, make_mesh("dp2", jax.devices()[:2]), str(run), echo=lambda *a: None)
-    start = jax.device_get(trainer.state.params)
+    start = jax.device_get(trainer.state.actor.params)
     metrics = trainer.train_one_step()
     trainer.tracer.close()
     return trainer, start, metrics, run
@@ -42,13 +42,13 @@ def test_update_without_the_old_log_prob_pass_equals_the_run_with_it(tmp_path):
 
     skip, start, m_skip, run_skip = _one_step(tmp_path, "auto")
     full, _, m_full, run_full = _one_step(tmp_path, "false")
-    assert skip.old_logp_in_update and not full.old_logp_in_update
+    assert skip.services.learner.old_logp_in_update and not full.services.learner.old_logp_in_update
     assert "old_log_prob" not in skip.runner.names and "old_log_prob" in full.runner.names
     assert "timing_s/old_log_prob" not in m_skip and m_full["timing_s/old_log_prob"] > 0
     for k in KEYS:
         np.testing.assert_allclose(m_skip[k], m_full[k], rtol=1e-4, atol=1e-6, err_msg=k)
     assert m_full["actor/grad_norm"] > 0 and m_full["actor/pg_loss"] != 0
-    p_skip, p_full = jax.device_get(skip.state.params), jax.device_get(full.state.params)
+    p_skip, p_full = jax.device_get(skip.state.actor.params), jax.device_get(full.state.actor.params)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(start)))
     assert moved > 1e-4, moved  # the update changed the parameters ...
     chex.assert_trees_all_close(p_skip, p_full, rtol=1e-4, atol=1e-6)  # ... the same way in both runs

@@ -157,17 +157,41 @@ def test_runner_rejects_duplicate_stage_names():
         StepRunner([Stage("a", lambda b: {}), Stage("a", lambda b: {})])
 
 
-def test_adaptive_kl_controller_follows_the_measured_kl():
-    from rljax.trainer.loop import AdaptiveKLController, FixedKLController
+def _kl_step(ctrl_type: str, coef: float, kl: float, rows: int = 10):
+    """One ``kl_controller`` stage (rljax.trainer.stages), run by the step runner on a run state."""
+    import types
 
-    ctrl = AdaptiveKLController(0.1, target_kl=0.05, horizon=100)
-    ctrl.update(0.5, n_steps=10)  # far above target: +20% x 10/100
-    assert ctrl.value == pytest.approx(0.1 * 1.02)
-    ctrl.update(0.0, n_steps=10)  # below target: shrinks
-    assert ctrl.value == pytest.approx(0.1 * 1.02 * 0.98)
-    fixed = FixedKLController(0.1)
-    fixed.update(10.0, n_steps=10)
-    assert fixed.value == 0.1
+    from rljax.config import resolve
+    from rljax.trainer.services import Services
+    from rljax.trainer.stages import kl_controller
+    from rljax.trainer.state import RunState
+
+    cfg, _ = resolve("default", ["algorithm.use_kl_in_reward=true", f"algorithm.kl_ctrl.type={ctrl_type}",
+                                 "algorithm.kl_ctrl.target_kl=0.05", "algorithm.kl_ctrl.horizon=100"])
+    services = Services(cfg=cfg, mesh=None, model=None, rollout=None, learner=None, reward=None)
+    state = RunState(actor=None, critic=None, key=jax.random.key(0), kl_coef=coef)
+    stage = Stage("kl_controller", lambda st, b: kl_controller(services, st, b), updates_state=True)
+    metrics = Stage("metrics", lambda b: {"metrics": {"critic/kl": b["kl"], "critic/kl_coef": b["kl_coef"]}})
+    traj = types.SimpleNamespace(is_padding=np.array([False] * rows + [True] * 2))  # two padding rows: not counted
+    state, m, _ = StepRunner([stage, metrics]).run_state(state, 1, {"kl_in_reward": jnp.float32(kl),
+                                                                    "trajectories": traj})
+    return state.kl_coef, m
+
+
+def test_adaptive_kl_controller_stage_follows_the_measured_kl():
+    coef, m = _kl_step("adaptive", 0.1, 0.5)  # far above target: +20% x 10/100
+    assert coef == pytest.approx(0.1 * 1.02)
+    assert m["critic/kl_coef"] == 0.1 and m["critic/kl"] == 0.5  # the coefficient this step's advantages used
+    coef, _ = _kl_step("adaptive", coef, 0.0)  # below target: shrinks
+    assert coef == pytest.approx(0.1 * 1.02 * 0.98)
+    assert _kl_step("adaptive", 0.1, float("nan"))[0] == 0.1  # a non-finite KL leaves it
+    assert _kl_step("fixed", 0.1, 10.0)[0] == 0.1
+
+
+def test_a_stage_that_takes_the_state_needs_run_state():
+    stage = Stage("s", lambda st, b: (st, {}), updates_state=True)
+    with pytest.raises(ValueError, match="run_state"):
+        StepRunner([stage]).run(1, {"step": 1})
 
 
 ESTIMATOR_FILE = '''

@@ -95,7 +95,8 @@ def test_bad_remat_value_is_a_config_error():
 
 
 def test_the_trainer_builds_the_model_it_chose():
-    from rljax.trainer.loop import _model, _tokenizer
+    from rljax.trainer.build import model_for as _model
+    from rljax.trainer.build import tokenizer_for as _tokenizer
 
     cfg, _ = resolve("default", ["model.remat=true", "model.remat_policy=minimal"])
     mc, _, _ = _model(cfg, None, _tokenizer(cfg))

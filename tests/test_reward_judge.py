@@ -228,7 +228,7 @@ def test_ref_is_the_policys_initial_weights(lora):
     from rljax.sharding import make_mesh
     from rljax.tokenizer import CharTokenizer
     from rljax.trainer.judge import initial_policy_params
-    from rljax.trainer.loop import policy_params
+    from rljax.trainer.build import policy_params
 
     cfg = _cfg("reward.judge.path=ref", *(["actor.lora.rank=4"] if lora else []))
     mesh = make_mesh({"dp": 2}, jax.devices()[:2])

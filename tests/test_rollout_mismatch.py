@@ -81,11 +81,11 @@ def _one_step(tmp_path, name, *overrides, perturb=0.0):
     write_resolved(cfg, prov, run / "config.resolved.yaml")
     trainer = Trainer(cfg, make_mesh("dp2", jax.devices()[:2]), str(run), echo=lambda *a: None)
     if perturb:  # the sampler gets other weights than the learner (a sync that went wrong), at a new version
-        c = trainer.c
-        keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(c.actor.params))))
-        noisy = jax.tree.map(lambda p: p + perturb * jax.random.normal(next(keys), p.shape, p.dtype), c.actor.params)
-        c.version += 1
-        c.sampler.update_weights(c.sampler_weights(noisy), c.version)
+        params, r = trainer.state.actor.params, trainer.services.rollout
+        keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
+        noisy = jax.tree.map(lambda p: p + perturb * jax.random.normal(next(keys), p.shape, p.dtype), params)
+        trainer.state = trainer.state.replace(version=trainer.state.version + 1)
+        r.sampler.update_weights(r.to_sampler(noisy), trainer.state.version)
     metrics = trainer.train_one_step()
     trainer.tracer.close()
     return trainer, metrics, run
@@ -104,7 +104,7 @@ def test_run_mismatch_is_float_rounding_with_the_same_weights_and_large_when_per
 
     # Perturbed sampler weights; old_logp out of the update itself (actor.skip_old_log_prob=auto, on-policy).
     off, m_off, run = _one_step(tmp_path, "perturbed", "trace.alert_rollout_probs_diff_max=0.05", perturb=0.5)
-    assert off.old_logp_in_update and "old_log_prob" not in off.runner.names
+    assert off.services.learner.old_logp_in_update and "old_log_prob" not in off.runner.names
     assert m_off["training/rollout_probs_diff_max"] > 0.05, m_off
     assert m_off["training/rollout_logprobs_diff_mean"] > 100 * m_same["training/rollout_logprobs_diff_mean"]
     assert m_off["alerts/rollout_mismatch"] == 1

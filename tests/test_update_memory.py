@@ -37,7 +37,7 @@ def test_the_update_runs_without_the_samplers_weights(tmp_path):
 
     cfg, _ = resolve("default", ONE_STEP)
     trainer = Trainer(cfg, make_mesh("dp1", jax.devices()[:1]), str(tmp_path), echo=lambda *a: None)
-    sampler = trainer.c.sampler
+    sampler = trainer.services.rollout.sampler
     weights = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
     obs = _Live(sampler)
     trainer.runner.observers.append(obs)

@@ -91,7 +91,7 @@ def _check_model(m) -> tuple[int, str]:
             raise ConfigError(f"the tokenizer ({where}) has {tokenizer.vocab_size} tokens, more than model.path's "
                               f"config.json vocab_size={hf_vocab}; use the checkpoint's own tokenizer.json")
         return hf_vocab, "model.path's config.json vocab_size"
-    # A preset trained from scratch takes the tokenizer's vocabulary (rljax.trainer.loop._model).
+    # A preset trained from scratch takes the tokenizer's vocabulary (rljax.trainer.build.model_for).
     return tokenizer.vocab_size, f"{where} vocabulary; a preset takes its tokenizer's"
 
 

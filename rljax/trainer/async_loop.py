@@ -7,7 +7,7 @@
   ``max_version``. Before it starts a batch it waits for admission (the batch must be
   trainable within ``async_training.max_staleness``) and installs the newest pushed
   weights; with ``async_training.partial_rollout`` it also installs pushes between decode
-  chunks (``Components.on_chunk``), so a trajectory may span versions.
+  chunks (the rollout stage's ``on_chunk``), so a trajectory may span versions.
 * **Consumer** (the trainer's thread): takes the next batch the staleness gate accepts and
   runs ``dequeue -> trajectory_fields -> old_log_prob -> reference -> values -> advantages
   -> update_critic -> actor_minibatch -> weight_sync -> metrics`` with the trainer's
@@ -41,12 +41,13 @@ with the restored weights). Batches dropped by the gate are not replayed (counte
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import threading
 import time
 from typing import Any, Optional
 
+import jax
 import numpy as np
 
 from rljax.rollout.queue import QueueClosed, QueueItem, TrajectoryQueue
@@ -71,61 +72,53 @@ def staleness_facts(learner_version: int, min_version: np.ndarray, max_version: 
             "staleness_hist": {str(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))}}
 
 
-@dataclasses.dataclass
-class _Pending:
-    params: Any  # already in the sampler layout
-    version: int
+class WeightPush:
+    """The newest weights the learner pushed, until the producer installs them (its thread
+    owns the sampler); ``pushes`` counts them."""
+
+    def __init__(self):
+        self._pending: Optional[tuple[Any, int]] = None  # (params in the sampler layout, version)
+        self._lock = threading.Lock()
+        self.pushes = 0
+
+    def put(self, params, version: int) -> None:
+        with self._lock:
+            self._pending = (params, version)
+        self.pushes += 1
+
+    def latest_version(self, sampler) -> int:
+        """The newest weight version the rollout side has or will install before its next batch."""
+        with self._lock:
+            pending = self._pending
+        return pending[1] if pending is not None else int(sampler.version)
+
+    def install(self, sampler) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None and pending[1] > sampler.version:
+            sampler.update_weights(*pending)
 
 
-class AsyncSchedule:
-    """The producer thread, the queue and the consumer stage list of one trainer."""
+class Producer:
+    """The rollout thread: ``dataset_item -> rollout_sessions -> reward`` per batch (with no run
+    state: the learner owns it), then the batch into the queue."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
-        c = self.c = trainer.c
-        at = trainer.cfg.async_training
-        self.cfg = at
-        check_async_share(S.rollout_share(c), ",".join(f"{k}{v}" for k, v in c.mesh.shape.items()))
-        self.queue = TrajectoryQueue(at.queue_size, at.max_staleness, at.overflow, start_version=c.version)
-        self._pending: Optional[_Pending] = None
-        self._pending_lock = threading.Lock()
+    def __init__(self, services, queue: TrajectoryQueue, weights: WeightPush, *, first_index: int):
+        self.services, self.queue, self.weights = services, queue, weights
         #: Held by the producer while it generates and scores, and by validation.
         self.sampler_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.next_index = trainer.step + 1
-        self.data_state = c.data.state()  # the data position after the last trained batch
-        self._rollout_wait_prev = 0.0
-        self.pushes = 0
-        if at.partial_rollout:
-            c.on_chunk = lambda info: self.install_pending()
-        self.producer = StepRunner(self._producer_stages())
-        self.stages = self._consumer_stages()
+        self.next_index = first_index
+        sampler = services.rollout.sampler
+        on_chunk = (lambda info: weights.install(sampler)) if services.cfg.async_training.partial_rollout else None
+        sync = {s.name: s for s in S.sync_stages(services, on_chunk=on_chunk)}  # multi-turn ones with env.*
 
-    # ------------------------------------------------------------------ stage lists
+        def item(b):  # the synchronous prompts; the rollout version is the sampler's (not the learner's)
+            return dict(S.draw_prompts(services, b), weight_version=sampler.version)
 
-    def _producer_stages(self) -> list[Stage]:
-        c = self.c
-
-        def item(b):  # the synchronous dataset_item; the rollout version is the sampler's (not the learner's)
-            return dict(S.dataset_item(c, b), weight_version=c.sampler.version)
-
-        sync = {s.name: s for s in S.sync_stages(c)}  # the synchronous rollout and reward (multi-turn ones with env.*)
-        return [Stage("dataset_item", item, "data"), sync["rollout_sessions"], sync["reward"],
-                Stage("enqueue", self._enqueue_facts, "enqueue")]
-
-    def _consumer_stages(self) -> list[Stage]:
-        sync = {s.name: s for s in S.sync_stages(self.c)}
-        out = [Stage("dequeue", self._dequeue_facts, "dequeue")]
-        for s in sync.values():
-            if s.name in ("dataset_item", "rollout_sessions", "reward"):
-                continue
-            if s.name == "weight_sync":
-                s = Stage("weight_sync", self._weight_push, "update_weights")
-            if s.name == "gather_rollout":  # several processes: the staleness facts of every process's rows
-                s = Stage("gather_rollout", lambda b, fn=s.fn: self._gather_rollout(fn, b), s.timing)
-            out.append(s)
-        return out
+        self.runner = StepRunner([Stage("dataset_item", item, "data"), sync["rollout_sessions"], sync["reward"],
+                                  Stage("enqueue", self._enqueue_facts, "enqueue")])
 
     def _enqueue_facts(self, b) -> dict:
         traj = b["trajectories"]
@@ -133,7 +126,101 @@ class AsyncSchedule:
         return {"enqueue": {"batch_index": int(b["step"]), "queue_depth_before": len(self.queue),
                             "min_version": int(np.asarray(traj.min_version)[real].min()),
                             "max_version": int(np.asarray(traj.max_version)[real].max()),
-                            "sampler_version": int(self.c.sampler.version)}}
+                            "sampler_version": int(self.services.rollout.sampler.version)}}
+
+    def latest_version(self) -> int:
+        return self.weights.latest_version(self.services.rollout.sampler)
+
+    def install_pending(self) -> None:
+        self.weights.install(self.services.rollout.sampler)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rljax-rollout", daemon=True)
+            self._thread.start()
+
+    def _produce_one(self) -> QueueItem:
+        """One batch, generated and scored under the sampler lock; ``None`` when stopped."""
+        with self.sampler_lock:
+            if self._stop.is_set():
+                return None
+            self.install_pending()
+            index = self.next_index
+            produced = self.runner.produce(index, {"step": index})
+            data_after = self.services.rollout.prompts.state()
+            self.next_index += 1
+        traj = produced.batch["trajectories"]
+        real = ~np.asarray(traj.is_padding)
+        return QueueItem(index=index, min_version=np.asarray(traj.min_version)[real].tolist(),
+                         max_version=np.asarray(traj.max_version)[real].tolist(),
+                         uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]],
+                         payload=(produced, data_after))
+
+    def _loop(self) -> None:
+        q = self.queue
+        try:
+            while not self._stop.is_set():
+                q.wait_admission(self.latest_version)
+                try:
+                    item = self._produce_one()
+                    if item is None:
+                        q.abandon()
+                        return
+                    q.put(item)
+                    del item
+                except BaseException:
+                    q.abandon()
+                    raise
+        except QueueClosed:
+            pass
+        except BaseException as e:  # noqa: BLE001 -- the learner re-raises it
+            log.error("rljax: the rollout thread failed: %s: %s", type(e).__name__, e)
+            q.close(e)
+
+    def close(self, timeout: float) -> None:
+        """Stops the thread (it finishes at most its current batch) and joins it."""
+        self._stop.set()
+        self.queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("rljax: the rollout thread did not stop within %.0f s", timeout)
+
+
+class AsyncSchedule:
+    """The asynchronous scheduler: a :class:`Producer` thread, the queue, and the learner's stage
+    list over the :class:`~rljax.trainer.state.RunState` (see the module docstring).
+
+    Args:
+      services: the run's services (:func:`rljax.trainer.build.build`).
+      state: the state the run starts from (restored or fresh): its weight version starts the
+        queue, its ``produced`` index the producer.
+      stages: the synchronous stage list (the learner runs all but the producer's stages).
+      observers: the learner runner's observers (the trace).
+    """
+
+    def __init__(self, services, state, stages, observers=()):
+        at = services.cfg.async_training
+        check_async_share(services.rollout.share, ",".join(f"{k}{v}" for k, v in services.mesh.shape.items()))
+        self.services, self.cfg = services, at
+        self.queue = TrajectoryQueue(at.queue_size, at.max_staleness, at.overflow, start_version=state.version)
+        self.weights = WeightPush()
+        self.producer = Producer(services, self.queue, self.weights, first_index=state.produced)
+        self.runner = StepRunner(self._learner_stages(stages), observers=observers)
+        self._rollout_wait_prev = 0.0
+        self._global_facts: Optional[dict] = None
+
+    def _learner_stages(self, stages) -> list[Stage]:
+        out = [Stage("dequeue", self._dequeue_facts, "dequeue")]
+        for s in stages:
+            if s.name in ("dataset_item", "rollout_sessions", "reward"):
+                continue
+            if s.name == "weight_sync":
+                s = Stage("weight_sync", self._weight_push, "update_weights", updates_state=True)
+            if s.name == "gather_rollout":  # several processes: the staleness facts of every process's rows
+                s = Stage("gather_rollout", lambda b, fn=s.fn: self._gather_rollout(fn, b), s.timing)
+            out.append(s)
+        return out
 
     def _dequeue_facts(self, b) -> dict:
         self._global_facts = None
@@ -152,86 +239,40 @@ class AsyncSchedule:
         out["dequeue"] = facts
         return out
 
-    def _weight_push(self, b) -> dict:
-        c = self.c
-        c.version += 1
-        pushed = c.version % self.cfg.trigger_parameter_sync_step == 0
+    def _weight_push(self, state, b):
+        """``weight_sync``: the learner version advances every step; every
+        ``trigger_parameter_sync_step`` versions the weights are resharded here (a copy: the
+        learner donates its buffers) and handed to the producer to install."""
+        state = state.replace(version=state.version + 1)
+        pushed = state.version % self.cfg.trigger_parameter_sync_step == 0
         sync_s = 0.0
         if pushed:
             t = time.perf_counter()
-            params = c.sampler.engine.load_params(c.sampler_weights(c.actor.params))  # a copy: the learner donates
-            import jax
-
+            r = self.services.rollout
+            params = r.sampler.engine.load_params(r.to_sampler(state.actor.params))
             jax.block_until_ready(params)
             sync_s = time.perf_counter() - t
-            with self._pending_lock:
-                self._pending = _Pending(params, c.version)
-            self.pushes += 1
-        self.queue.set_learner_version(c.version)
-        return {"weight_version_after": c.version, "sampler_version": self.latest_version(), "weight_pushed": pushed,
-                "weight_sync_s": sync_s}
+            self.weights.put(params, state.version)
+        self.queue.set_learner_version(state.version)
+        return state, {"weight_version_after": state.version, "sampler_version": self.producer.latest_version(),
+                       "weight_pushed": pushed, "weight_sync_s": sync_s}
 
-    # ------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------ the learner's step
 
-    def latest_version(self) -> int:
-        """The newest weight version the rollout side has or will install before its next batch."""
-        with self._pending_lock:
-            pending = self._pending
-        return pending.version if pending is not None else int(self.c.sampler.version)
+    def step(self, state, step: int):
+        """``(state, metrics, timings)`` of learner step ``step``: the next batch the staleness gate
+        accepts, trained; the state records the data position after that batch and the
+        producer's index to resume from (in-flight batches are replayed after a resume)."""
+        self.producer.start()
+        seed, prior, (data_after, index_after) = self._next_batch(step, state.version)
+        facts = seed["queue_item"]
+        state, metrics, timings = self.runner.run_state(state.replace(step=step), step, seed, prior)
+        del prior
+        metrics.update(self._metrics(facts))
+        return state.replace(data=data_after, produced=index_after), metrics, timings
 
-    def install_pending(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, None
-        if pending is not None and pending.version > self.c.sampler.version:
-            self.c.sampler.update_weights(pending.params, pending.version)
-
-    # ------------------------------------------------------------------ producer
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._produce_loop, name="rljax-rollout", daemon=True)
-            self._thread.start()
-
-    def _produce_loop(self) -> None:
-        q = self.queue
-        try:
-            while not self._stop.is_set():
-                q.wait_admission(self.latest_version)
-                try:
-                    with self.sampler_lock:
-                        if self._stop.is_set():
-                            q.abandon()
-                            return
-                        self.install_pending()
-                        index = self.next_index
-                        produced = self.producer.produce(index, {"step": index})
-                        data_after = self.c.data.state()
-                        self.next_index += 1
-                    traj = produced.batch["trajectories"]
-                    real = ~np.asarray(traj.is_padding)
-                    item = QueueItem(index=index, min_version=np.asarray(traj.min_version)[real].tolist(),
-                                     max_version=np.asarray(traj.max_version)[real].tolist(),
-                                     uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]],
-                                     payload=(produced, data_after))
-                    del traj, produced
-                    q.put(item)
-                    del item
-                except BaseException:
-                    q.abandon()
-                    raise
-        except QueueClosed:
-            pass
-        except BaseException as e:  # noqa: BLE001 -- the learner re-raises it
-            log.error("rljax: the rollout thread failed: %s: %s", type(e).__name__, e)
-            q.close(e)
-
-    # ------------------------------------------------------------------ consumer
-
-    def next_batch(self, step: int):
-        """``(seed, prior)`` of learner step ``step``: the next batch the gate accepts."""
-        self.start()
+    def _next_batch(self, step: int, version: int):
         t = time.perf_counter()
-        version = self.c.version
         item = self.queue.get(version)
         wait = time.perf_counter() - t
         produced, data_after = item.payload
@@ -244,41 +285,36 @@ class AsyncSchedule:
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
                  "generated_rows": st.put_rows}
-        self._data_after = data_after
-        self._index_after = item.index + 1
-        return {"step": step, "queue_item": facts}, produced
+        return {"step": step, "queue_item": facts}, produced, (data_after, item.index + 1)
 
-    def trained(self) -> None:
-        """The step that consumed the last batch finished: it is what a checkpoint records."""
-        self.data_state = self._data_after
-        self.resume_index = self._index_after
-
-    def metrics(self, facts: dict) -> dict:
+    def _metrics(self, facts: dict) -> dict:
         """``async/*`` of the step (staleness over every process's rows; queue and wait times this process's)."""
-        facts = getattr(self, "_global_facts", None) or facts
+        facts = self._global_facts or facts
         return {"async/staleness_mean": facts["staleness_mean"], "async/staleness_max": facts["staleness_max"],
                 "async/dropped_stale": facts["dropped_stale"], "async/dropped_overflow": facts["dropped_overflow"],
                 "async/generated_rows": facts.get("generated_rows"),
                 "async/queue_depth": facts["queue_depth"], "async/learner_wait_s": facts["learner_wait_s"],
                 "async/rollout_wait_s": facts["rollout_wait_s"], "async/min_version": facts["min_version"],
                 "async/max_version": facts["max_version"], "async/spanning_rows": facts["spanning_rows"],
-                "async/batch_index": facts["batch_index"], "async/weight_pushes": self.pushes,
+                "async/batch_index": facts["batch_index"], "async/weight_pushes": self.weights.pushes,
                 "async/staleness_hist": facts["staleness_hist"]}
 
-    def checkpoint_meta(self) -> dict:
-        return {"policy": "replay", "next_index": getattr(self, "resume_index", self.next_index),
-                "dropped_stale": self.queue.stats.dropped_stale,
-                "dropped_overflow": self.queue.stats.dropped_overflow}
+    # ------------------------------------------------------------------ around the steps
 
-    def restore(self, meta: dict) -> None:
-        self.next_index = int(meta.get("next_index", self.trainer.step + 1))
+    @contextlib.contextmanager
+    def paused(self):
+        """Validation: the rollout thread pauses; the newest pushed weights are installed first."""
+        with self.producer.sampler_lock:
+            self.producer.install_pending()
+            yield
 
-    def close(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Stops the producer (it finishes at most its current batch) and joins it."""
-        self._stop.set()
-        self.queue.close()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.error("rljax: the rollout thread did not stop within %.0f s", timeout)
+    def checkpoint_meta(self, state) -> dict:
+        return {"async": {"policy": "replay", "next_index": state.produced,
+                          "dropped_stale": self.queue.stats.dropped_stale,
+                          "dropped_overflow": self.queue.stats.dropped_overflow}}
+
+    def close(self, timeout: float = JOIN_TIMEOUT_S) -> Optional[dict]:
+        """Stops and joins the producer; the queue's totals (for the trace summary)."""
+        self.producer.close(timeout)
         self.queue.drain()
+        return self.queue.stats.snapshot()

@@ -107,43 +107,50 @@ def merge_reports(reports: list):
         worker_restarts=sum(r.worker_restarts for r in reports))
 
 
-def filtered_rollout(c, b, *, rollout_fn, score_fn, shape_fn) -> dict:
+def _take(keep, values, traj, real, uids, *, room: int, want: int, metric: str, dropped: dict) -> list:
+    """The groups of one generated batch that fill the ``room`` left in the trained batch, in order;
+    the others go into ``dropped`` with their reason (zero variance, or the batch was full)."""
+    take = []
+    for g in range(traj.num_groups):
+        if not keep[g]:
+            v = np.asarray(values)[(np.asarray(traj.group_id) == g) & real]
+            dropped[uids[g]] = f"zero variance: {metric}={float(v[0]) if v.size else 'none'} in all {v.size}"
+        elif len(take) < room:
+            take.append(g)
+        else:
+            dropped[uids[g]] = f"excess: the batch was full ({want} groups kept)"
+    return take
+
+
+def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn) -> dict:
     """The ``rollout_sessions`` stage with the filter: generate, score, keep, draw again.
 
-    ``rollout_fn(c, b) -> {"trajectories"}``, ``score_fn(c, traj, prompts) -> (scores, report)``
-    (the task reward) and ``shape_fn(c, traj, scores) -> scores`` (the overlong penalty) are the
+    ``rollout_fn(s, b) -> {"trajectories"}``, ``score_fn(s, traj, prompts) -> (scores, report)``
+    (the task reward) and ``shape_fn(s, traj, scores) -> scores`` (the overlong penalty) are the
     step's own. Returns the trained ``trajectories``, its ``prompts`` and ``uids``, and
     ``dynamic_sampling``: the kept scores and merged reward report (for the ``reward``
     stage), the counts and every dropped uid with its reason (for the trace).
     """
     from rljax.reward import groups_to_keep
 
-    fg = c.cfg.algorithm.filter_groups
-    want = c.cfg.data.train_batch_size
+    fg = s.cfg.algorithm.filter_groups
+    want = s.cfg.data.train_batch_size
     step, prompts, uids = b["step"], list(b["prompts"]), list(b["uids"])
     parts, kept_prompts, kept_uids, kept_scores, reports = [], [], [], [], []
     dropped: dict[str, str] = {}
     kept = zero_var = excess = batches = 0
     while True:
         batches += 1
-        traj = rollout_fn(c, dict(b, prompts=prompts, uids=uids))["trajectories"]
-        task, report = score_fn(c, traj, prompts)
-        shaped = shape_fn(c, traj, task)
+        traj = rollout_fn(s, dict(b, prompts=prompts, uids=uids))["trajectories"]
+        task, report = score_fn(s, traj, prompts)
+        shaped = shape_fn(s, traj, task)
         reports.append(report)
         real = ~np.asarray(traj.is_padding)
         values = task if fg.metric == "acc" else shaped
         keep, std = groups_to_keep(values, traj.group_id, traj.num_groups, real=real)
-        take = []
-        for g in range(traj.num_groups):
-            if not keep[g]:
-                v = np.asarray(values)[(np.asarray(traj.group_id) == g) & real]
-                dropped[uids[g]] = f"zero variance: {fg.metric}={float(v[0]) if v.size else 'none'} in all {v.size}"
-                zero_var += 1
-            elif kept + len(take) < want:
-                take.append(g)
-            else:
-                dropped[uids[g]] = f"excess: the batch was full ({want} groups kept)"
-                excess += 1
+        take = _take(keep, values, traj, real, uids, room=want - kept, want=want, metric=fg.metric, dropped=dropped)
+        zero_var += int((~np.asarray(keep, bool)).sum())
+        excess += int(np.asarray(keep, bool).sum()) - len(take)
         if take:
             part = take_groups(traj, take)
             parts.append(part)
@@ -159,11 +166,11 @@ def filtered_rollout(c, b, *, rollout_fn, score_fn, shape_fn) -> dict:
                                f"{batches} prompt batches (algorithm.filter_groups.max_num_gen_batches="
                                f"{fg.max_num_gen_batches}; {zero_var} groups had zero {fg.metric} variance): the data "
                                "are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")
-        prompts = list(next(c.data))
+        prompts = list(next(s.rollout.prompts))
         uids = [f"{step}-{batches * want + i}" for i in range(len(prompts))]
         # the next draw's weights: the learner's in the synchronous step; in trainer.mode=async with
         # partial_rollout the producer may have installed a push during the last draw
-        b = dict(b, weight_version=int(c.sampler.version))
+        b = dict(b, weight_version=int(s.rollout.sampler.version))
     return {"trajectories": concat(parts), "prompts": kept_prompts, "uids": kept_uids,
             "dynamic_sampling": {"scores": np.concatenate(kept_scores), "reward_report": merge_reports(reports),
                                  "num_gen_batches": batches, "kept_groups": kept, "dropped_groups": zero_var,

@@ -1,7 +1,10 @@
 """Runs a step as a fixed sequence of named stages over one batch dict, and tells observers.
 
 A :class:`Stage` is a name, a timing key (verl's ``timing_s/<key>``) and a function
-``fn(batch) -> dict`` that reads fields of the batch and returns the fields it produced.
+``fn(batch) -> dict`` that reads fields of the batch and returns the fields it produced, or,
+for a stage that reads or changes the run's state (:class:`rljax.trainer.state.RunState`),
+``fn(state, batch) -> (state, dict)``: the runner threads the state through the stages
+and returns the last one (:meth:`StepRunner.run_state`); no stage keeps it.
 :class:`StepRunner` runs the stages in order and, for every stage, hands a
 :class:`StageEvent` to each observer: the fields the stage *actually read* (recorded as it
 read them, not declared), the fields it wrote, and who produced each field it read. A
@@ -40,13 +43,16 @@ class Stage:
 
     Args:
       name: the stage's name in the trace (``rollout_sessions``, ``old_log_prob``, ...).
-      fn: ``fn(batch) -> dict`` of the fields it produced; ``batch`` is read-only.
+      fn: ``fn(batch) -> dict`` of the fields it produced; ``batch`` is read-only. With
+        ``updates_state``: ``fn(state, batch) -> (state, dict)``.
       timing: the ``timing_s/<timing>`` metric key (verl's names where they exist).
+      updates_state: the stage takes the run's state and returns it (changed or not).
     """
 
     name: str
-    fn: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    fn: Callable[..., Any]
     timing: Optional[str] = None
+    updates_state: bool = False
 
     @property
     def timing_key(self) -> str:
@@ -155,16 +161,26 @@ class StepRunner:
             raise ValueError(f"stage names must be unique: {names}")
         self.stages = tuple(stages)
         self.observers = list(observers)
+        #: The run state as the last stage that takes it returned it (during a step, what
+        #: observers such as the ledgers may read: the state a stage took may be donated).
+        self.live_state: Any = None
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages)
 
-    def _stages(self, step: int, batch: dict, producers: dict, timings: dict, emit: Callable) -> None:
+    def _stages(self, step: int, batch: dict, producers: dict, timings: dict, emit: Callable, state: Any) -> Any:
         for stage in self.stages:
             view = _Reads(batch)
             t_start = time.perf_counter()
-            out = dict(stage.fn(view) or {})
+            if stage.updates_state:
+                if state is None:
+                    raise ValueError(f"stage {stage.name!r} takes the run's state: run it with run_state()")
+                state, out = stage.fn(state, view)
+                self.live_state = state
+                out = dict(out or {})
+            else:
+                out = dict(stage.fn(view) or {})
             jax.block_until_ready(_device_leaves(out))
             t_end = time.perf_counter()
             timings[stage.timing_key] = timings.get(stage.timing_key, 0.0) + (t_end - t_start)
@@ -182,24 +198,34 @@ class StepRunner:
                                t_start=t_start, t_end=t_end)
             emit(event)
             del event, view, out
+        return state
 
     def produce(self, step: int, seed: Optional[Mapping[str, Any]] = None) -> "Produced":
         """Runs the stages ahead of a step (the asynchronous producer side), telling no observer:
-        the fields, producers, events and timings are handed to a later :meth:`run` (``prior``),
-        which tells the observers as if the stages had run in that step."""
+        the fields, producers, events and timings are handed to a later :meth:`run_state`
+        (``prior``), which tells the observers as if the stages had run in that step. The
+        producer's stages do not take the run's state (the learner owns it)."""
         batch: dict[str, Any] = dict(seed or {})
         producers = {k: "step_start" for k in batch}
         events: list[StageEvent] = []
         timings: dict[str, float] = {}
-        self._stages(step, batch, producers, timings, events.append)
+        self._stages(step, batch, producers, timings, events.append, None)
         return Produced(batch=batch, producers=producers, events=events, timings=timings)
 
     def run(self, step: int, seed: Optional[Mapping[str, Any]] = None,
             prior: Optional["Produced"] = None) -> tuple[dict, dict[str, float]]:
-        """Runs the stages over one batch; ``prior`` (from :meth:`produce` of another runner)
-        seeds the batch with the fields produced ahead of the step and replays its stage
-        events to the observers first (the runner then owns and releases those fields)."""
+        """:meth:`run_state` of stages that take no state: ``(metrics, timings)``."""
+        _, metrics, timings = self.run_state(None, step, seed, prior)
+        return metrics, timings
+
+    def run_state(self, state: Any, step: int, seed: Optional[Mapping[str, Any]] = None,
+                  prior: Optional["Produced"] = None) -> tuple[Any, dict, dict[str, float]]:
+        """Runs the stages over one batch, threading ``state`` through those that take it;
+        ``(state after the last stage, metrics, timings)``. ``prior`` (from :meth:`produce` of
+        another runner) seeds the batch with the fields produced ahead of the step and replays
+        its stage events to the observers first (the runner then owns and releases those fields)."""
         t0 = time.perf_counter()
+        self.live_state = state
         for obs in self.observers:
             obs.step_start(step, t0)
         batch: dict[str, Any] = dict(seed or {})
@@ -220,7 +246,7 @@ class StepRunner:
             for obs in self.observers:
                 obs.stage(event)
 
-        self._stages(step, batch, producers, timings, emit)
+        state = self._stages(step, batch, producers, timings, emit, state)
         metrics = dict(batch.get("metrics") or {})
         metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
         metrics["timing_s/step"] = time.perf_counter() - t0
@@ -240,7 +266,7 @@ class StepRunner:
                          t_start=t_clean, t_end=time.perf_counter())
         for obs in self.observers:
             obs.cleanup(report)
-        return metrics, timings
+        return state, metrics, timings
 
 
 def _aliasable(v) -> bool:

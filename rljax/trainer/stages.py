@@ -2,8 +2,11 @@
 
 :func:`sync_stages` lists them in order; :class:`rljax.trainer.runner.StepRunner` runs the
 list, times each stage and tells the observers (trace, ledgers) what each one read and
-wrote. The trainer (:mod:`rljax.trainer.loop`) only holds state: the model, optimizer
-states, sampler, data iterator and weight version (:class:`Components`).
+wrote. A stage is ``fn(services, batch) -> outputs`` or, when it reads or changes the run's
+state, ``fn(services, state, batch) -> (state, outputs)``: the services
+(:class:`~rljax.trainer.services.Services`: model functions, sampler, reward, mesh) never
+change, the state (:class:`~rljax.trainer.state.RunState`: train states, weight version,
+KL coefficient, ...) is a value the runner threads through; no stage keeps either.
 
 ====================  ==================  =================================================
 stage                 ``timing_s/``       reads -> writes
@@ -25,9 +28,13 @@ values                ``values``          input_ids, ... -> values (``gae``)
 advantages            ``adv``             scores, masks, log-probs, values ->
                                           token_level_rewards, advantages, returns,
                                           rollout_is_weights (:mod:`rljax.trainer.prepare`)
-update_critic         ``update_critic``   ... -> critic_metrics (``gae``)
-actor_minibatch       ``update_actor``    ... -> actor_metrics (+ old_logp, see below)
-weight_sync           ``update_weights``  -> weight_version_after, sampler_version
+kl_controller         ``kl_ctrl``         kl_in_reward -> kl, kl_coef (state: the next
+                                          step's coefficient; ``use_kl_in_reward``)
+update_critic         ``update_critic``   ... -> critic_metrics (``gae``; state: critic)
+actor_minibatch       ``update_actor``    ... -> actor_metrics (+ old_logp, see below;
+                                          state: actor)
+weight_sync           ``update_weights``  -> weight_version_after, sampler_version (state:
+                                          version)
 metrics               ``metrics``         -> metrics (host scalars)
 ====================  ==================  =================================================
 
@@ -38,15 +45,17 @@ update takes its own log-probs, detached, as ``old_logp`` (what a separate pass 
 parameters computes, as verl's and TRL's actors do) and ``actor_minibatch`` writes them, so
 the trace shows ``old_logp`` produced inside the update.
 
-The asynchronous schedule (:mod:`rljax.trainer.async_loop`) reuses the same functions:
-dataset_item + rollout_sessions + reward on the producer side, the rest on the consumer
-side, with a ``dequeue`` stage (the staleness gate's facts) first and the weight push in
-``weight_sync``.
+The two schedulers run the same functions: :class:`~rljax.trainer.sync_loop.SyncSchedule`
+the list as it is; :class:`~rljax.trainer.async_loop.AsyncSchedule` dataset_item +
+rollout_sessions + reward on the producer thread (no run state there: the learner owns it),
+the rest on the learner, with a ``dequeue`` stage (the staleness gate's facts) first and
+the weight push in ``weight_sync``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+import math
 from typing import Any, Callable, Optional
 
 import jax
@@ -58,6 +67,8 @@ from rljax.env import episode_scores
 from rljax.sharding import place_batch, to_host
 from rljax.trace import faults
 from rljax.trainer.runner import Stage
+from rljax.trainer.services import Services
+from rljax.trainer.state import RunState, step_key
 
 #: The learner batch fields that the forward passes read.
 MODEL_INPUTS = ("input_ids", "attention_mask", "positions")
@@ -122,136 +133,80 @@ def learner_layout(traj, *, prompt_len: int, response_len: int, trim: bool = Fal
     }
 
 
-@dataclasses.dataclass
-class Components:
-    """What the stages work with. The trainer owns it and keeps it across steps.
-
-    Mutable members (``actor``, ``critic``, ``version``, ``kl_coef``) change in the update
-    and sync stages; everything else is fixed for the run.
-    """
-
-    cfg: Any
-    mesh: Any
-    data: Any  # iterator of prompt lists
-    sampler: Any
-    decode: Any  # DecodeParams of training rollouts
-    tokenizer: Any
-    reward_fn: Callable
-    logprob_fn: Callable  # (params, inputs) -> (logp, entropy)
-    prepare_fn: Callable  # (fields, kl_coef) -> dict
-    prepare_inputs: tuple
-    train_step: Callable  # (state, batch, key) -> (state, metrics)
-    actor: Any  # TrainState
-    prompt_len: int
-    response_len: int
-    sampler_weights: Callable  # params -> what the sampler reshards from
-    ref_params: Any = None
-    ref_is_base: bool = False  # LoRA: the reference is the actor's own base (adapters off), no second copy
-    critic: Any = None  # TrainState of the value model (gae)
-    critic_step: Optional[Callable] = None
-    values_fn: Optional[Callable] = None
-    kl_ctrl: Any = None  # adaptive / fixed KL-in-reward controller
-    version: int = 0
-    env: Any = None  # rljax.env.EnvRuntime of a multi-turn run (env.function)
-    #: ``old_logp`` comes out of the update (``actor.skip_old_log_prob``, ``StepConfig.on_policy``):
-    #: no ``old_log_prob`` stage; ``actor_minibatch`` writes the field.
-    old_logp_in_update: bool = False
-    #: Called by the sampler between decode chunks (the asynchronous schedule installs weight
-    #: pushes there when ``async_training.partial_rollout``); ``None`` in the synchronous step.
-    on_chunk: Optional[Callable] = None
-    #: This process's prompts of a training batch (:func:`rollout_share`, computed once).
-    share: Any = None
-    #: ``reward.model.path``'s scoring function, loaded on the first ``reward_model`` stage.
-    reward_model_fn: Optional[Callable] = None
-    #: ``reward.judge``'s :class:`rljax.trainer.judge.Judge`, loaded on the first ``reward_judge`` stage.
-    judge: Any = None
-
-    @property
-    def behaviour_logp(self) -> str:
-        return "rollout_logp" if self.cfg.algorithm.bypass_mode else "old_logp"
-
-
-def rollout_share(c: Components):
-    """This process's share of a training batch's prompts (:mod:`rljax.trainer.distribute`): with
-    several processes each generates ``train_batch_size / P`` whole groups; one process, or a
-    multi-turn run (``env.function``: every process still runs every episode), generates all."""
-    if c.share is None:
-        from rljax.trainer import distribute
-
-        b = c.cfg.data.train_batch_size
-        c.share = (distribute.rollout_share(c.mesh, b, c.cfg.rollout.n) if c.env is None
-                   else distribute.rollout_share(c.mesh, b, c.cfg.rollout.n, processes=1, process=0))
-    return c.share
-
-
-def sync_stages(c: Components) -> list[Stage]:
-    """The stage list of a synchronous step for this configuration."""
-    cfg = c.cfg
-    rollout_fn, reward_fn = rollout_sessions, reward
-    if c.env is not None:  # multi-turn episodes (rljax.env): same stage names, same learner side
+def sync_stages(s: Services, *, on_chunk: Optional[Callable] = None) -> list[Stage]:
+    """The stage list of a synchronous step for this configuration. ``on_chunk``: called by the
+    sampler between decode chunks (the asynchronous schedule installs weight pushes there
+    with ``async_training.partial_rollout``)."""
+    cfg, learner = s.cfg, s.learner
+    rollout_fn, reward_fn = functools.partial(rollout_sessions, on_chunk=on_chunk), reward
+    if s.rollout.env is not None:  # multi-turn episodes (rljax.env): same stage names, same learner side
         rollout_fn, reward_fn = rollout_episodes, episode_reward
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generate and score until the batch is full
-        rollout_fn, reward_fn = _filtered_stages(c, rollout_fn)
-    stages = [Stage("dataset_item", lambda b: dataset_item(c, b), "data"),
-              Stage("rollout_sessions", lambda b: _release_after(c, rollout_fn(c, b)), "gen"),
-              Stage("trajectory_fields", lambda b: trajectory_fields(c, b), "reshard")]
+        rollout_fn, reward_fn = _filtered_stages(s, rollout_fn)
+    pure = lambda name, fn, timing: Stage(name, functools.partial(fn, s), timing)  # noqa: E731
+    with_state = lambda name, fn, timing: Stage(name, functools.partial(fn, s), timing, updates_state=True)  # noqa: E731
+    stages = [with_state("dataset_item", dataset_item, "data"),
+              Stage("rollout_sessions", lambda b: _release_after(s, rollout_fn(s, b)), "gen"),
+              with_state("trajectory_fields", trajectory_fields, "reshard")]
     if cfg.reward.model.path is not None:  # a discriminative reward model scores the learner batch
-        stages.append(Stage("reward_model", lambda b: reward_model(c, b), "reward_model"))
+        stages.append(pure("reward_model", reward_model, "reward_model"))
     if cfg.reward.judge.path is not None:  # a generative judge reads each trajectory on the rollout engine
-        stages.append(Stage("reward_judge", lambda b: reward_judge(c, b), "reward_judge"))
-    stages.append(Stage("reward", lambda b: reward_fn(c, b), "reward"))
-    if rollout_share(c).processes > 1:  # the whole batch's row facts and reward report, on the learner side
-        stages.append(Stage("gather_rollout", lambda b: gather_rollout(c, b), "gather_rollout"))
-    if not cfg.algorithm.bypass_mode and not c.old_logp_in_update:
-        stages.append(Stage("old_log_prob", lambda b: old_log_prob(c, b), "old_log_prob"))
-    if c.ref_params is not None or c.ref_is_base:
-        stages.append(Stage("reference", lambda b: reference(c, b), "ref"))
-    if c.critic is not None:
-        stages.append(Stage("values", lambda b: values(c, b), "values"))
-    stages.append(Stage("advantages", lambda b: advantages(c, b), "adv"))
-    if c.critic is not None:
-        stages.append(Stage("update_critic", lambda b: update_critic(c, b), "update_critic"))
-    stages += [Stage("actor_minibatch", lambda b: actor_minibatch(c, b), "update_actor"),
-               Stage("weight_sync", lambda b: weight_sync(c, b), "update_weights"),
-               Stage("metrics", lambda b: step_metrics(c, b), "metrics")]
+        stages.append(with_state("reward_judge", reward_judge, "reward_judge"))
+    stages.append(pure("reward", reward_fn, "reward"))
+    if s.rollout.share.processes > 1:  # the whole batch's row facts and reward report, on the learner side
+        stages.append(pure("gather_rollout", gather_rollout, "gather_rollout"))
+    if not cfg.algorithm.bypass_mode and not learner.old_logp_in_update:
+        stages.append(with_state("old_log_prob", old_log_prob, "old_log_prob"))
+    if learner.ref_params is not None or learner.ref_is_base:
+        stages.append(with_state("reference", reference, "ref"))
+    if learner.critic is not None:
+        stages.append(with_state("values", values, "values"))
+    stages.append(with_state("advantages", advantages, "adv"))
+    if cfg.algorithm.use_kl_in_reward:  # the KL-in-reward controller adapts the next step's coefficient
+        stages.append(with_state("kl_controller", kl_controller, "kl_ctrl"))
+    if learner.critic is not None:
+        stages.append(with_state("update_critic", update_critic, "update_critic"))
+    stages += [with_state("actor_minibatch", actor_minibatch, "update_actor"),
+               with_state("weight_sync", weight_sync, "update_weights"),
+               pure("metrics", step_metrics, "metrics")]
     return stages
 
 
-def _filtered_stages(c: Components, rollout_fn):
+def _filtered_stages(s: Services, rollout_fn):
     """``algorithm.filter_groups``: the rollout stage draws, generates and scores prompt batches
     until the batch is full (:mod:`rljax.trainer.dynamic_sampling`; its reward time is in
     ``timing_s/gen``); the reward stage places the kept rows' scores."""
     from rljax.trainer import dynamic_sampling as ds
 
-    if rollout_share(c).processes > 1:
+    if s.rollout.share.processes > 1:
         raise ValueError("algorithm.filter_groups.enable=true runs on one process (not yet on several: the kept "
                          "groups would have to be agreed across processes)")
 
-    def task_score(c, traj, prompts):
-        if c.env is not None:  # multi-turn: the episode's reward (the environment's, else the final turn's)
-            return episode_scores(traj, c.reward_fn, prompts, max_error_fraction=c.cfg.reward.max_error_fraction)
-        return score(c, traj, prompts, max_error_fraction=c.cfg.reward.max_error_fraction)
+    def task_score(s, traj, prompts):
+        if s.rollout.env is not None:  # multi-turn: the episode's reward (the environment's, else the final turn's)
+            return episode_scores(traj, s.reward.fn, prompts, max_error_fraction=s.cfg.reward.max_error_fraction)
+        return score(s, traj, prompts, max_error_fraction=s.cfg.reward.max_error_fraction)
 
-    def rollout(c, b):
-        return ds.filtered_rollout(c, b, rollout_fn=rollout_fn, score_fn=task_score, shape_fn=overlong_shaping)
+    def rollout(s, b):
+        return ds.filtered_rollout(s, b, rollout_fn=rollout_fn, score_fn=task_score, shape_fn=overlong_shaping)
 
-    def kept_reward(c, b):
+    def kept_reward(s, b):
         from rljax.trainer.distribute import assemble
 
         d = b["dynamic_sampling"]
-        return {"scores": assemble({"scores": d["scores"]}, c.mesh, rollout_share(c))["scores"],
+        return {"scores": assemble({"scores": d["scores"]}, s.mesh, s.rollout.share)["scores"],
                 "reward_report": d["reward_report"]}
 
     return rollout, kept_reward
 
 
-def _release_after(c: Components, out: dict) -> dict:
+def _release_after(s: Services, out: dict) -> dict:
     """A synchronous step's generation has ended: the sampler's copy of the weights is not read
     again before ``weight_sync`` installs the updated ones, so the learner passes run without
     it (31.6M: 121 MiB less at the update's peak). Not in ``trainer.mode=async``, whose
     producer keeps generating during the update."""
-    release = getattr(c.sampler, "release_weights", None)
-    if release is not None and c.cfg.trainer.mode != "async":
+    release = getattr(s.rollout.sampler, "release_weights", None)
+    if release is not None and s.cfg.trainer.mode != "async":
         release()
     return out
 
@@ -259,33 +214,39 @@ def _release_after(c: Components, out: dict) -> dict:
 # ---------------------------------------------------------------------------- producer side
 
 
-def dataset_item(c: Components, b) -> dict:
+def dataset_item(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    """:func:`draw_prompts`, to be generated with the learner's weight version."""
+    return state, {**draw_prompts(s, b), "weight_version": state.version}
+
+
+def draw_prompts(s: Services, b) -> dict:
     """The step's prompts (this process's share of them with several processes) and their uids
     ``{step}-{index in the batch}`` (the one-process uids, so the same random streams)."""
     step = b["step"]
-    prompts = next(c.data)
+    prompts = next(s.rollout.prompts)
     uids = [f"{step}-{i}" for i in range(len(prompts))]
-    share = rollout_share(c)
+    share = s.rollout.share
     if share.processes > 1:
         if len(prompts) != share.num_prompts:
             raise RuntimeError(f"step {step}: {len(prompts)} prompts, the rollout shares were made for "
                                f"{share.num_prompts}")
         prompts, uids = prompts[share.lo:share.hi], uids[share.lo:share.hi]
-    return {"prompts": prompts, "uids": uids, "weight_version": c.version}
+    return {"prompts": prompts, "uids": uids}
 
 
-def rollout_sessions(c: Components, b) -> dict:
+def rollout_sessions(s: Services, b, *, on_chunk: Optional[Callable] = None) -> dict:
     prompts = b["prompts"]
-    traj = c.sampler.generate([p.ids for p in prompts], uids=b["uids"], n=c.cfg.rollout.n, decode=c.decode,
-                              on_chunk=c.on_chunk)
+    traj = s.rollout.sampler.generate([p.ids for p in prompts], uids=b["uids"], n=s.cfg.rollout.n,
+                                      decode=s.rollout.decode, on_chunk=on_chunk)
     check_weight_version(traj, b["weight_version"])
     return {"trajectories": traj}
 
 
-def rollout_episodes(c: Components, b) -> dict:
+def rollout_episodes(s: Services, b) -> dict:
     """The ``rollout_sessions`` stage of a multi-turn run (``env.function``): one session per
     sample, several turns each (:class:`rljax.env.EnvRuntime`)."""
-    traj = c.env.run(c.sampler, b["prompts"], b["uids"], n=c.cfg.rollout.n, decode=c.decode, tokenizer=c.tokenizer)
+    r = s.rollout
+    traj = r.env.run(r.sampler, b["prompts"], b["uids"], n=s.cfg.rollout.n, decode=r.decode, tokenizer=r.tokenizer)
     check_weight_version(traj, b["weight_version"])
     return {"trajectories": traj}
 
@@ -298,7 +259,7 @@ def check_weight_version(traj, version: int) -> None:
                            "sync did not reach the sampler")
 
 
-def trajectory_fields(c: Components, b) -> dict:
+def trajectory_fields(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     """The learner batch as global arrays, assembled from this process's rows (group ids made
     global: this process's prompts start at ``share.lo``). With ``data.trim_prompt_padding`` and
     several processes, the processes all-gather one int (their longest prompt) to agree on the
@@ -306,60 +267,60 @@ def trajectory_fields(c: Components, b) -> dict:
     from rljax.trainer import distribute
     from rljax.trainer.distribute import assemble
 
-    share = rollout_share(c)
-    traj, trim, longest = b["trajectories"], c.cfg.data.trim_prompt_padding, None
+    share = s.rollout.share
+    traj, trim, longest = b["trajectories"], s.cfg.data.trim_prompt_padding, None
     if trim and share.processes > 1:  # one width for every process's rows: the longest prompt of all
         longest = int(distribute.per_process(np.array([prompt_longest(traj)], np.int32)).max())
-    host = learner_layout(traj, prompt_len=c.prompt_len, response_len=c.response_len, trim=trim,
-                          multiple=dict(c.mesh.shape).get("sp", 1), longest=longest)
+    host = learner_layout(traj, prompt_len=s.learner.prompt_len, response_len=s.learner.response_len, trim=trim,
+                          multiple=dict(s.mesh.shape).get("sp", 1), longest=longest)
     if share.processes > 1:
         host["group_id"] = host["group_id"] + np.int32(share.lo)
-    faults.learner_fields(host, traj, seed=c.cfg.trainer.seed, step=b["step"], groups=c.cfg.trace.groups,
-                          version=c.version)
-    return assemble(host, c.mesh, share)
+    faults.learner_fields(host, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups,
+                          version=state.version)
+    return state, assemble(host, s.mesh, share)
 
 
-def score(c: Components, traj, prompts, *, max_error_fraction: float):
+def score(s: Services, traj, prompts, *, max_error_fraction: float):
     """Scores (NumPy ``[B]``) and the reward report of a rollout."""
     from rljax.reward import score_batch
 
-    responses = [c.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]]) for i in range(traj.batch_size)]
+    responses = [s.rollout.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]]) for i in range(traj.batch_size)]
     answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
     extras = [prompts[traj.group_id[i]].reward_extra() if not traj.is_padding[i] else {} for i in range(traj.batch_size)]
-    return score_batch(c.reward_fn, responses, answers, list(traj.uid), max_error_fraction=max_error_fraction,
+    return score_batch(s.reward.fn, responses, answers, list(traj.uid), max_error_fraction=max_error_fraction,
                        is_padding=traj.is_padding, extras=extras if any(extras) else None)
 
 
-def reward(c: Components, b) -> dict:
+def reward(s: Services, b) -> dict:
     """Scores of this process's trajectories, where they were generated. With several processes
     the ``reward.max_error_fraction`` bound applies to the whole batch (``gather_rollout``), so
     every process stops together."""
     from rljax.trainer.distribute import assemble
 
-    share = rollout_share(c)
-    bound = c.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
+    share = s.rollout.share
+    bound = s.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
     traj = b["trajectories"]
-    scores, report = score(c, traj, b["prompts"], max_error_fraction=bound)
+    scores, report = score(s, traj, b["prompts"], max_error_fraction=bound)
     if "rm_scores" in b or "judge_scores" in b:  # reward.combine: weighted rule, model and judge scores + penalty
-        penalty = overlong_penalty(c, traj)
+        penalty = overlong_penalty(s, traj)
         host = {"function_scores": scores.astype(np.float32),
                 "penalty": np.zeros_like(scores, np.float32) if penalty is None else penalty}
         if "judge_scores" in b:
             host["judge_scores"] = b["judge_scores"]
-        dev = assemble(host, c.mesh, share)
-        w = c.cfg.reward.combine
+        dev = assemble(host, s.mesh, share)
+        w = s.cfg.reward.combine
         combined = w.function_weight * dev["function_scores"] + dev["penalty"]
         if "rm_scores" in b:
             combined = combined + w.model_weight * b["rm_scores"]
         if "judge_scores" in b:
             combined = combined + w.judge_weight * dev["judge_scores"]
         return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report}
-    scores = overlong_shaping(c, traj, scores).astype(np.float32)
+    scores = overlong_shaping(s, traj, scores).astype(np.float32)
     # What was scored, per row: the digest of the response tokens and the score (the trace ties
     # each row's score, as the advantage stage reads it, to the trajectory it was computed for).
     scored = {"digest": response_digest(traj), "scores": scores.copy()}
-    faults.reward_scores(scores, traj, seed=c.cfg.trainer.seed, step=b["step"], groups=c.cfg.trace.groups)
-    return {"scores": assemble({"scores": scores}, c.mesh, share)["scores"], "reward_report": report,
+    faults.reward_scores(scores, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups)
+    return {"scores": assemble({"scores": scores}, s.mesh, share)["scores"], "reward_report": report,
             "scored_rows": scored}
 
 
@@ -371,98 +332,97 @@ def response_digest(traj) -> np.ndarray:
     return position_digest(present, np.asarray(traj.response_ids))
 
 
-def reward_model(c: Components, b) -> dict:
+def reward_model(s: Services, b) -> dict:
     """``reward.model.path``: the reward model's score of each row's prompt + response (``rm_scores
     [B]``), batched over the whole learner batch on the learner mesh: the rows are already
     there in the learner layout (``trajectory_fields``), so no second reshard, and in the
     synchronous step the learner's devices are idle while the reward is computed."""
-    if c.reward_model_fn is None:
-        c.reward_model_fn = load_reward_model(c)
-    return {"rm_scores": c.reward_model_fn(model_inputs(b))}
+    return {"rm_scores": s.reward.model.get()(model_inputs(b))}
 
 
-def load_reward_model(c: Components) -> Callable:
+def load_reward_model(s: Services) -> Callable:
     """``inputs -> [B]`` scores of ``reward.model.path`` (:func:`rljax.models.load_hf_reward_model`),
     parameters sharded on the learner mesh, in the policy's compute dtype."""
     from rljax.models import abstract_params, load_hf_reward_model, reward_scores
 
-    rm = c.cfg.reward.model
-    config, head, params, head_w = load_hf_reward_model(rm.path, dtype=c.cfg.model.dtype, mesh=c.mesh)
+    rm = s.cfg.reward.model
+    config, head, params, head_w = load_hf_reward_model(rm.path, dtype=s.cfg.model.dtype, mesh=s.mesh)
     if rm.label >= head.num_labels:
         raise ValueError(f"reward.model.label={rm.label}, but {rm.path} has {head.num_labels} label(s)")
-    policy = getattr(getattr(c.sampler, "engine", None), "config", None)
+    policy = getattr(getattr(s.rollout.sampler, "engine", None), "config", None)
     if policy is not None and policy.vocab_size > config.vocab_size:
         raise ValueError(f"reward.model.path={rm.path} has a vocabulary of {config.vocab_size} tokens, the policy's "
                          f"{policy.vocab_size}: the reward model reads the policy's token ids (same tokenizer needed)")
-    graphdef, mesh, label = abstract_params(config)[0], c.mesh, rm.label
+    graphdef, mesh, label = abstract_params(config)[0], s.mesh, rm.label
     fn = jax.jit(lambda p, w, x: reward_scores(graphdef, p, w, x["input_ids"], mask=x["attention_mask"],
                                                positions=x["positions"], mesh=mesh)[:, label])
     return lambda inputs: fn(params, head_w, inputs)
 
 
-def reward_judge(c: Components, b) -> dict:
+def reward_judge(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     """``reward.judge``: the generative judge's verdict on each row (:mod:`rljax.trainer.judge`):
-    ``judge_scores [B]`` (host), the verdict texts and statuses, and the verdicts' report."""
-    if c.judge is None:
-        c.judge = load_judge(c)
-    return c.judge(b["trajectories"], b["prompts"], policy_tokenizer=c.tokenizer,
-                   max_error_fraction=c.cfg.reward.max_error_fraction)
+    ``judge_scores [B]`` (host), the verdict texts and statuses, and the verdicts' report. The
+    judge loads on the first call (``path=ref``: from the policy's weights as the state holds
+    them then, before any update)."""
+    judge = s.reward.judge.get(s, state)
+    return state, judge(b["trajectories"], b["prompts"], policy_tokenizer=s.rollout.tokenizer,
+                        max_error_fraction=s.cfg.reward.max_error_fraction)
 
 
-def load_judge(c: Components):
+def load_judge(s: Services, state: RunState):
     """The :class:`~rljax.trainer.judge.Judge` of ``reward.judge``, on the policy sampler's devices;
     ``path=ref``: the policy's initial weights (the reference's copy when the run keeps one)."""
     from rljax.trainer.judge import Judge, initial_policy_params
 
-    if rollout_share(c).processes > 1:
+    if s.rollout.share.processes > 1:
         raise ValueError("reward.judge.path runs on one process (not yet on several: each process would judge its "
                          "own rows and the verdict reports would have to be merged)")
 
-    engine = c.sampler.engine
+    engine = s.rollout.sampler.engine
 
     def initial():
-        if c.ref_params is not None:
-            return c.ref_params
-        if c.ref_is_base:
+        if s.learner.ref_params is not None:
+            return s.learner.ref_params
+        if s.learner.ref_is_base:
             from rljax.models.lora import disable
 
-            return disable(c.actor.params)
-        return initial_policy_params(c.cfg, engine.config, c.mesh)
+            return disable(state.actor.params)
+        return initial_policy_params(s.cfg, engine.config, s.mesh)
 
-    return Judge.from_config(c.cfg, policy_config=engine.config, policy_tokenizer=c.tokenizer,
+    return Judge.from_config(s.cfg, policy_config=engine.config, policy_tokenizer=s.rollout.tokenizer,
                              devices=list(engine.mesh.devices.flat), initial_params=initial)
 
 
-def overlong_penalty(c: Components, rows) -> Optional[np.ndarray]:
+def overlong_penalty(s: Services, rows) -> Optional[np.ndarray]:
     """DAPO's overlong penalty of each row (0 on padding; :func:`rljax.reward.overlong_penalty`),
     ``None`` unless ``reward.reward_kwargs.overlong_buffer_cfg.enable``."""
-    kw = c.cfg.reward.reward_kwargs
+    kw = s.cfg.reward.reward_kwargs
     ob = kw.overlong_buffer_cfg
     if not ob.enable:
         return None
     from rljax.reward import overlong_penalty as penalty
 
-    p = penalty(rows.response_length, max_resp_len=kw.max_resp_len or c.cfg.data.max_response_length,
+    p = penalty(rows.response_length, max_resp_len=kw.max_resp_len or s.cfg.data.max_response_length,
                 buffer_len=ob.len, penalty_factor=ob.penalty_factor)
     return np.where(np.asarray(rows.is_padding), np.float32(0), p)
 
 
-def overlong_shaping(c: Components, traj, scores: np.ndarray) -> np.ndarray:
+def overlong_shaping(s: Services, traj, scores: np.ndarray) -> np.ndarray:
     """The task scores plus the overlong penalty (the scores unchanged when it is off)."""
-    p = overlong_penalty(c, traj)
+    p = overlong_penalty(s, traj)
     return scores if p is None else np.asarray(scores, np.float32) + p
 
 
-def episode_reward(c: Components, b) -> dict:
+def episode_reward(s: Services, b) -> dict:
     """The ``reward`` stage of a multi-turn run: each session's final reward (every process runs
     every episode, so the scores are whole-batch)."""
-    scores, report = episode_scores(b["trajectories"], c.reward_fn, b["prompts"],
-                                    max_error_fraction=c.cfg.reward.max_error_fraction)
-    scores = overlong_shaping(c, b["trajectories"], scores)
-    return {"scores": place_batch({"scores": scores}, c.mesh)["scores"], "reward_report": report}
+    scores, report = episode_scores(b["trajectories"], s.reward.fn, b["prompts"],
+                                    max_error_fraction=s.cfg.reward.max_error_fraction)
+    scores = overlong_shaping(s, b["trajectories"], scores)
+    return {"scores": place_batch({"scores": scores}, s.mesh)["scores"], "reward_report": report}
 
 
-def gather_rollout(c: Components, b) -> dict:
+def gather_rollout(s: Services, b) -> dict:
     """Several processes: the per-row facts of every process's rows (uids, lengths, versions, the
     generating process; no token arrays) and the whole batch's reward report, on every process.
     Runs on the learner side (in ``trainer.mode=async`` the producer threads never communicate).
@@ -471,7 +431,7 @@ def gather_rollout(c: Components, b) -> dict:
     from rljax.reward import RewardError
     from rljax.trainer import distribute
 
-    share = rollout_share(c)
+    share = s.rollout.share
     item = b["queue_item"] if "queue_item" in b else None
     if item is not None:
         indices = distribute.per_process(np.array([int(item["batch_index"])]))[:, 0]
@@ -480,7 +440,7 @@ def gather_rollout(c: Components, b) -> dict:
                                "(the staleness gate or an overflow drop differed between processes)")
     rows = distribute.gather_rows(b["trajectories"], share)
     report = distribute.merge_reward_reports(b["reward_report"], share)
-    bound = c.cfg.reward.max_error_fraction
+    bound = s.cfg.reward.max_error_fraction
     if report.error_fraction > bound:
         raise RewardError(f"reward failed for {report.errors}/{report.num_scored} rows ({report.error_fraction:.1%}) "
                           f"over {share.processes} processes, more than reward.max_error_fraction={bound}; first "
@@ -498,9 +458,9 @@ def model_inputs(b) -> dict:
     return {k: b[k] for k in MODEL_INPUTS}
 
 
-def old_log_prob(c: Components, b) -> dict:
-    old_logp, entropy = c.logprob_fn(c.actor.params, model_inputs(b))
-    return {"old_logp": old_logp, "entropy": entropy, "rollout_mismatch": rollout_mismatch(old_logp, b)}
+def old_log_prob(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    old_logp, entropy = s.learner.actor.forward(state.actor.params, model_inputs(b))
+    return state, {"old_logp": old_logp, "entropy": entropy, "rollout_mismatch": rollout_mismatch(old_logp, b)}
 
 
 _mismatch = jax.jit(rl.rollout_mismatch)
@@ -520,39 +480,48 @@ def rollout_mismatch(old_logp, b) -> dict:
     return out
 
 
-def reference(c: Components, b) -> dict:
+def reference(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     from rljax.models.lora import disable
 
-    params = disable(c.actor.params) if c.ref_is_base else c.ref_params
-    return {"ref_logp": c.logprob_fn(params, model_inputs(b))[0]}
+    params = disable(state.actor.params) if s.learner.ref_is_base else s.learner.ref_params
+    return state, {"ref_logp": s.learner.actor.forward(params, model_inputs(b))[0]}
 
 
-def values(c: Components, b) -> dict:
-    return {"values": c.values_fn(c.critic.params, model_inputs(b))}
+def values(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    return state, {"values": s.learner.critic.forward(state.critic.params, model_inputs(b))}
 
 
-def advantages(c: Components, b) -> dict:
-    fields = {k: b[k] for k in c.prepare_inputs}
-    kl_coef = jnp.float32(c.kl_ctrl.value if c.kl_ctrl is not None else 0.0)
-    return c.prepare_fn(fields, kl_coef)
+def advantages(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    fields = {k: b[k] for k in s.learner.prepare_inputs}
+    return state, dict(s.learner.prepare(fields, jnp.float32(state.kl_coef)))
 
 
-def _step_key(c: Components, step: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.key(c.cfg.trainer.seed), step)
+def kl_controller(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    """``algorithm.use_kl_in_reward``: the step's measured KL (``critic/kl``) and the coefficient
+    its advantages used (``critic/kl_coef``); with ``algorithm.kl_ctrl.type=adaptive`` the next
+    step's coefficient follows :func:`rljax.loss.adaptive_kl_coef` (verl's controller: it grows
+    while the KL is above ``target_kl``, shrinks below; a non-finite KL leaves it)."""
+    kl = float(to_host(b["kl_in_reward"]))
+    rows = b["rollout_rows"] if "rollout_rows" in b else b["trajectories"]  # every process's rows
+    coef, ctrl = state.kl_coef, s.cfg.algorithm.kl_ctrl
+    if ctrl.type == "adaptive" and math.isfinite(kl):
+        n = int((~np.asarray(rows.is_padding)).sum())
+        coef = float(rl.adaptive_kl_coef(coef, kl, n, target_kl=ctrl.target_kl, horizon=ctrl.horizon))
+    return state.replace(kl_coef=coef), {"kl": kl, "kl_coef": state.kl_coef}
 
 
-def update_critic(c: Components, b) -> dict:
+def update_critic(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     batch = dict(model_inputs(b), loss_mask=b["loss_mask"], old_values=b["values"], returns=b["returns"])
-    c.critic, metrics = c.critic_step(c.critic, batch, _step_key(c, b["step"]))
-    return {"critic_metrics": to_host(metrics)}
+    critic, metrics = s.learner.critic.update(state.critic, batch, step_key(state, b["step"]))
+    return state.replace(critic=critic), {"critic_metrics": to_host(metrics)}
 
 
-def actor_batch(c: Components, b) -> dict:
+def actor_batch(s: Services, b) -> dict:
     """The fields the actor update consumes, under the names :mod:`rljax.trainer.step` uses."""
-    cfg = c.cfg
+    cfg = s.cfg
     batch = dict(model_inputs(b), loss_mask=b["loss_mask"], advantages=b["advantages"])
-    if not c.old_logp_in_update:
-        batch["old_logp"] = b[c.behaviour_logp]
+    if not s.learner.old_logp_in_update:
+        batch["old_logp"] = b[s.behaviour_logp]
     if cfg.actor.use_kl_loss:
         batch["ref_logp"] = b["ref_logp"]
     if cfg.rollout.correction != "none":
@@ -560,22 +529,22 @@ def actor_batch(c: Components, b) -> dict:
     return batch
 
 
-def actor_minibatch(c: Components, b) -> dict:
-    c.actor, metrics = c.train_step(c.actor, actor_batch(c, b), _step_key(c, b["step"]))
+def actor_minibatch(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    actor, metrics = s.learner.actor.update(state.actor, actor_batch(s, b), step_key(state, b["step"]))
     out = {}
-    if c.old_logp_in_update:  # the update's own log-probs before its step (detached), [B, T] on the mesh
+    if s.learner.old_logp_in_update:  # the update's own log-probs before its step (detached), [B, T] on the mesh
         out["old_logp"] = metrics.pop("old_logp")
-    return {"actor_metrics": to_host(metrics), "optimizer_steps": int(c.actor.step), **out}
+    return state.replace(actor=actor), {"actor_metrics": to_host(metrics), "optimizer_steps": int(actor.step), **out}
 
 
-def weight_sync(c: Components, b) -> dict:
-    c.version += 1
-    c.sampler.update_weights(c.sampler_weights(c.actor.params), c.version)
-    return {"weight_version_after": c.version, "sampler_version": int(c.sampler.version),
-            "weight_sync_s": float(getattr(c.sampler, "last_weight_sync_s", 0.0))}
+def weight_sync(s: Services, state: RunState, b) -> tuple[RunState, dict]:
+    state = state.replace(version=state.version + 1)
+    s.rollout.sampler.update_weights(s.rollout.to_sampler(state.actor.params), state.version)
+    return state, {"weight_version_after": state.version, "sampler_version": int(s.rollout.sampler.version),
+            "weight_sync_s": float(getattr(s.rollout.sampler, "last_weight_sync_s", 0.0))}
 
 
-def step_metrics(c: Components, b) -> dict:
+def step_metrics(s: Services, b) -> dict:
     """verl's metric names, from the fields the step produced (host scalars only)."""
     traj, actor = b["trajectories"], b["actor_metrics"]
     if faults.active("keep_batch_field"):
@@ -604,7 +573,7 @@ def step_metrics(c: Components, b) -> dict:
         **b["reward_report"].metrics(),
         **(b["rollout_mismatch"] if "rollout_mismatch" in b else {}),
     }
-    if c.old_logp_in_update:  # the update wrote old_logp (the update must not read rollout_logp: the trace
+    if s.learner.old_logp_in_update:  # the update wrote old_logp (the update must not read rollout_logp: the trace
         m.update(rollout_mismatch(b["old_logp"], b))  # tells its behaviour log-prob by what it reads)
     if "function_scores" in b:  # reward.model.path / reward.judge.path: the rule's scores before combining
         m["reward/function/mean"] = float(np.asarray(to_host(b["function_scores"]))[real].mean())
@@ -620,8 +589,8 @@ def step_metrics(c: Components, b) -> dict:
         from rljax.trainer.dynamic_sampling import metrics as ds_metrics
 
         m.update(ds_metrics(b["dynamic_sampling"]))
-    penalty = overlong_penalty(c, rows)
-    if penalty is not None and c.cfg.reward.reward_kwargs.overlong_buffer_cfg.log:
+    penalty = overlong_penalty(s, rows)
+    if penalty is not None and s.cfg.reward.reward_kwargs.overlong_buffer_cfg.log:
         from rljax.reward import overlong_metrics
 
         m.update(overlong_metrics(penalty, real))
@@ -629,17 +598,22 @@ def step_metrics(c: Components, b) -> dict:
         from rljax.env import episode_metrics
 
         m.update(episode_metrics(traj))
-    m.update(_model_flops(c, rows, real))
+    m.update(_model_flops(s, rows, real))
+    m.update(_update_metrics(b, actor))
+    return {"metrics": m}
+
+
+def _update_metrics(b, actor: dict) -> dict:
+    """The actor's KL loss, what a skipped update saw, the KL in the reward, the critic's update."""
+    m: dict[str, Any] = {}
     if "kl_loss" in actor:
         m["actor/kl_loss"] = actor["kl_loss"]
     for role, ms in (("actor", actor), ("critic", b.get("critic_metrics") or {})):  # what a skipped update saw
         m.update({f"{role}/{k}": float(v) for k, v in ms.items() if k.startswith("nonfinite_grad/") and v > 0})
-    if "kl_in_reward" in b:
-        kl = float(to_host(b["kl_in_reward"]))
-        m["critic/kl"] = kl
-        if c.kl_ctrl is not None:
-            m["critic/kl_coef"] = c.kl_ctrl.value
-            c.kl_ctrl.update(kl, n_steps=int(real.sum()))
+    if "kl_coef" in b:  # the kl_controller stage (algorithm.use_kl_in_reward)
+        m["critic/kl"], m["critic/kl_coef"] = b["kl"], b["kl_coef"]
+    elif "kl_in_reward" in b:
+        m["critic/kl"] = float(to_host(b["kl_in_reward"]))
     if "critic_metrics" in b:
         cm = b["critic_metrics"]
         v_mean, r_mean = to_host((rl.masked_mean(b["values"], b["loss_mask"]),
@@ -647,18 +621,18 @@ def step_metrics(c: Components, b) -> dict:
         m.update({"critic/vf_loss": cm["vf_loss"], "critic/vf_clipfrac": cm["vf_clipfrac"],
                   "critic/grad_norm": cm["grad_norm"], "critic/values/mean": float(v_mean),
                   "critic/returns/mean": float(r_mean)})
-    return {"metrics": m}
+    return m
 
 
-def _model_flops(c: Components, traj, real) -> dict:
+def _model_flops(s: Services, traj, real) -> dict:
     """``perf/model_flops/actor`` (forward + backward of every PPO epoch over the real tokens)
     and ``perf/model_flops/rollout`` (prefill + decode), :mod:`rljax.models.flops`; the
     trainer divides them by the stage times and the devices' peak into ``perf/mfu/*``."""
     from rljax.models import flops
 
-    config = getattr(getattr(c.sampler, "engine", None), "config", None)
+    config = getattr(getattr(s.rollout.sampler, "engine", None), "config", None)
     if config is None:
         return {}
     p, r = np.asarray(traj.prompt_length)[real], np.asarray(traj.response_length)[real]
-    return {"perf/model_flops/actor": c.cfg.actor.ppo_epochs * flops.train_flops(config, p + r),
+    return {"perf/model_flops/actor": s.cfg.actor.ppo_epochs * flops.train_flops(config, p + r),
             "perf/model_flops/rollout": flops.rollout_flops(config, p, r)}

@@ -1,0 +1,87 @@
+"""A checkpoint is the run's :class:`~rljax.trainer.state.RunState` (issue 22), and checkpoints
+written before ``RunState`` existed still restore.
+
+The old layout is written here as the code before ``RunState`` wrote it: the arrays
+``{"actor": TrainState(trainable params), "critic"?}`` and the meta ``step`` / ``version`` /
+``data`` / ``config`` (+ ``kl_coef`` with an adaptive KL-in-reward controller, ``async`` in
+``trainer.mode=async``), no root key and no producer position. The run restores them through
+the real path (``Trainer(resume=True)``: orbax, digest check, ``from_checkpoint``).
+"""
+
+import jax
+import numpy as np
+import pytest
+
+ONE_STEP = ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=32",
+            "data.embedded.num_test=8", "trainer.test_freq=-1", "trainer.val_before_train=false",
+            "trainer.total_steps=3", "trace.ledgers=false"]
+
+
+def _trainer(run, overrides=(), resume=False):
+    from rljax.config import resolve
+    from rljax.sharding import make_mesh
+    from rljax.trainer.loop import Trainer
+
+    cfg, _ = resolve("default", [*ONE_STEP, *overrides])
+    return cfg, Trainer(cfg, make_mesh("dp1", jax.devices()[:1]), str(run), resume=resume, echo=lambda *a: None)
+
+
+def _write_old_checkpoint(run, cfg, trainer, *, step, version, meta_extra):
+    """What the trainer before RunState saved: ``_checkpoint_state()`` and its meta dict."""
+    from rljax.config import to_dict
+    from rljax.trainer.checkpoint import Checkpointer
+    from rljax.trainer.step import trainable
+
+    actor = trainer.state.actor
+    params = jax.tree.map(lambda x: x + 0.25, trainable(actor.params))  # other weights than a fresh run's
+    tree = {"actor": actor.replace(params=params, step=actor.step + 7)}
+    position = {**trainer.services.rollout.prompts.state(), "epoch": 0, "position": 12}
+    meta = {"step": step, "version": version, "data": position, "config": to_dict(cfg), **meta_extra}
+    ckpt = Checkpointer(str(run / "checkpoints"), max_to_keep=3, echo=lambda *a: None)
+    ckpt.save(step, tree, meta)
+    ckpt.close()
+    trainer.tracer.close()
+    return params, position
+
+
+@pytest.mark.parametrize("overrides, meta_extra, want_kl, want_produced", [
+    ((), {}, 0.0, 3),  # sync, no KL in the reward: the producer index is step + 1
+    (("algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"), {"kl_coef": 0.0123}, 0.0123, 3),
+    (("trainer.mode=async",), {"async": {"policy": "replay", "next_index": 5, "dropped_stale": 0,
+                                         "dropped_overflow": 0}}, 0.0, 5),
+], ids=["sync", "adaptive-kl", "async"])
+def test_a_checkpoint_written_before_run_state_restores_into_it(tmp_path, overrides, meta_extra, want_kl,
+                                                                want_produced):
+    run = tmp_path / "run"
+    cfg, fresh = _trainer(run, overrides)
+    params, position = _write_old_checkpoint(run, cfg, fresh, step=2, version=2, meta_extra=meta_extra)
+    _, trainer = _trainer(run, overrides, resume=True)
+    st = trainer.state
+    try:
+        assert (st.step, st.version, st.data, st.kl_coef, st.produced) == (2, 2, position, want_kl, want_produced)
+        assert trainer.services.rollout.prompts.state() == position  # the prompt feed continues there
+        np.testing.assert_array_equal(jax.random.key_data(st.key), jax.random.key_data(jax.random.key(cfg.trainer.seed)))
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), st.actor.params, params)
+        assert int(st.actor.step) == int(fresh.state.actor.step) + 7
+        assert trainer.services.rollout.sampler.version == 2  # the sampler got the restored weights
+    finally:
+        trainer.tracer.close()
+        if trainer.cfg.trainer.mode == "async":
+            trainer.schedule.close()
+
+
+def test_the_run_state_round_trips_through_a_checkpoint(tmp_path):
+    """The new layout: what :func:`checkpoint_tree` / :func:`checkpoint_meta` write is what
+    :func:`from_checkpoint` restores, key and producer position included."""
+    from rljax.trainer.state import checkpoint_meta, checkpoint_tree, from_checkpoint
+
+    run = tmp_path / "run"
+    _, trainer = _trainer(run)
+    trainer.tracer.close()
+    st = trainer.state.replace(step=4, version=4, kl_coef=0.5, produced=9, key=jax.random.key(77),
+                               data={"epoch": 1, "position": 4, "seed": 0, "num_examples": 32})
+    back = from_checkpoint(trainer.state, checkpoint_tree(st), checkpoint_meta(st), kl_in_reward=True)
+    assert (back.step, back.version, back.kl_coef, back.produced, back.data) == (4, 4, 0.5, 9, st.data)
+    np.testing.assert_array_equal(jax.random.key_data(back.key), jax.random.key_data(jax.random.key(77)))
+    weights = from_checkpoint(trainer.state, checkpoint_tree(st), checkpoint_meta(st), weights_only=True)
+    assert (weights.step, weights.version, weights.produced, weights.data) == (4, 4, 5, trainer.state.data)
