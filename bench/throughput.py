@@ -13,7 +13,9 @@ Columns: median wall time of the compiled step, temporary bytes of the compiled 
 number of distinct programs a run of ``--plan-steps`` batches from the same distribution
 would compile (the packed shapes are bucketed). Decode: tokens/s of the engine's
 device-side decode loop with every slot at 10%, 50% and 100% of the cache capacity,
-attending over the whole cache (``dense``, today's) or up to the live length (``live``).
+attending over the whole cache (``dense``) or up to the live length (``live``), timed in
+interleaved rounds, per wall second and per second of this process's CPU time, and whether
+both sampled the same greedy tokens from one random cache.
 
 Distributions (token counts, clipped to the limits):
 
@@ -198,30 +200,46 @@ def plan_shapes(config, args, dist, pcfg, mini, rng):
 
 
 def decode_rows(config, args):
-    out = {}
+    """Tokens/s of dense and live decode at each fill: all six chunks built first, then timed in
+    interleaved rounds (wall and this process's CPU time: the CPU-time ratio moves less with other
+    processes' load). Greedy tokens from one random cache are compared between the modes."""
     cap = args.max_prompt + args.max_response
     graphdef, params = F.init_params(config, seed=0)
+    s = args.slots
+    runs, tokens = {}, {}
     for mode in ("dense", "live"):
-        eng = RljaxEngine(config, num_slots=args.slots, max_prefill_length=args.max_prompt,
+        eng = RljaxEngine(config, num_slots=s, max_prefill_length=args.max_prompt,
                           max_decode_length=args.max_response, decode_attention=mode)
         p = eng.load_params(params)
         for fill in (0.1, 0.5, 1.0):
             index = min(int(fill * cap), cap - args.decode_steps - 1)
             state = eng.init_decode_state(DecodeParams(temperature=0.0, max_new_tokens=args.max_response, eos_ids=()))
-            s = args.slots
-            state = state.replace(index=jnp.full((s,), index, jnp.int32), active=jnp.ones((s,), bool),
+            key = jax.random.key(1)  # the same random cache for both modes: their tokens must agree
+            state = state.replace(cache=jax.tree.map(lambda x: 0.5 * jax.random.normal(key, x.shape, x.dtype),
+                                                     state.cache),
+                                  index=jnp.full((s,), index, jnp.int32), active=jnp.ones((s,), bool),
                                   done=jnp.zeros((s,), bool), step=jnp.ones((s,), jnp.int32))
             box = [state]
 
-            def run():
+            def run(box=box, index=index, eng=eng, p=p):
                 st = box[0].replace(index=jnp.full((s,), index, jnp.int32), step=jnp.ones((s,), jnp.int32),
-                                    done=jnp.zeros((s,), bool))
+                                    done=jnp.zeros((s,), bool), tokens=jnp.arange(s, dtype=jnp.int32))
                 box[0], steps = eng.generate_chunk(p, st, num_steps=args.decode_steps)
-                return steps
+                return box[0].out_tokens
 
-            sec = timed(run, args.reps)
-            out[(mode, fill)] = s * args.decode_steps / sec
-    return out
+            for _ in range(2):  # compile, and compile again if the donated state comes back in another layout
+                tokens[(mode, fill)] = np.asarray(run())[:, 1 : 1 + args.decode_steps]
+            runs[(mode, fill)] = (run, [])
+    for _ in range(args.reps):  # interleaved rounds
+        for run, times in runs.values():
+            c0, t0 = time.process_time(), time.perf_counter()
+            jax.block_until_ready(run())
+            times.append((time.perf_counter() - t0, time.process_time() - c0))
+    out = {}
+    for k, (_, times) in runs.items():
+        out[k] = tuple(s * args.decode_steps / float(np.median(x)) for x in zip(*times))  # (wall, cpu) tokens/s
+    same = {fill: bool(np.array_equal(tokens[("dense", fill)], tokens[("live", fill)])) for fill in (0.1, 0.5, 1.0)}
+    return out, same
 
 
 def main():
@@ -273,14 +291,17 @@ def main():
                       f"{base['cpu'] / r['cpu']:>7.2f}{r['temp'] / 2**20:>10.1f}{r['temp'] / base['temp']:>10.2f}"
                       f"{r['pad']:>9.2f}{r['compiles']:>10}{r['compile_s']:>11.1f}", flush=True)
     if not args.skip_decode:
-        out = decode_rows(config, args)
+        out, same = decode_rows(config, args)
         cap = args.max_prompt + args.max_response
-        print(f"\ndecode: {args.slots} slots, cache capacity {cap}, {args.decode_steps} steps per chunk (tokens/s)")
-        print(f"{'cache fill':<12}{'dense':>10}{'live':>10}{'live/dense':>12}")
+        print(f"\ndecode: {args.slots} slots, cache capacity {cap}, {args.decode_steps} steps per chunk; tokens/s "
+              f"(wall; cpu: per second of this process's CPU time), median of {args.reps} interleaved rounds, "
+              f"load {os.getloadavg()[0]:.1f}")
+        print(f"{'cache fill':<12}{'dense':>10}{'live':>10}{'live/dense':>12}{'cpu dense':>11}{'cpu live':>10}"
+              f"{'cpu ratio':>11}{'same tokens':>13}")
         for fill in (0.1, 0.5, 1.0):
-            d, lv = out[("dense", fill)], out[("live", fill)]
-            print(f"{int(fill * 100):>9}%  {d:>10.0f}{lv:>10.0f}{lv / d:>12.2f}")
-
+            (d, dc), (lv, lc) = out[("dense", fill)], out[("live", fill)]
+            print(f"{int(fill * 100):>9}%  {d:>10.0f}{lv:>10.0f}{lv / d:>12.2f}{dc:>11.0f}{lc:>10.0f}{lc / dc:>11.2f}"
+                  f"{'yes' if same[fill] else 'NO':>13}")
 
 if __name__ == "__main__":
     main()
