@@ -126,3 +126,26 @@ def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tenso
     line = next(x for x in check.stdout.splitlines() if "whole-batch invariants" in x)
     assert check.returncode == 1 and line.startswith("FAIL"), check.stdout
     assert f"step {step} tensor {tensor}" in line and f"uid {v['uid']}" in line and detail in line, line
+
+
+@pytest.mark.slow
+def test_two_processes_check_their_own_rows_and_combine_the_verdict(tmp_path):
+    """launch/local_multiprocess.sh, 2 processes x 2 CPU devices: each process checks the rows it
+    generated against the global learner arrays; the verdicts are combined on process 0, so a
+    row of process 1 outside the traced group fails the run and the check, named by uid."""
+    run = tmp_path / "run"
+    out = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "--mesh=dp4",
+                          "--run-dir", str(run), *SMALL, "trainer.total_steps=1"], cwd=REPO,
+                         env=dict(launch_env(), RLJAX_FAULTS="zero_loss_mask_token"), capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
+    inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
+    assert inv["processes"] == 2 and inv["rows"] == 32 and inv["violating_rows"] == 2, inv
+    by_process = json.loads((run / "rollout_uids.jsonl").read_text().splitlines()[0])["by_process"]
+    named = {v["uid"] for v in inv["violations"]}
+    assert all(named & set(uids) for uids in by_process.values()), (named, by_process)  # one row of each process
+    check = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    line = next(x for x in check.stdout.splitlines() if "whole-batch invariants" in x)
+    assert check.returncode == 1 and line.startswith("FAIL") and "2 row(s) in all" in line, line
+    assert "step 1 tensor loss_mask" in line and f"uid {inv['violations'][0]['uid']}" in line, line

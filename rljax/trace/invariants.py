@@ -19,7 +19,9 @@ the host, never the ``[B, T]`` arrays the learner holds):
   must be the one recorded for the digest of that row's trajectory (a swap is named by uid).
 
 A violation names the tensor, the step, the stage and the row's trajectory key
-(``{uid}_{session}_{index}``).
+(``{uid}_{session}_{index}``). All the device-side facts of a step come from one jitted
+reduction and one transfer (:func:`step_facts`). Several processes: each checks the rows it
+generated and the tracer all-gathers the verdicts.
 """
 
 from __future__ import annotations
@@ -116,12 +118,13 @@ def step_facts(pairs, observations=None, row_sum_mask=None, scores=None) -> tupl
     ``[B]`` scores the advantage stage read (None: skipped). Returns ``(facts per pair,
     {"row_sum", "scores"})`` as NumPy arrays. The per-row facts are computed on device and only
     ``[k, B]`` 32-bit values (stacked, bit-cast to ``uint32``) come to the host: the reduction
-    and the transfer are one dispatch each however many facts there are.
+    and the transfer are one dispatch each however many facts there are. Several processes:
+    every process calls it (the arrays are global) and receives every row (one all-gather).
     """
-    import jax
+    from rljax.sharding import to_host
 
     pairs = tuple((lm, ids) for lm, ids in pairs)
-    stacked = np.asarray(jax.device_get(_step_facts_fn()(pairs, observations, row_sum_mask, scores)))
+    stacked = np.asarray(to_host(_step_facts_fn()(pairs, observations, row_sum_mask, scores)))
     names = [n for lm, ids in pairs for n in _fact_names(ids is not None, observations is not None)]
     names += ["row_sum"] * (row_sum_mask is not None) + ["scores"] * (scores is not None)
     values = [stacked[i].view(_FACT_DTYPES[n]) for i, n in enumerate(names)]

@@ -278,16 +278,25 @@ class Tracer:
         distinct ``loss_mask`` / ``input_ids`` a learner stage read, and the scores tie. Every
         device-side fact of the step (those pairs' per-row facts, the per-row sums of the step's
         ``loss_mask``, the scores the advantages read) comes from one jitted reduction and one
-        host transfer (:func:`~rljax.trace.invariants.step_facts`). Returns those per-row sums
-        (None when not computed here: several processes)."""
+        host transfer (:func:`~rljax.trace.invariants.step_facts`). Several processes: every
+        process takes part in that reduction (the learner arrays are global), checks its own
+        rows against its own rollout, and the verdicts are all-gathered (one small collective).
+        Returns the per-row loss-mask sums of the whole learner batch (None: not computed here)."""
         from rljax.trace import invariants as I
 
         inv = self._invariants
-        if rows_view is not None:  # several processes: the learner rows are every process's
-            inv["skipped"] = "several processes: the learner arrays hold rows this process did not generate"
-            return None
         t = time.perf_counter()
-        B = int(traj.batch_size)
+        B, lo = int(traj.batch_size), 0
+        if rows_view is not None:  # several processes: this process's rows are one block of the learner batch
+            import jax
+
+            owner = np.asarray(rows_view.process)
+            blocks = [np.nonzero(owner == p)[0] for p in np.unique(owner)]
+            mine = np.nonzero(owner == jax.process_index())[0]
+            if len(mine) != B or any(len(b) and (np.diff(b) != 1).any() for b in blocks):
+                inv["skipped"] = "several processes: a process's rows are not one block of the learner batch"
+                return None
+            B, lo = len(owner), int(mine[0]) if len(mine) else 0
         pairs: dict = {}  # (id(loss_mask), id(input_ids)) -> [loss_mask, input_ids, the stages that read them]
         for ev in events:
             lm = ev.reads.get("loss_mask")
@@ -303,41 +312,36 @@ class Tracer:
         on_device = scores is not None and tuple(scores.shape) == (B,) and not isinstance(scores, np.ndarray)
         roles = getattr(traj, "roles", None)
         obs = None if roles is None else np.asarray(roles) == I.OBSERVATION_ROLE
-        per_pair, extra = I.step_facts([(lm, ids) for lm, ids, _ in pairs.values()], obs, row_sum_mask,
+        # Several processes: the observation rows are this process's only; its learner rows are
+        # checked against the rollout's mask (digests), so the rollout's own observation tokens
+        # with mask 1 are the learner's.
+        per_pair, extra = I.step_facts([(lm, ids) for lm, ids, _ in pairs.values()],
+                                       obs if rows_view is None else None, row_sum_mask,
                                        scores if on_device else None)
-
-        real = ~np.asarray(traj.is_padding)
-        keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
-        rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
-        learner_version = (fields.get("dequeue") or {}).get("learner_version")
-        if learner_version is None and fields.get("weight_version_after") is not None:
-            learner_version = int(fields["weight_version_after"]) - 1  # the sync after the update advanced it
-        counts = {"rows": 0, "violations": 0}
-        for (_, _, stages), update in zip(pairs.values(), per_pair):  # one comparison per distinct array
-            c, v = I.compare(step, keys, real, rollout, update, stage=stages[0],
-                             max_version=np.asarray(traj.max_version), learner_version=learner_version)
-            counts = {"rows": max(counts["rows"], c["rows"]), "violations": max(counts["violations"], c["violations"])}
-            if v:
-                room = 20 - len(inv["violations"])
-                inv["violations"].extend(v[:max(room, 0)])
+        mine = slice(lo, lo + int(traj.batch_size))
+        local: dict = {"rows": 0, "violations": 0, "list": [], "error": None}
+        try:
+            local = self._invariants_local(step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored,
+                                           on_device, rows_view is not None)
+        except Exception as e:  # noqa: BLE001 -- reported; the other processes still wait for the combine
+            local["error"] = f"step {step}: not computed: {type(e).__name__}: {e}"
+        verdicts = [local] if rows_view is None else _allgather_json(local)
+        counts = {"rows": sum(v["rows"] for v in verdicts), "violations": sum(v["violations"] for v in verdicts)}
+        for v in verdicts:
+            if v.get("error"):
+                inv["error"] = v["error"]
+            found = v["list"]
+            if found:
+                inv["violations"].extend(found[:max(20 - len(inv["violations"]), 0)])
                 if not self._invariant_alerts:  # one alert per step, naming the first violation
-                    first = v[0]
+                    first = found[0]
                     self._invariant_alerts.append(
                         ("batch_invariant", f"step {step} {first['tensor']} at {first['stage']}, {first['key']} (uid "
-                                            f"{first['uid']}): {first['detail']} ({c['violations']} row(s))"))
+                                            f"{first['uid']}): {first['detail']} ({v['violations']} row(s))"))
         if scores is not None:
-            read = extra["scores"] if on_device else np.asarray(to_host(scores), np.float32)
-            present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
-            c, v = I.compare_scores(step, keys, real, I.position_digest(present, np.asarray(traj.response_ids)),
-                                    scored, read)
-            counts["violations"] += c["violations"]
-            if v:
-                inv["violations"].extend(v[:max(20 - len(inv["violations"]), 0)])
-                if not self._invariant_alerts:
-                    self._invariant_alerts.append(("batch_invariant", f"step {step} scores at advantages, "
-                                                                      f"{v[0]['key']} (uid {v[0]['uid']}): "
-                                                                      f"{v[0]['detail']}"))
             inv["scores_tied"] = True
+        if rows_view is not None:
+            inv["processes"] = len(verdicts)
         inv["steps"] += 1
         inv["rows"] += counts["rows"]
         inv["violating_rows"] += counts["violations"]
@@ -346,6 +350,35 @@ class Tracer:
         inv["s"] = inv.get("s", 0.0) + dt
         self._inv_counts = dict(counts, s=dt)
         return extra.get("row_sum")
+
+    def _invariants_local(self, step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored, on_device,
+                          several) -> dict:
+        """This process's rows against its own rollout: ``{"rows", "violations", "list", "error"}``."""
+        from rljax.trace import invariants as I
+
+        real = ~np.asarray(traj.is_padding)
+        keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
+        rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
+        learner_version = (fields.get("dequeue") or {}).get("learner_version")
+        if learner_version is None and fields.get("weight_version_after") is not None:
+            learner_version = int(fields["weight_version_after"]) - 1  # the sync after the update advanced it
+        rows, bad, found = 0, 0, []
+        for (_, _, stages), update in zip(pairs.values(), per_pair):  # one comparison per distinct array
+            update = {k: v[mine] for k, v in update.items()}
+            if several and obs is not None:
+                update["observation_tokens"] = ((np.asarray(traj.loss_mask) != 0) & obs).sum(axis=1)
+            c, v = I.compare(step, keys, real, rollout, update, stage=stages[0],
+                             max_version=np.asarray(traj.max_version), learner_version=learner_version)
+            rows, bad = max(rows, c["rows"]), max(bad, c["violations"])
+            found += v
+        if scores is not None:
+            read = extra["scores"][mine] if on_device else np.asarray(to_host(scores), np.float32)[mine]
+            present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
+            c, v = I.compare_scores(step, keys, real, I.position_digest(present, np.asarray(traj.response_ids)),
+                                    scored, read)
+            bad += c["violations"]
+            found += v
+        return {"rows": rows, "violations": bad, "list": found[:5], "error": None}
 
     def _bytes_and_comm(self, events, metrics: Mapping) -> dict:
         """Bytes of every batch field each stage wrote (global, from shapes: no copy), the communication
@@ -795,6 +828,22 @@ def message_count(prompt, system_prompt: Optional[str] = None) -> int:
         return 1
     msgs = list(prompt)
     return len(msgs) + (system_prompt is not None and not any(m.get("role") == "system" for m in msgs))
+
+
+def _allgather_json(obj: dict, width: int = 8192) -> list[dict]:
+    """Every process's ``obj`` (JSON, at most ``width`` bytes: the list of found violations is cut
+    to fit), in process order; one all-gather."""
+    from jax.experimental import multihost_utils
+
+    obj = dict(obj)
+    data = json.dumps(obj).encode()
+    while len(data) > width and obj.get("list"):
+        obj["list"] = obj["list"][:-1]
+        data = json.dumps(obj).encode()
+    buf = np.zeros(width, np.uint8)
+    buf[:len(data)] = np.frombuffer(data[:width], np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(buf, tiled=False)).reshape(-1, width)
+    return [json.loads(bytes(r).rstrip(b"\0").decode()) for r in rows]
 
 
 def _gather_step_times(step_s: float) -> list[float]:
