@@ -71,10 +71,13 @@ def train_iterator(
 
 def val_iterator(
     config, tokenize: Callable[[str], Sequence[int]], *, data_dir: str | os.PathLike | None = None,
-    chat_template: Callable | None = None,
+    chat_template: Callable | None = None, prompts: PreparedPrompts | None = None,
 ) -> PromptIterator:
     """One in-order pass over the test split in batches of ``data.val_batch_size`` (null: one
-    batch); the last batch may be shorter (pad it and mark ``is_padding``)."""
-    prompts = build_prompts(config, "test", tokenize, data_dir=data_dir, chat_template=chat_template)
+    batch); the last batch may be shorter (pad it and mark ``is_padding``). ``prompts``: the
+    split as :func:`build_prompts` returned it before (a run validating every
+    ``trainer.test_freq`` steps reads and tokenizes the split once)."""
+    if prompts is None:
+        prompts = build_prompts(config, "test", tokenize, data_dir=data_dir, chat_template=chat_template)
     size = config.data.val_batch_size or len(prompts)
     return PromptIterator(prompts, size, seed=0, shuffle=False, drop_last=False, num_epochs=1)

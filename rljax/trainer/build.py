@@ -232,8 +232,23 @@ def sampler_weights(params):
     return params if jax.process_count() == 1 else to_host(params)
 
 
+def _held_out(cfg: Config, tokenize, data_dir: str, chat) -> Callable:
+    """``() -> a fresh pass over the test split``: the split is read and tokenized at the first
+    evaluation only (each evaluation read and tokenized it again)."""
+    from rljax.data import build_prompts, val_iterator
+
+    split = []
+
+    def passes():
+        if not split:
+            split.append(build_prompts(cfg, "test", tokenize, data_dir=data_dir, chat_template=chat))
+        return val_iterator(cfg, tokenize, prompts=split[0])
+
+    return passes
+
+
 def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -> Rollout:
-    from rljax.data import train_iterator, val_iterator
+    from rljax.data import train_iterator
     from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
     from rljax.trainer import distribute
 
@@ -270,7 +285,7 @@ def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -
     return Rollout(sampler=Sampler(engine, sampler_weights(params), version=0, truncation="error"), decode=decode,
                    val_decode=val_decode, tokenizer=tokenizer, env=env,
                    prompts=train_iterator(cfg, tokenize, data_dir=data_dir, chat_template=chat),
-                   val_prompts=lambda: val_iterator(cfg, tokenize, data_dir=data_dir, chat_template=chat),
+                   val_prompts=_held_out(cfg, tokenize, data_dir, chat),
                    share=share, to_sampler=sampler_weights)
 
 
