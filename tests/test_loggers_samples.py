@@ -167,3 +167,23 @@ def test_tensorboard_gets_the_metrics_and_the_sample_table(tmp_path):
     metrics.write(1, METRICS[1])
     metrics.close()
     assert not (off / "tensorboard").exists() and (off / "metrics.jsonl").is_file()
+
+
+@pytest.mark.slow  # two one-step runs
+def test_progress_lines_only_with_the_console_logger(tmp_path, capsys):
+    """trainer.logger without console printed the progress line anyway (verl prints per-step
+    metrics only with its console logger)."""
+    import jax
+
+    from rljax.sharding import make_mesh
+    from rljax.trainer.loop import Trainer
+
+    tiny = ["data.train_batch_size=2", "rollout.n=2", "actor.ppo_mini_batch_size=2", "data.embedded.num_train=8",
+            "data.embedded.num_test=2", "trainer.total_steps=1", "trace.ledgers=false", "trainer.save_freq=-1"]
+    printed = {}
+    for loggers in ("[console]", "[tensorboard]"):
+        cfg, _ = resolve("default", [*tiny, f"trainer.logger={loggers}"])
+        Trainer(cfg, make_mesh("dp1", jax.devices()[:1]), str(tmp_path / loggers[1:-1]), echo=lambda *a: None).run()
+        printed[loggers] = capsys.readouterr().err
+    assert "step 1/1 | reward" in printed["[console]"]
+    assert "step 1/1" not in printed["[tensorboard]"] and (tmp_path / "tensorboard" / "metrics.jsonl").is_file()

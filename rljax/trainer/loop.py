@@ -467,7 +467,8 @@ class Trainer:
             tokens += int(last["perf/total_num_tokens"])
             step_times.append(last["timing_s/step"])
             self.out.metrics.write(self.progress.step, last)
-            if self.out.main and (self._due(cfg.trainer.log_freq) or self.progress.step == total):
+            if self.out.main and "console" in cfg.trainer.logger and (self._due(cfg.trainer.log_freq)
+                                                                      or self.progress.step == total):
                 _progress(self.progress.step, total, last["critic/score/mean"], step_times)
             if stop.requested:
                 self._stop_requested(stop.requested)
