@@ -109,6 +109,8 @@ TOOL_TASK = ("--config", "tool_lookup")
     # the tool task: a random policy calls the tool rarely, the traced group seldom holds an observation
     ("observation_action_mask", "loss_mask", "observation token(s) with mask 1", TOOL_TASK, ("trainer.total_steps=3",)),
     ("observation_loss_mask", "loss_mask", "loss tokens in the update", TOOL_TASK, ("trainer.total_steps=3",)),
+    # multi-turn: the episode reward stage records what it scored too
+    ("swap_rewards", "scores", "read by the advantages", TOOL_TASK, ("trainer.total_steps=1",)),
 ])
 def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail, preset, extra):
     run = tmp_path / "run"

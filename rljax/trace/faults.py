@@ -18,7 +18,8 @@ Faults (name: the bug it provokes, where):
 * ``future_version``: an untraced row claims ``max_version`` = the learner's + 1 (a sync run)
   -> ``batch_invariant`` (versions).
 * ``swap_rewards``: the scores of two untraced rows of different prompt groups swapped after
-  scoring (``reward``) -> ``batch_invariant`` (scores tied to the trajectory digest).
+  scoring (``reward``, and the multi-turn ``episode_reward``) -> ``batch_invariant`` (scores
+  tied to the trajectory digest).
 * ``observation_action_mask`` (multi-turn): an untraced row's tool-observation tokens given
   action mask 1 by the rollout (its ``response_mask`` / ``loss_mask``, and so the learner's
   copy) -> ``batch_invariant`` (observation tokens with mask 1; token counts and digests agree).

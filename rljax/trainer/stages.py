@@ -418,8 +418,12 @@ def episode_reward(s: Services, b) -> dict:
     every episode, so the scores are whole-batch)."""
     scores, report = episode_scores(b["trajectories"], s.reward.fn, b["prompts"],
                                     max_error_fraction=s.cfg.reward.max_error_fraction)
-    scores = overlong_shaping(s, b["trajectories"], scores)
-    return {"scores": place_batch({"scores": scores}, s.mesh)["scores"], "reward_report": report}
+    traj = b["trajectories"]
+    scores = overlong_shaping(s, traj, scores).astype(np.float32)
+    scored = {"digest": response_digest(traj), "scores": scores.copy()}  # the trace's reward tie, as in reward()
+    faults.reward_scores(scores, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups)
+    return {"scores": place_batch({"scores": scores}, s.mesh)["scores"], "reward_report": report,
+            "scored_rows": scored}
 
 
 def gather_rollout(s: Services, b) -> dict:
