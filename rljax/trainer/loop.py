@@ -386,15 +386,16 @@ class Trainer:
         bound, too many non-finite updates, Ctrl-C) first waits, at most
         ``trainer.stop_save_timeout_s``, for an in-flight checkpoint save to commit. SIGTERM ends
         the current step, saves it and raises :class:`~rljax.trainer.guard.StopRequested`."""
+        timeout = self.cfg.trainer.stop_save_timeout_s  # how long a stop waits for an in-flight save
         try:
             with StopSignals() as stop:
-                return self._run(stop)
+                return self._run(stop, timeout)
         except BaseException as e:  # the trace summary says how the run ended
             totals = self.schedule.close()
             if totals is not None:
                 self.out.tracer.async_totals(totals)
             if not isinstance(e, StopRequested):
-                wait_for_save(self.checkpointer, self.cfg.trainer.stop_save_timeout_s, self.echo)
+                wait_for_save(self.checkpointer, timeout, self.echo)
             try:
                 self.out.tracer.close(error=f"{type(e).__name__}: {e}", step=self.progress.step)
             except OSError:  # the disk that stopped the run may not take the summary either: report the first error
@@ -405,11 +406,11 @@ class Trainer:
             if close is not None:  # the reward worker pool
                 close()
 
-    def _stop_requested(self, signal: str) -> None:
+    def _stop_requested(self, signal: str, timeout: float) -> None:
         """SIGTERM arrived: save this step (if not just saved), wait for it, stop."""
         if self.checkpointer.pending != self.progress.step and self.progress.step not in self.checkpointer.all_steps():
             self.save()
-        done = wait_for_save(self.checkpointer, self.cfg.trainer.stop_save_timeout_s, self.echo)
+        done = wait_for_save(self.checkpointer, timeout, self.echo)
         saved = f"saved checkpoint {self.progress.step}" if done else f"the save of step {self.progress.step} did not finish"
         self.out.metrics.close()
         raise StopRequested(f"stopped by {signal} after step {self.progress.step}; {saved}; {self.resume_point()}",
@@ -438,7 +439,7 @@ class Trainer:
                                    **val_before_env})
         return val_before
 
-    def _run(self, stop) -> RunSummary:
+    def _run(self, stop, timeout: float) -> RunSummary:
         cfg = self.cfg
         total = cfg.trainer.total_steps
         first = self.progress.step
@@ -471,7 +472,7 @@ class Trainer:
                                                                       or self.progress.step == total):
                 _progress(self.progress.step, total, last["critic/score/mean"], step_times)
             if stop.requested:
-                self._stop_requested(stop.requested)
+                self._stop_requested(stop.requested, timeout)
         totals = self.schedule.close()
         if totals is not None:
             self.out.tracer.async_totals(totals)
