@@ -125,9 +125,9 @@ _QUIET = _QuietOrbaxErrors()
 def _late_callback_into_closed_loop(exc_type, exc, tb) -> bool:
     """True for the error tensorstore reports when a write it finishes after a failed save calls
     back into the asyncio loop orbax has already closed: ``RuntimeError('Event loop is closed')``
-    raised by ``call_soon_threadsafe``. tensorstore prints each through ``sys.excepthook`` (no
-    Python caller to raise to): 0-33 tracebacks per failed save on a full disk, before and after
-    the save's one-line error."""
+    raised by ``call_soon_threadsafe``. tensorstore reports each as unraisable (no Python caller to
+    raise to; ``sys.unraisablehook`` without an object, printed as a bare traceback): 0-33 per
+    failed save on a full disk, before and after the save's one-line error."""
     if exc_type is not RuntimeError or str(exc) != "Event loop is closed":
         return False
     while tb is not None:
@@ -138,23 +138,23 @@ def _late_callback_into_closed_loop(exc_type, exc, tb) -> bool:
     return False
 
 
-_HOOKED = threading.Event()  # set once sys.excepthook is wrapped (once a process)
+_HOOKED = threading.Event()  # set once sys.unraisablehook is wrapped (once a process)
 
 
 def _install_closed_loop_hook() -> None:
-    """Wraps ``sys.excepthook`` once so that those late callbacks print nothing; every other
-    exception reaches the previous hook unchanged."""
+    """Wraps ``sys.unraisablehook`` once so that those late callbacks print nothing; every other
+    unraisable exception reaches the previous hook unchanged."""
     import sys
 
     if _HOOKED.is_set():
         return
-    previous = sys.excepthook
+    previous = sys.unraisablehook
 
-    def hook(exc_type, exc, tb):
-        if not _late_callback_into_closed_loop(exc_type, exc, tb):
-            previous(exc_type, exc, tb)
+    def hook(unraisable):
+        if not _late_callback_into_closed_loop(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+            previous(unraisable)
 
-    sys.excepthook = hook
+    sys.unraisablehook = hook
     _HOOKED.set()
 _DRAIN_S = 2.0  # how long a failed save's writer threads get to wind down, their stderr muted
 
