@@ -45,11 +45,15 @@ def _forward_fn():
     return jax.jit(lambda p, tokens: F.compute_logits(p, F.forward(graphdef, p, tokens)))
 
 
-def greedy(p, context, steps):
-    """Greedy continuation without a cache: a full forward over the whole context every token."""
+def greedy(p, context, steps, width=64):
+    """Greedy continuation without a cache: a full forward over the whole context every token. The
+    context is right-padded to one ``width`` (causal attention: padding after the last token
+    changes none of its logits), so every call runs one compiled program."""
     out = list(context)
     for _ in range(steps):
-        out.append(int(np.asarray(_forward_fn()(p, jnp.asarray([out], jnp.int32)))[0, -1].argmax()))
+        assert len(out) <= width
+        tokens = jnp.asarray([out + [0] * (width - len(out))], jnp.int32)
+        out.append(int(np.asarray(_forward_fn()(p, tokens))[0, len(out) - 1].argmax()))
     return out[len(context):]
 
 
