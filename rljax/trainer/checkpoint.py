@@ -156,6 +156,8 @@ def _install_closed_loop_hook() -> None:
 
     sys.unraisablehook = hook
     _HOOKED.set()
+
+
 _DRAIN_S = 2.0  # how long a failed save's writer threads get to wind down, their stderr muted
 
 
