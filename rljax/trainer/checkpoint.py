@@ -95,15 +95,18 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
+def _codes(tb):
+    """The code objects of a traceback's frames, outermost first."""
+    while tb is not None:
+        yield tb.tb_frame.f_code
+        tb = tb.tb_next
+
+
 def _raised_in_orbax(exc_info) -> bool:
     """True when the record's exception was raised inside orbax's code (its traceback passes
     through an ``orbax`` file)."""
     tb = exc_info[2] if exc_info and len(exc_info) == 3 else None
-    while tb is not None:
-        if "orbax" in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
+    return any("orbax" in code.co_filename for code in _codes(tb))
 
 
 class _QuietOrbaxErrors(logging.Filter):
@@ -130,12 +133,8 @@ def _late_callback_into_closed_loop(exc_type, exc, tb) -> bool:
     failed save on a full disk, before and after the save's one-line error."""
     if exc_type is not RuntimeError or str(exc) != "Event loop is closed":
         return False
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name == "call_soon_threadsafe" and code.co_filename.endswith(os.path.join("asyncio", "base_events.py")):
-            return True
-        tb = tb.tb_next
-    return False
+    where = os.path.join("asyncio", "base_events.py")
+    return any(code.co_name == "call_soon_threadsafe" and code.co_filename.endswith(where) for code in _codes(tb))
 
 
 _HOOKED = threading.Event()  # set once sys.unraisablehook is wrapped (once a process)
