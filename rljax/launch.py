@@ -64,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="output directory (sets trainer.output_dir; "
                                                    "default: runs/<trainer.project_name>/<trainer.experiment_name>)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in the run directory (sets trainer.resume_mode=auto); "
-                        "--resume=N from checkpoint N (same as trainer.resume_from=N)")
+                   help="continue from the newest checkpoint in the run directory that has a digest (newer ones a kill "
+                        "left without one are set aside; sets trainer.resume_mode=auto); --resume=N from checkpoint N "
+                        "(same as trainer.resume_from=N)")
     p.add_argument("--resume-unverified", action="store_true",
                    help="with --resume: restore a checkpoint that has no digest (its bytes cannot be verified; "
                         "refused otherwise)")

@@ -209,6 +209,32 @@ def test_a_checkpoint_without_digest_is_never_restored_unasked(tmp_path, mesh):
     ck.close()
 
 
+def test_a_plain_resume_passes_over_undigested_checkpoints_but_never_a_damaged_one(tmp_path, mesh):
+    """A kill between a commit and its digest left the newest checkpoints without one: a plain
+    --resume (a preempted job's automatic restart) takes the newest checkpoint that has a digest
+    and says so; an explicit step, or a damaged checkpoint, is never passed over."""
+    lines = []
+    ck = _ckpt(tmp_path, lines, max_to_keep=None)
+    _save(ck, mesh, [8, 10, 12, 14])
+    for step in (12, 14):
+        os.remove(os.path.join(ck.step_dir(step), DIGEST_FILE))
+    assert ck.select() == 14 and ck.select(12) == 12 and not lines  # only a plain resume passes them over
+    assert ck.select(past_undigested=True) == 10
+    assert len(lines) == 1 and "checkpoint(s) 12, 14 have no digest" in lines[0] and "resuming from 10" in lines[0]
+    assert "--resume-unverified restores 14" in lines[0]
+    path = _largest_data_file(ck.step_dir(10))  # 10 damaged (its digest present): reported, not skipped
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    assert ck.select(past_undigested=True) == 10
+    with pytest.raises(CheckpointError, match="checkpoint 10 .* is damaged.*newest intact checkpoint is 8"):
+        ck.restore(10, _state(mesh, 0.0))
+    for step in (8, 10):
+        os.remove(os.path.join(ck.step_dir(step), DIGEST_FILE))
+    assert ck.select(past_undigested=True) == 14  # none has a digest: the newest, which restore refuses
+    ck.close()
+
+
 def test_a_changed_shape_is_a_mismatch_not_damage(tmp_path, mesh):
     """Issue 28 (5): a resume with a changed model shape said "checkpoint 10 is damaged", and so
     did the advised --resume=8, though both were intact."""

@@ -66,6 +66,17 @@ def test_bit_flip_in_the_newest_checkpoint_is_refused_naming_the_intact_one(tmp_
     assert "restored step 1" in out.stdout
     assert _train_steps(run) == [1, 2, 3]  # every step once: the old step 2 was cut from metrics.jsonl
     assert _ckpts(run) == [2, 3] and _verified(run, 3)
+    # a kill between checkpoint 3's commit and its digest: the automatic restart (a plain --resume)
+    # takes checkpoint 2, says so in one line, and sets 3 aside (it is saved again)
+    os.remove(os.path.join(run, "checkpoints", "3", "rljax_digest.json"))
+    out = launch(*base, "--resume", "trainer.total_steps=4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "checkpoint(s) 3 have no digest" in out.stdout and "resuming from 2" in out.stdout
+    assert "restored step 2" in out.stdout
+    assert _train_steps(run) == [1, 2, 3, 4]
+    assert _ckpts(run) == [3, 4] and _verified(run, 4)
+    set_aside = sorted(n.split("-")[0] for n in os.listdir(os.path.join(run, "checkpoints.discarded")))
+    assert set_aside == ["2", "3"]  # the damaged 2 (by --resume=1) and the undigested 3
 
 
 def test_an_error_during_a_save_keeps_that_checkpoint(tmp_path):

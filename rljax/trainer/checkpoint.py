@@ -472,12 +472,27 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
-    def select(self, resume_from: Optional[int] = None) -> Optional[int]:
+    def select(self, resume_from: Optional[int] = None, *, past_undigested: bool = False) -> Optional[int]:
         """The checkpoint a resume restores: ``resume_from`` when given (it must exist), else
-        the newest committed one; None when there is none."""
+        the newest committed one; None when there is none.
+
+        ``past_undigested`` (a plain ``--resume``): newer checkpoints that merely lack a digest
+        (a kill between a commit and its digest: a preempted job's automatic restart) are passed
+        over, with one line, for the newest one that has a digest; :meth:`restore` still
+        verifies that one. A checkpoint with a digest is never passed over, so a damaged one is
+        reported, not skipped; when none has a digest the newest is chosen (and refused)."""
         steps = self.all_steps()
         if resume_from is None:
-            return steps[-1] if steps else None
+            if not steps:
+                return None
+            digested = [s for s in steps if os.path.exists(os.path.join(self.step_dir(s), DIGEST_FILE))]
+            if past_undigested and digested and digested[-1] != steps[-1]:
+                newer = [s for s in steps if s > digested[-1]]
+                self.echo(f"resume: checkpoint(s) {', '.join(map(str, newer))} have no digest (the run stopped "
+                          f"between a save's commit and its digest); resuming from {digested[-1]}, the newest "
+                          f"with one (--resume-unverified restores {newer[-1]} instead)")
+                return digested[-1]
+            return steps[-1]
         if resume_from not in steps:
             raise CheckpointError(f"trainer.resume_from={resume_from}: no checkpoint {resume_from} in "
                                   f"{self.directory}; available: {', '.join(map(str, steps)) or 'none'}")

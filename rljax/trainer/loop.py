@@ -199,7 +199,7 @@ class Trainer:
         intact one. ``metrics.jsonl``, ``trace.jsonl`` and ``rollout_uids.jsonl`` are cut back to the
         restored step, so every step appears once. ``weights_only``: the policy's weights alone."""
         chosen = self.cfg.trainer.resume_from
-        latest = self.checkpointer.select(chosen)
+        latest = self.checkpointer.select(chosen, past_undigested=not unverified)
         if latest is None:
             self.echo(f"resume: no complete checkpoint in {self.checkpointer.directory}; starting from step 0")
             self._cut_records(-1, main)
@@ -212,7 +212,7 @@ class Trainer:
         if saved is not None and (lora_base is not None or "lora" in saved):
             self._check_lora_checkpoint(latest, saved.get("lora"))
         tree, meta = self.checkpointer.restore(latest, checkpoint_tree(self.state), allow_unverified=unverified)
-        if chosen is not None:
+        if chosen is not None or latest != self.checkpointer.latest_step():  # newer ones are saved again
             self.checkpointer.discard_newer(latest)
         self.state = from_checkpoint(self.state, tree, meta, weights_only=weights_only,
                                      kl_in_reward=self.cfg.algorithm.use_kl_in_reward)
