@@ -1,7 +1,12 @@
 """Running ``python -m rljax.launch`` as a user does, for the end-to-end tests.
 
-The child gets the test session's environment without ``XLA_FLAGS`` / ``JAX_PLATFORMS``
-(the launcher must create the CPU devices itself) and with TensorFlow quiet.
+The child gets the test session's environment without ``JAX_PLATFORMS`` and without the
+session's device count in ``XLA_FLAGS`` (the launcher must create the CPU devices itself), with
+TensorFlow quiet, and compiling at LLVM ``-O0`` like the tests in this process (tests/conftest.py):
+a 2-step launch spends most of its time compiling, and ``-O0`` compiles it in ~0.65x the CPU time
+(``--mesh=dp2``, 2 steps, a cold cache: 37 -> 24 s user; docs/development.md). The numbers are
+the same (no fast math either way); programs run slower, so a run whose time is mostly steps
+(tests/test_learning.py: 300 of them) passes ``compile_as_user=True`` and compiles as users' runs do.
 """
 
 import json
@@ -12,18 +17,24 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def launch_env() -> dict:
+#: XLA flags of the runs the tests launch (see the module docstring).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def launch_env(compile_as_user: bool = False) -> dict:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)  # the launcher must create the devices itself
+    if not compile_as_user:
+        env["XLA_FLAGS"] = TEST_XLA_FLAGS
     env.pop("JAX_PLATFORMS", None)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
-def launch(*args, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO, env=launch_env(),
-                          capture_output=True, text=True, timeout=timeout)
+def launch(*args, timeout=600, compile_as_user=False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rljax.launch", *args], cwd=REPO,
+                          env=launch_env(compile_as_user), capture_output=True, text=True, timeout=timeout)
 
 
 def metrics(run_dir) -> list[dict]:
