@@ -212,3 +212,20 @@ def test_drop_stalest_throttle_does_not_deadlock_when_the_gate_empties_the_queue
     assert not t.is_alive() and not errors, errors
     assert got[0].index == 3 and got[0].staleness == 0
     assert q.stats.dropped_uids == [("overflow", "a"), ("stale", "b")]
+
+
+def test_streaming_admission_is_the_same_rule_per_prompt():
+    """``admits(ahead, version)`` (the streaming producer's non-blocking gate) answers as
+    ``wait_admission`` would for a batch with ``ahead`` batches in flight before it."""
+    q = TrajectoryQueue(max_batches=4, max_staleness=1)
+    assert q.admits(0, 0) and q.admits(1, 0)  # batches 1 and 2 with weights 0: consumed at versions 0 and 1
+    assert not q.admits(2, 0)  # batch 3 would be consumed at version 2: staleness 2 > tau
+    q.put(item(1, 0))  # batch 1 queued: batch 2 has none in flight before it, batch 3 has batch 2
+    assert q.admits(0, 0) and not q.admits(1, 0)
+    q.get(0)  # the learner trains batch 1: the consumed-at versions stay; the push of version 1 admits batch 3
+    assert not q.admits(1, 0) and q.admits(1, 1)
+    q0 = TrajectoryQueue(max_batches=2, max_staleness=0)
+    assert q0.admits(0, 0) and not q0.admits(1, 0)  # tau=0: batch 2 waits for the weights batch 1 trains
+    q0.close()
+    with pytest.raises(QueueClosed):
+        q0.admits(0, 0)

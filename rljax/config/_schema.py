@@ -488,6 +488,12 @@ class AsyncTrainingConfig:
                                              "(needs max_staleness >= this - 1)", ge=1)
     partial_rollout: bool = _f(False, "let a weight push land mid-generation (trajectories then span versions: "
                                       "min_version < max_version); false: pushes are installed between batches")
+    streaming: bool = _f(True, "streaming admission (verl fully-async's / AReaL's streaming rollout): the rollout "
+                               "side keeps its decode slots full across batch boundaries, admitting the next "
+                               "batches' prompts as slots free while their batch can still be trained within "
+                               "max_staleness; a batch is queued when all its groups are complete. Single-turn "
+                               "rollouts on one process without algorithm.filter_groups (else one batch per "
+                               "generate call, as with false)")
 
 
 @dataclasses.dataclass(frozen=True)

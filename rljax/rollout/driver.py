@@ -230,6 +230,10 @@ class Driver:
         self.chunks = self.total_steps = 0
         #: The last chunk: steps it ran and its seconds per step.
         self.last_steps, self.last_step_s = 0, 0.0
+        #: Slot occupancy: tokens decoded (one per live slot and step) and slot-steps offered
+        #: (``engine.num_slots`` per decode step, whatever the compacted size), so
+        #: ``live_slot_steps / slot_steps`` is the mean share of the engine's slots decoding.
+        self.live_slot_steps = self.slot_steps = 0
 
     # ----------------------------------------------------------------- client calls
 
@@ -280,6 +284,18 @@ class Driver:
     def waiting(self) -> int:
         """Sessions not yet in a slot."""
         return self._waiting
+
+    @property
+    def holding(self) -> bool:
+        """Whether any session holds weights of the installed version: one in a slot, a prompt
+        prefilled but not yet inserted, or a parked one resuming (a weight install now would
+        make it span versions)."""
+        return bool(self.occupied or self._ready or self._resumed)
+
+    @property
+    def slot_occupancy(self) -> float:
+        """Live slots / the engine's slots, averaged over the decode steps so far (NaN before any)."""
+        return self.live_slot_steps / self.slot_steps if self.slot_steps else float("nan")
 
     # ----------------------------------------------------------------- the round
 
@@ -407,7 +423,9 @@ class Driver:
         self.last_steps, self.last_step_s = int(steps), took / max(1, int(steps))
         fin = [i for i, s in enumerate(self._slot) if s is not None and s.status == "decoding"]
         for i in fin:
+            self.live_slot_steps += int(step[i]) - self._slot[i].length
             self._slot[i].length = int(step[i])
+        self.slot_steps += self.engine.num_slots * int(steps)
         fin = [i for i in fin if done[i]]
         if not fin:
             return

@@ -183,13 +183,7 @@ class TrajectoryQueue:
         with self._cond:
             while True:
                 self._raise_if_closed()
-                ahead = len(self._items) + self._in_flight
-                consumed_at = max(self._learner_version, self._start_version + self.stats.got) + ahead
-                # drop_stalest's throttle holds the producer while a queued batch waits for the learner; with
-                # the queue empty (the gate dropped what was queued as stale) the learner waits for data.
-                throttled = (self.overflow == "drop_stalest" and self._overflow_since_get >= self.max_batches
-                             and bool(self._items))
-                if not throttled and consumed_at - int(weight_version()) <= self.max_staleness:
+                if self._admits(self._in_flight, int(weight_version())):
                     break
                 left = None if deadline is None else deadline - time.perf_counter()
                 if left is not None and left <= 0:
@@ -197,6 +191,36 @@ class TrajectoryQueue:
                 self._cond.wait(left if left is not None else 0.5)
             self._in_flight += 1
             self.stats.rollout_wait_s += time.perf_counter() - t0
+
+    def _admits(self, ahead_in_flight: int, weight_version: int) -> bool:
+        # The batch is consumed at learner version start + taken (the one in training included) + the batches
+        # queued or in flight before it; drop_stalest's throttle holds the producer while a queued batch waits for
+        # the learner (with the queue empty -- the gate dropped what was queued as stale -- the learner waits for data).
+        consumed_at = max(self._learner_version, self._start_version + self.stats.got) + len(self._items) + ahead_in_flight
+        throttled = (self.overflow == "drop_stalest" and self._overflow_since_get >= self.max_batches
+                     and bool(self._items))
+        return not throttled and staleness_gate(consumed_at, min(weight_version, consumed_at),
+                                                max_staleness=self.max_staleness)[1]
+
+    def admits(self, ahead_in_flight: int, weight_version: int) -> bool:
+        """Streaming admission (non-blocking): may a prompt of a batch with ``ahead_in_flight``
+        batches in flight before it (admitted, not yet put) start now with ``weight_version``?
+        The rule of :meth:`wait_admission`; the producer tracks its own batches in flight."""
+        with self._cond:
+            self._raise_if_closed()
+            return self._admits(int(ahead_in_flight), int(weight_version))
+
+    def wait_change(self, timeout: float) -> None:
+        """Blocks until the queue's state changes (a batch taken or dropped, a learner version, a
+        close) or ``timeout`` seconds pass: the streaming producer's wait while the gate refuses."""
+        with self._cond:
+            self._raise_if_closed()
+            self._cond.wait(timeout)
+
+    def add_rollout_wait(self, seconds: float) -> None:
+        """Time the streaming producer spent with nothing to decode (every prompt refused by the gate)."""
+        with self._cond:
+            self.stats.rollout_wait_s += float(seconds)
 
     def abandon(self) -> None:
         """The admitted batch will not be put (the producer failed or stopped)."""

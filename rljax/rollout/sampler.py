@@ -39,6 +39,7 @@ import numpy as np
 from rljax.rollout.driver import Driver, Request, results_for
 from rljax.rollout.engine import COMPACT_PER_OCTAVE, RljaxEngine, compact_sizes
 from rljax.rollout.sampling import DecodeParams, trajectory_keys
+from rljax.rollout.stream import RolloutStream
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
 TRUNCATION_MODES = ("error", "left", "right")
@@ -197,7 +198,9 @@ class Sampler:
 
     # ----------------------------------------------------------------- input checks
 
-    def _prepare(self, prompts, uids, n, decode, pad_to_multiple):
+    def check_batch(self, prompts, uids, n, decode, pad_to_multiple=1):
+        """``(prompts as checked token arrays, uids as str, decode)``; the ``ValueError`` s of
+        :meth:`generate` (also used by :meth:`stream` clients)."""
         if not _is_int(n) or n < 1:
             raise ValueError(f"n is {n!r}; accepted: an integer >= 1 (samples per prompt)")
         if not _is_int(pad_to_multiple) or pad_to_multiple < 1:
@@ -268,7 +271,7 @@ class Sampler:
             outside the vocabulary, ``n < 1``, bad or duplicate uids, or bad decode
             parameters.
         """
-        prompts, uids, decode = self._prepare(prompts, uids, n, decode, pad_to_multiple)
+        prompts, uids, decode = self.check_batch(prompts, uids, n, decode, pad_to_multiple)
         eng = self.engine
         num_prompts, t_max = len(prompts), decode.max_new_tokens
         total = num_prompts * n
@@ -319,8 +322,9 @@ class Sampler:
             num_slots=eng.num_slots,
             version_start=driver.version_start,
             version_end=driver.version,
+            slot_occupancy=driver.slot_occupancy,
         )
-        return self._assemble(
+        return self.assemble(
             prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s, decode_s,
             stats, pad_to_multiple,
         )
@@ -333,8 +337,16 @@ class Sampler:
                       compact=self.compact, compact_min_slots=self.compact_min_slots,
                       compact_per_octave=self.compact_per_octave, admit=admit)
 
-    def _assemble(self, prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s,
-                  decode_s, stats, pad_to_multiple) -> Trajectories:
+    def stream(self, decode: DecodeParams, *, n: int, admit=None, pad_to_multiple: int = 1):
+        """A :class:`~rljax.rollout.stream.RolloutStream`: one driver kept across many batches
+        (streaming admission: the slots a batch's tail frees take the next batches' prompts,
+        each admitted by ``admit``)."""
+        return RolloutStream(self, decode, n=n, admit=admit, pad_to_multiple=pad_to_multiple)
+
+    def assemble(self, prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s,
+                 decode_s, stats, pad_to_multiple) -> Trajectories:
+        """The :class:`Trajectories` of ``prompts x n`` finished sessions (rows ``prompt * n +
+        session``) from their tokens, log-probs, lengths, versions and timings."""
         total, t_max = tokens.shape
         padded = -(-total // pad_to_multiple) * pad_to_multiple
         extra = padded - total

@@ -39,6 +39,9 @@ class RolloutStats:
     num_slots: int
     version_start: int
     version_end: int
+    #: Live slots / the engine's slots averaged over this call's decode steps (None where the
+    #: producer of the stats does not measure it).
+    slot_occupancy: float | None = None
 
     @property
     def tokens_per_s(self) -> float:

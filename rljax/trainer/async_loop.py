@@ -8,6 +8,10 @@
   trainable within ``async_training.max_staleness``) and installs the newest pushed
   weights; with ``async_training.partial_rollout`` it also installs pushes between decode
   chunks (the rollout stage's ``on_chunk``), so a trajectory may span versions.
+* **Streaming producer** (``async_training.streaming``, the default where it applies:
+  :func:`streams`): :class:`StreamingProducer` keeps one rollout driver for the run and admits
+  prompts of later batches into the slots a batch's tail frees, each only if its batch can
+  still be trained within ``max_staleness``; a batch is queued when all its groups are complete.
 * **Consumer** (the trainer's thread): takes the next batch the staleness gate accepts and
   runs ``dequeue -> trajectory_fields -> old_log_prob -> reference -> values -> advantages
   -> update_critic -> actor_minibatch -> weight_sync -> metrics`` with the trainer's
@@ -42,6 +46,7 @@ with the restored weights). Batches dropped by the gate are not replayed (counte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -187,6 +192,151 @@ class Producer:
                 log.error("rljax: the rollout thread did not stop within %.0f s", timeout)
 
 
+def streams(services) -> bool:
+    """Whether this run's producer streams (:class:`StreamingProducer`): ``async_training.streaming``
+    and a single-turn rollout on one process without dynamic sampling; else one batch per
+    ``generate`` call (:class:`Producer`)."""
+    cfg = services.cfg
+    return bool(cfg.async_training.streaming and services.rollout.env is None
+                and not cfg.algorithm.filter_groups.enable and services.rollout.share.processes == 1)
+
+
+@dataclasses.dataclass
+class _Drawn:
+    """A batch's prompts as drawn, before generation."""
+
+    prompts: list
+    uids: list
+    data_after: Any  # the data iterator's position after the draw
+    t_draw: float  # perf_counter: the draw started
+    draw_s: float
+
+
+class StreamingProducer(Producer):
+    """Streaming admission (``async_training.streaming``): the rollout thread keeps one
+    :class:`~rljax.rollout.stream.RolloutStream` for the run, so the slots a batch's long tail
+    frees take the next batches' prompts instead of idling until the batch is complete.
+
+    Each round (under the sampler lock, so validation can pause it between rounds):
+
+    1. **Weights.** A pushed version is installed at once with ``partial_rollout`` (the
+       sessions in flight decode on with it: their tokens span versions); without it a push
+       holds admission until no session holds the old weights, then is installed (no
+       trajectory spans versions; the slots drain once per push).
+    2. **Draw.** When every queued session of the submitted batches holds a slot, the next
+       batch's prompts are drawn (``dataset_item``) and submitted.
+    3. **Admit + decode** one driver round. A prompt of batch ``k`` is admitted only if batch
+       ``k`` can still be trained within ``max_staleness``: the learner version it will be
+       consumed at (the queue's count, with the batches before it in flight) minus the weight
+       version it is prefilled with, by :func:`rljax.loss.staleness_gate`
+       (:meth:`TrajectoryQueue.admits`). With ``max_staleness=0`` batch ``k+1`` starts only
+       after the push of step ``k``: the synchronous schedule, the same tokens.
+    4. **Complete.** A batch whose sessions all finished (whole groups: group advantages see
+       every session) is scored (``reward``) and put into the queue, in batch order.
+
+    Idle (every queued prompt refused, nothing decoding) it waits for the learner and counts
+    the time in ``async/rollout_wait_s``. Checkpoints: as :class:`Producer` (the data position
+    after the last trained batch; the prompts of later batches in flight are generated again
+    after ``--resume``, none lost, none trained twice).
+    """
+
+    def __init__(self, services, queue: TrajectoryQueue, weights: WeightPush, *, first_index: int):
+        super().__init__(services, queue, weights, first_index=first_index)
+        self.partial = bool(services.cfg.async_training.partial_rollout)
+        self.stream = None
+        self._drawn: dict[int, _Drawn] = {}
+        self._done: Optional[tuple] = None  # (drawn, batch, trajectories) of the batch being completed
+        sync = {s.name: s for s in S.sync_stages(services)}
+        self.runner = StepRunner([Stage("dataset_item", self._drawn_fields, "data"),
+                                  Stage("rollout_sessions", self._streamed, "gen"), sync["reward"],
+                                  Stage("enqueue", self._enqueue_facts, "enqueue")])
+
+    def _drawn_fields(self, b) -> dict:
+        drawn, _, traj = self._done
+        real = ~np.asarray(traj.is_padding)
+        return {"prompts": drawn.prompts, "uids": drawn.uids,
+                "weight_version": int(np.asarray(traj.min_version)[real].min())}
+
+    def _streamed(self, b) -> dict:
+        return {"trajectories": self._done[2]}
+
+    def _enqueue_facts(self, b) -> dict:
+        facts = super()._enqueue_facts(b)
+        _, batch, traj = self._done
+        facts["enqueue"].update(streaming=True, admitted_ahead=int(batch.admitted_ahead),
+                                slot_occupancy=float(traj.stats.slot_occupancy))
+        return facts
+
+    def _admit(self, batch) -> bool:
+        if not self.partial and self.weights.latest_version(self.services.rollout.sampler) > self.stream.driver.version:
+            return False  # a push waits for the slots to drain
+        ahead = sum(1 for b in self.stream.batches if b.key < batch.key)  # in flight before it, not yet queued
+        return self.queue.admits(ahead, self.stream.driver.version)
+
+    def _install(self) -> None:
+        if self.partial or not self.stream.driver.holding:
+            self.install_pending()
+
+    def _draw(self) -> None:
+        t = time.perf_counter()
+        index = self.next_index
+        d = S.draw_prompts(self.services, {"step": index})
+        self._drawn[index] = _Drawn(d["prompts"], d["uids"], self.services.rollout.prompts.state(), t,
+                                    time.perf_counter() - t)
+        self.stream.submit(index, [p.ids for p in d["prompts"]], d["uids"])
+        self.next_index += 1
+
+    def _complete(self, batch, traj) -> QueueItem:
+        drawn = self._drawn.pop(batch.key)
+        t_done = time.perf_counter()
+        self._done = (drawn, batch, traj)
+        try:
+            produced = self.runner.produce(batch.key, {"step": batch.key})
+        finally:
+            self._done = None
+        # the first two stages above only hand over what the rounds did: their times (timings and trace events) are
+        # the draw's and the batch's generation, from its submission to its completion (overlapping other batches')
+        produced.timings.update(data=drawn.draw_s, gen=t_done - batch.t_submit)
+        window = {"dataset_item": (drawn.t_draw, drawn.t_draw + drawn.draw_s), "rollout_sessions": (batch.t_submit, t_done)}
+        for ev in produced.events:
+            if ev.stage in window:
+                ev.t_start, ev.t_end = window[ev.stage]
+        real = ~np.asarray(traj.is_padding)
+        return QueueItem(index=batch.key, min_version=np.asarray(traj.min_version)[real].tolist(),
+                         max_version=np.asarray(traj.max_version)[real].tolist(),
+                         uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]],
+                         payload=(produced, drawn.data_after))
+
+    def _loop(self) -> None:
+        q, r = self.queue, self.services.rollout
+        try:
+            with self.sampler_lock:
+                self.install_pending()
+                self.stream = r.sampler.stream(r.decode, n=self.services.cfg.rollout.n, admit=self._admit)
+            while not self._stop.is_set():
+                with self.sampler_lock:
+                    if self._stop.is_set():
+                        break
+                    self._install()
+                    if not self.stream.driver.waiting:
+                        self._draw()
+                    done = self.stream.step()
+                    items = [self._complete(batch, traj) for batch, traj in done]
+                    idle = not done and not self.stream.driver.decoding
+                for item in items:
+                    q.put(item)
+                del items, done
+                if idle:  # every queued prompt refused: wait for the learner (a taken batch, a push)
+                    t = time.perf_counter()
+                    q.wait_change(0.05)
+                    q.add_rollout_wait(time.perf_counter() - t)
+        except QueueClosed:
+            pass
+        except BaseException as e:  # noqa: BLE001 -- the learner re-raises it
+            log.error("rljax: the rollout thread failed: %s: %s", type(e).__name__, e)
+            q.close(e)
+
+
 class AsyncSchedule:
     """The asynchronous scheduler: a :class:`Producer` thread, the queue, and the learner's stage
     list over the :class:`~rljax.trainer.state.RunState` (see the module docstring).
@@ -205,7 +355,12 @@ class AsyncSchedule:
         self.services, self.cfg = services, at
         self.queue = TrajectoryQueue(at.queue_size, at.max_staleness, at.overflow, start_version=state.version)
         self.weights = WeightPush()
-        self.producer = Producer(services, self.queue, self.weights, first_index=state.produced)
+        self.streaming = streams(services)
+        if at.streaming and not self.streaming:
+            log.info("rljax: async_training.streaming applies to single-turn rollouts on one process without "
+                     "algorithm.filter_groups; this run generates one batch per call")
+        self.producer = (StreamingProducer if self.streaming else Producer)(services, self.queue, self.weights,
+                                                                            first_index=state.produced)
         self.runner = StepRunner(self._learner_stages(stages), observers=observers)
         self._rollout_wait_prev = 0.0
         self._global_facts: Optional[dict] = None
@@ -284,7 +439,8 @@ class AsyncSchedule:
                  **staleness_facts(version, np.asarray(item.min_version), np.asarray(item.max_version)),
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
-                 "generated_rows": st.put_rows}
+                 "generated_rows": st.put_rows, "streaming": self.streaming,
+                 "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0))}
         return {"step": step, "queue_item": facts}, produced, (data_after, item.index + 1)
 
     def _metrics(self, facts: dict) -> dict:
@@ -297,7 +453,8 @@ class AsyncSchedule:
                 "async/rollout_wait_s": facts["rollout_wait_s"], "async/min_version": facts["min_version"],
                 "async/max_version": facts["max_version"], "async/spanning_rows": facts["spanning_rows"],
                 "async/batch_index": facts["batch_index"], "async/weight_pushes": self.weights.pushes,
-                "async/staleness_hist": facts["staleness_hist"]}
+                "async/staleness_hist": facts["staleness_hist"],
+                "rollout/admitted_ahead": facts.get("admitted_ahead", 0)}
 
     # ------------------------------------------------------------------ around the steps
 
@@ -309,7 +466,7 @@ class AsyncSchedule:
             yield
 
     def checkpoint_meta(self, state) -> dict:
-        return {"async": {"policy": "replay", "next_index": state.produced,
+        return {"async": {"policy": "replay", "streaming": self.streaming, "next_index": state.produced,
                           "dropped_stale": self.queue.stats.dropped_stale,
                           "dropped_overflow": self.queue.stats.dropped_overflow}}
 

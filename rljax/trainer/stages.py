@@ -577,6 +577,9 @@ def step_metrics(s: Services, b) -> dict:
         **b["reward_report"].metrics(),
         **(b["rollout_mismatch"] if "rollout_mismatch" in b else {}),
     }
+    occupancy = getattr(traj.stats, "slot_occupancy", None)  # live slots / slots over the decode steps
+    if occupancy is not None and np.isfinite(occupancy):
+        m["rollout/slot_occupancy"] = float(occupancy)
     if s.learner.old_logp_in_update:  # the update wrote old_logp (the update must not read rollout_logp: the trace
         m.update(rollout_mismatch(b["old_logp"], b))  # tells its behaviour log-prob by what it reads)
     if "function_scores" in b:  # reward.model.path / reward.judge.path: the rule's scores before combining

@@ -1,0 +1,88 @@
+"""Streaming admission in ``trainer.mode=async`` (``async_training.streaming``, issue 23 item 2), through
+``python -m rljax.launch``: with tau=0 it is the synchronous run metric for metric; with tau=1 on a
+long-tail length mix the producer admits prompts of the next batch while a batch's tail decodes,
+every batch is trained once and in order within tau; a clean stop mid-stream and ``--resume``
+trains the same prompts as the uninterrupted run, none lost, none twice. The rollout side alone
+(tokens, order, the gate) is tested in test_rollout_stream.py; the queue's rule in
+test_async_queue.py. All slow (real runs)."""
+
+import collections
+import subprocess
+import sys
+
+import pytest
+
+from rljax.trace.samples import read_samples
+
+from launching import REPO, launch, launch_env, train_rows
+from test_async_launch import _compare
+from test_launch import SMALL
+
+ASYNC = ["trainer.mode=async"]
+# 8 slots for 32 trajectories a batch, responses up to 24 tokens (the untrained tiny model ends
+# them with EOS anywhere): a batch's tail leaves slots free that the next batch may take
+LONG_TAIL = ["rollout.max_slots=8", "data.max_response_length=24"]
+
+
+def _prompts_by_step(run_dir) -> dict:
+    """Per step, the multiset of prompts trained (``trace.log_train_generations`` rows)."""
+    out = collections.defaultdict(collections.Counter)
+    for r in read_samples(str(run_dir)):
+        if r["split"] == "train":
+            out[int(r["step"])][r["prompt"]] += 1
+    return dict(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("streaming", ["true", "false"])
+def test_streaming_tau0_equals_sync_step_for_step(tmp_path, streaming):
+    base = ["--mesh=dp2", *SMALL, *LONG_TAIL, "trainer.total_steps=3"]
+    r_sync = launch(*base, "--run-dir", str(tmp_path / "sync"))
+    assert r_sync.returncode == 0, r_sync.stderr[-3000:]
+    r_async = launch(*base, *ASYNC, "async_training.max_staleness=0", f"async_training.streaming={streaming}",
+                     "--run-dir", str(tmp_path / "async"))
+    assert r_async.returncode == 0, r_async.stderr[-3000:]
+    s, a = train_rows(tmp_path / "sync"), train_rows(tmp_path / "async")
+    _compare(s, a)  # rollout/slot_occupancy included: the same tokens in the same slots
+    assert all(r["async/staleness_max"] == 0 and r["rollout/admitted_ahead"] == 0 for r in a)
+
+
+@pytest.mark.slow
+def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tmp_path):
+    run = tmp_path / "run"
+    args = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
+            "async_training.partial_rollout=true", "trainer.total_steps=5"]
+    r = launch(*args, "--run-dir", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = train_rows(run)
+    assert [x["async/batch_index"] for x in rows] == [1, 2, 3, 4, 5]  # each batch once, in order
+    assert max(x["rollout/admitted_ahead"] for x in rows) > 0, "no prompt of a later batch was admitted early"
+    assert all(x["async/staleness_max"] <= 1 for x in rows)
+    assert rows[-1]["async/dropped_stale"] == 0, "the gate admitted prompts that could not be trained within tau"
+    assert all(0 < x["rollout/slot_occupancy"] <= 1 for x in rows)
+    chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run)], cwd=REPO, env=launch_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert chk.returncode == 0, chk.stdout
+    for name in ("trained staleness within tau", "no uid generated twice", "stage and trajectory timestamps ordered"):
+        assert f"PASS  {name}" in chk.stdout, chk.stdout
+
+
+@pytest.mark.slow
+def test_streaming_resume_mid_stream_loses_and_repeats_no_prompt(tmp_path):
+    """Prompts of the next batches are in flight when the run stops after step 2; the resumed run
+    starts from the data position after the last trained batch and generates them again: every
+    step trains the prompts the uninterrupted run trained, none lost, none twice."""
+    base = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
+            "async_training.partial_rollout=true", "trace.log_train_generations=32"]
+    full = launch(*base, "trainer.total_steps=4", "--run-dir", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr[-3000:]
+    first = launch(*base, "trainer.total_steps=2", "--run-dir", str(tmp_path / "split"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = launch(*base, "trainer.total_steps=4", "--resume", "--run-dir", str(tmp_path / "split"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    f, s = _prompts_by_step(tmp_path / "full"), _prompts_by_step(tmp_path / "split")
+    assert sorted(f) == sorted(s) == [1, 2, 3, 4]
+    for step in f:
+        assert sum(f[step].values()) == 32 and f[step] == s[step], step
+    split_rows = train_rows(tmp_path / "split")
+    assert sorted(r["async/batch_index"] for r in split_rows) == [1, 2, 3, 4]
