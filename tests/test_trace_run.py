@@ -189,7 +189,8 @@ def test_summary_prints_the_tables(run_dir):
     assert out.returncode == 0, out.stderr
     for section in ("== topology", "actor_dp_derivation", "== resolved config", "rollout.n", "cli",
                     "== shape ledger", "kv_cache", "== memory ledger", "optimizer state", "peak stage",
-                    "== stage-time split", "timing_s/update_actor", "tracing overhead"):
+                    "== stage-time split", "timing_s/update_actor", "tracing overhead",
+                    "== rollout slot occupancy (live slots / slots over the decode steps): mean"):
         assert section in out.stdout, section
 
 

@@ -27,6 +27,37 @@ def _mib(b) -> str:
     return "-" if b is None else f"{b / 2**20:.3f}"
 
 
+def slot_occupancy(run_dir: str, *, rows: int = 30) -> str:
+    """``rollout/slot_occupancy`` (live slots / slots over each step's decode steps) and, in async
+    runs, ``rollout/admitted_ahead`` per step from ``metrics.jsonl``, drawn as bars (at most
+    ``rows`` steps, evenly spaced); empty when the run logged none."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return ""
+    by_step = {}
+    with open(path) as fh:
+        for line in fh:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a killed run
+                continue
+            if "rollout/slot_occupancy" in r and "step" in r:
+                by_step[int(r["step"])] = r  # a resumed run's re-run step: the last counts
+    if not by_step:
+        return ""
+    steps = sorted(by_step)
+    n = min(rows, len(steps))
+    shown = [steps[round(i * (len(steps) - 1) / max(1, n - 1))] for i in range(n)]
+    mean = sum(by_step[k]["rollout/slot_occupancy"] for k in steps) / len(steps)
+    table_rows = []
+    for k in dict.fromkeys(shown):
+        r = by_step[k]
+        occ = float(r["rollout/slot_occupancy"])
+        table_rows.append((k, f"{occ:.3f}", r.get("rollout/admitted_ahead", ""), "#" * max(0, round(40 * occ))))
+    return (f"\n== rollout slot occupancy (live slots / slots over the decode steps): mean {mean:.3f} over "
+            f"{len(steps)} step(s)\n" + table(table_rows, ("step", "occupancy", "admitted ahead", "")))
+
+
 def summarize_run(run_dir: str) -> str:
     out = []
     topo = _load(run_dir, "topology.json")
@@ -70,6 +101,10 @@ def summarize_run(run_dir: str) -> str:
         total = sum(hist.values()) or 1
         out.append(table([(k, n, "#" * max(1, round(40 * n / total))) for k, n in sorted(hist.items(), key=lambda kv: int(kv[0]))],
                          ("staleness", "rows", "")))
+
+    occ = slot_occupancy(run_dir)
+    if occ:
+        out.append(occ)
 
     out.append("\n== resolved config: non-default fields")
     path = os.path.join(run_dir, "config.resolved.yaml")
