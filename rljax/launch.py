@@ -379,7 +379,7 @@ def _run(args, cfg, prov, run_dir) -> int:
         return 2
     try:
         if cfg.trainer.mode == "async":  # the rollout threads must not communicate
-            check_async_share(share, spec)
+            check_async_share(share, spec, filter_groups=cfg.algorithm.filter_groups.enable)
     except ValueError as e:
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2

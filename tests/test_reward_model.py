@@ -135,3 +135,17 @@ def test_run_with_a_reward_model_combines_its_scores(tmp_path):
                  "reward / old,ref log-prob / advantage producers and consumers", "nothing left in the buffer after cleanup",
                  "padding rows excluded from reward, metrics and loss"):
         assert checks[name] == "PASS", (name, checks)
+    # The reward tie covers the combined score: each row's score as the advantages read it is the one
+    # the reward stage computed from that row's tokens (rule) and model score; a swap after scoring fails it.
+    inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
+    assert inv["scores_tied"] and inv["violating_rows"] == 0 and inv["rows"] == 16, inv
+    from rljax.trace import faults
+
+    faults.enable("swap_rewards")
+    try:
+        _, _, bad = _one_step(tmp_path, "rm_swapped", *rm)
+    finally:
+        faults.disable()
+    inv = json.loads((bad / "trace_summary.json").read_text())["invariants"]
+    assert inv["violating_rows"] == 2 and inv["violations"][0]["tensor"] == "scores", inv
+    assert "read by the advantages" in inv["violations"][0]["detail"], inv

@@ -111,6 +111,9 @@ TOOL_TASK = ("--config", "tool_lookup")
     ("observation_loss_mask", "loss_mask", "loss tokens in the update", TOOL_TASK, ("trainer.total_steps=3",)),
     # multi-turn: the episode reward stage records what it scored too
     ("swap_rewards", "scores", "read by the advantages", TOOL_TASK, ("trainer.total_steps=1",)),
+    # dynamic sampling: the kept rows' scores, recorded where they were scored
+    ("swap_rewards", "scores", "read by the advantages", ("algorithm.filter_groups.enable=true",),
+     ("trainer.total_steps=1",)),
 ])
 def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tensor, detail, preset, extra):
     run = tmp_path / "run"

@@ -139,8 +139,9 @@ class FilterGroupsConfig:
     enable: bool = _f(False, "DAPO dynamic sampling: after the reward, drop the prompt groups whose metric has zero "
                              "variance (no GRPO signal) and draw more prompt batches until data.train_batch_size groups "
                              "are kept (the surplus of the last batch is dropped too); metrics train/num_gen_batches, "
-                             "train/kept_groups, train/dropped_groups, train/excess_groups; runs on one process, sync or "
-                             "async (the producer fills each queued batch), single- or multi-turn")
+                             "train/kept_groups, train/dropped_groups, train/excess_groups; sync or async (the producer "
+                             "fills each queued batch), single- or multi-turn; several processes agree on the kept "
+                             "groups each draw (sync only)")
     metric: Literal[FILTER_METRICS] = _f("acc", "the per-trajectory value whose variance decides: acc (the task "
                                                 "reward), score / seq_reward / seq_final_reward (after the overlong "
                                                 "penalty)")

@@ -110,10 +110,15 @@ def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = No
     return Share(p, P, starts[p], starts[p] + per, n, num_prompts, direct, starts)
 
 
-def check_async_share(share: Share, mesh_spec: str) -> None:
+def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = False) -> None:
     """``trainer.mode=async``: each process's rollout thread enqueues only its own rows and never
     communicates, so the learner batch must be assembled from process-local rows
-    (``share.direct``); a ``ValueError`` naming the mesh otherwise."""
+    (``share.direct``), and dynamic sampling (``filter_groups``), whose processes agree on the
+    kept groups with a collective, runs on one process; a one-line ``ValueError`` otherwise."""
+    if filter_groups and share.processes > 1:
+        raise ValueError(f"algorithm.filter_groups.enable=true with trainer.mode=async runs on one process, not "
+                         f"{share.processes}: the processes agree on the kept groups with a collective, which the "
+                         "producer threads must not run beside the learner's; use trainer.mode=sync")
     if not share.direct:
         raise ValueError(f"trainer.mode=async over {share.processes} processes needs dp across the processes (each "
                          f"process's learner devices holding one block of batch rows); mesh {mesh_spec} puts rows of "
@@ -237,6 +242,16 @@ def merge_reward_reports(report, share: Share):
     first = next((firsts[q] for q in np.argsort(share.starts, kind="stable") if firsts[q]), None)
     return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids), first, int(total[3]),
                         int(total[4]))
+
+
+def local_rows(x, share: Share) -> np.ndarray:
+    """This process's rows ``[row_lo, row_lo + num_rows)`` of a global ``[B, ...]`` batch array, on
+    the host (several processes: the array is all-gathered first; meant for a few values per row)."""
+    if share.processes == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))[share.row_lo:share.row_lo + share.num_rows]
 
 
 def per_process(x: np.ndarray) -> np.ndarray:

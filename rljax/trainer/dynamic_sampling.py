@@ -18,11 +18,20 @@ Multi-turn runs (``env.function``) filter whole episodes the same way, scored by
 episode reward (:func:`rljax.env.episode_scores`); a rollout's episode totals (tool calls,
 turns, tool seconds) count every draw's episodes, dropped ones included: the work done.
 
+Several processes (synchronous mode): every process draws every batch and generates and scores
+its share (``s.rollout.share``); the processes all-gather each group's keep flag per draw, so
+they keep the one-process run's groups, draw the same batches and stop together; the kept
+groups are then exchanged (:func:`exchange`) so each process trains its share of the
+one-process batch. The kept scores travel with the digests of the tokens they were computed
+for (the trace's reward tie, ``scored_rows``).
+
 ``trainer.mode=async`` runs the same stage on the producer thread
 (:mod:`rljax.trainer.async_loop` takes the synchronous ``rollout_sessions`` and ``reward``):
 a queued batch is a full batch of kept groups, its ``dynamic_sampling`` facts travel with it
 through the queue (metrics and the trace's dropped uids at the step that trains it), and the
-checkpoint's data position is the iterator's after the batch's last draw.
+checkpoint's data position is the iterator's after the batch's last draw. On one process only:
+the producer threads run no collective beside the learner's
+(:func:`rljax.trainer.distribute.check_async_share`).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ ROW_FIELDS = ("uid", "session", "index", "final_text", "turn_spans")
 
 
 def _row_fields(traj) -> tuple:
-    return tuple(k for k in ROW_FIELDS if len(getattr(traj, k, ())) == traj.batch_size)
+    return tuple(k for k in ROW_FIELDS if hasattr(traj, k) and len(getattr(traj, k)) == traj.batch_size)
 
 
 def take_groups(traj, groups) -> Any:
@@ -107,14 +116,27 @@ def merge_reports(reports: list):
         worker_restarts=sum(r.worker_restarts for r in reports))
 
 
-def _take(keep, values, traj, real, uids, *, room: int, want: int, metric: str, dropped: dict) -> list:
-    """The groups of one generated batch that fill the ``room`` left in the trained batch, in order;
-    the others go into ``dropped`` with their reason (zero variance, or the batch was full)."""
-    take = []
+def _group_facts(keep, values, traj, real) -> dict:
+    """Per group of one generated rollout: ``keep``, the first real row's metric value and the
+    number of real rows (what a dropped group's reason names)."""
+    gid, values = np.asarray(traj.group_id), np.asarray(values, np.float64)
+    first, count = np.zeros(traj.num_groups, np.float64), np.zeros(traj.num_groups, np.int32)
     for g in range(traj.num_groups):
-        if not keep[g]:
-            v = np.asarray(values)[(np.asarray(traj.group_id) == g) & real]
-            dropped[uids[g]] = f"zero variance: {metric}={float(v[0]) if v.size else 'none'} in all {v.size}"
+        v = values[(gid == g) & real]
+        count[g] = v.size
+        first[g] = v[0] if v.size else np.nan
+    return {"keep": np.asarray(keep, bool), "first": first, "count": count}
+
+
+def _take(facts: dict, uids, *, room: int, want: int, metric: str, dropped: dict) -> list:
+    """The groups of one generated prompt batch (``facts`` per group, batch order) that fill the
+    ``room`` left in the trained batch, in order; the others go into ``dropped`` with their
+    reason (zero variance, or the batch was full)."""
+    take = []
+    for g, keep in enumerate(facts["keep"]):
+        if not keep:
+            c = int(facts["count"][g])
+            dropped[uids[g]] = f"zero variance: {metric}={float(facts['first'][g]) if c else 'none'} in all {c}"
         elif len(take) < room:
             take.append(g)
         else:
@@ -122,43 +144,66 @@ def _take(keep, values, traj, real, uids, *, room: int, want: int, metric: str, 
     return take
 
 
-def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn) -> dict:
+def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn, digest_fn) -> dict:
     """The ``rollout_sessions`` stage with the filter: generate, score, keep, draw again.
 
     ``rollout_fn(s, b) -> {"trajectories"}``, ``score_fn(s, traj, prompts) -> (scores, report)``
     (the task reward) and ``shape_fn(s, traj, scores) -> scores`` (the overlong penalty) are the
-    step's own. Returns the trained ``trajectories``, its ``prompts`` and ``uids``, and
-    ``dynamic_sampling``: the kept scores and merged reward report (for the ``reward``
-    stage), the counts and every dropped uid with its reason (for the trace).
+    step's own; ``digest_fn(traj) -> [B]`` the per-row digest of the response tokens. Returns the
+    trained ``trajectories``, its ``prompts`` and ``uids``, and ``dynamic_sampling``: the kept
+    scores with the digests of the rows they were computed for (the trace's reward tie) and the
+    merged reward report (for the ``reward`` stage), the counts and every dropped uid with its
+    reason (for the trace).
+
+    With several processes (``s.rollout.share``) each draw is the whole prompt batch; each
+    process generates and scores its share of it, and the processes all-gather every group's
+    keep flag (one small collective per draw), so every process takes the same groups, counts
+    the same, draws the same number of batches and stops together: the kept groups are the
+    one-process run's. After the last draw the kept groups are exchanged (:func:`exchange`) so
+    each process holds its share of the one-process batch.
     """
     from rljax.reward import groups_to_keep
 
     fg = s.cfg.algorithm.filter_groups
     want = s.cfg.data.train_batch_size
-    step, prompts, uids = b["step"], list(b["prompts"]), list(b["uids"])
-    parts, kept_prompts, kept_uids, kept_scores, reports = [], [], [], [], []
+    share = s.rollout.share
+    multi = share.processes > 1
+    step = b["step"]
+    # the whole batch's prompts and uids (each process draws every batch; it generates its share)
+    prompts = list(b["batch_prompts"]) if multi else list(b["prompts"])
+    uids = [f"{step}-{i}" for i in range(len(prompts))] if multi else list(b["uids"])
+    parts, kept_prompts, kept_uids, kept_scores, kept_digests, reports, owners = [], [], [], [], [], [], []
     dropped: dict[str, str] = {}
     kept = zero_var = excess = batches = 0
     while True:
         batches += 1
-        traj = rollout_fn(s, dict(b, prompts=prompts, uids=uids))["trajectories"]
-        task, report = score_fn(s, traj, prompts)
+        lo, hi = (share.lo, share.hi) if multi else (0, len(prompts))
+        traj = rollout_fn(s, dict(b, prompts=prompts[lo:hi], uids=uids[lo:hi]))["trajectories"]
+        task, report = score_fn(s, traj, prompts[lo:hi])
         shaped = shape_fn(s, traj, task)
         reports.append(report)
         real = ~np.asarray(traj.is_padding)
         values = task if fg.metric == "acc" else shaped
-        keep, std = groups_to_keep(values, traj.group_id, traj.num_groups, real=real)
-        take = _take(keep, values, traj, real, uids, room=want - kept, want=want, metric=fg.metric, dropped=dropped)
-        zero_var += int((~np.asarray(keep, bool)).sum())
-        excess += int(np.asarray(keep, bool).sum()) - len(take)
-        if take:
-            part = take_groups(traj, take)
-            parts.append(part)
-            kept_prompts += [prompts[g] for g in take]
-            kept_uids += [uids[g] for g in take]
-            rows = np.concatenate([np.flatnonzero(np.asarray(traj.group_id) == g) for g in take])
-            kept_scores.append(np.asarray(shaped, np.float32)[rows])
-            kept += len(take)
+        keep, _ = groups_to_keep(values, traj.group_id, traj.num_groups, real=real)
+        facts = _group_facts(keep, values, traj, real)
+        if multi:  # every group's facts, batch order: the processes agree on what is kept
+            from rljax.trainer.distribute import allgather
+
+            facts = allgather(facts, share)
+        take = _take(facts, uids, room=want - kept, want=want, metric=fg.metric, dropped=dropped)
+        zero_var += int((~facts["keep"]).sum())
+        excess += int(facts["keep"].sum()) - len(take)
+        kept_prompts += [prompts[g] for g in take]
+        kept_uids += [uids[g] for g in take]
+        kept += len(take)
+        owners += [_owner(g, share) for g in take]
+        mine = [g - lo for g in take if lo <= g < hi]
+        # every draw's part, none kept included: its generation work counts in the rollout's stats
+        parts.append(take_groups(traj, mine))
+        rows = [np.flatnonzero(np.asarray(traj.group_id) == g) for g in mine]
+        rows = np.concatenate(rows) if rows else np.zeros(0, int)
+        kept_scores.append(np.asarray(shaped, np.float32)[rows])
+        kept_digests.append(np.asarray(digest_fn(traj), np.uint32)[rows])  # of the tokens scored, where scored
         if kept >= want:
             break
         if fg.max_num_gen_batches and batches >= fg.max_num_gen_batches:
@@ -171,10 +216,67 @@ def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn) -> dict:
         # the next draw's weights: the learner's in the synchronous step; in trainer.mode=async with
         # partial_rollout the producer may have installed a push during the last draw
         b = dict(b, weight_version=int(s.rollout.sampler.version))
-    return {"trajectories": concat(parts), "prompts": kept_prompts, "uids": kept_uids,
-            "dynamic_sampling": {"scores": np.concatenate(kept_scores), "reward_report": merge_reports(reports),
+    traj, scored = concat(parts), {"scores": np.concatenate(kept_scores), "digest": np.concatenate(kept_digests)}
+    if multi:  # each process: its share of the one-process batch, whoever generated it
+        traj, scored = exchange(traj, scored, kept_uids, owners, share)
+        kept_prompts, kept_uids = kept_prompts[share.lo:share.hi], kept_uids[share.lo:share.hi]
+    return {"trajectories": traj, "prompts": kept_prompts, "uids": kept_uids,
+            "dynamic_sampling": {"scores": scored["scores"], "scored_rows": scored,
+                                 "reward_report": merge_reports(reports),
                                  "num_gen_batches": batches, "kept_groups": kept, "dropped_groups": zero_var,
                                  "excess_groups": excess, "dropped": dropped}}
+
+
+def _owner(g: int, share) -> int:
+    """The process that generates group ``g`` of a drawn prompt batch."""
+    per = share.num_prompts // share.processes
+    return next(q for q, lo in enumerate(share.starts) if lo <= g < lo + per)
+
+
+def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
+    """Several processes: this process's share (``[share.lo, share.hi)`` of the trained batch's
+    groups, the one-process layout) of the kept groups, gathered from the processes that
+    generated them. ``traj`` / ``scored`` (per-row ``scores`` and ``digest``): the kept groups
+    this process generated (in trained order), ``kept_uids`` / ``owners``: every trained
+    group's uid and generating process. Returns ``(trajectories, scored)``.
+
+    One all-gather of the kept rows (token arrays, scores, session / index keys; each process's
+    rows padded to the most any process kept) and one of the prompt width: the cost of the
+    filter's agreement beyond the per-draw keep flags. ``stats`` stay this process's own (its
+    generation work, every draw)."""
+    from rljax.trainer.distribute import per_process
+
+    n = share.n
+    counts = [owners.count(q) for q in range(share.processes)]
+    if traj.batch_size != counts[share.process] * n:
+        raise RuntimeError(f"process {share.process} kept {traj.batch_size} rows, expected {counts[share.process]} "
+                           f"groups x rollout.n={n} (dynamic sampling over processes needs n rows per group)")
+    width = int(per_process(np.array([traj.prompt_ids.shape[1]], np.int32)).max())
+    local = dict(traj.arrays(), scores=np.asarray(scored["scores"], np.float32),
+                 digest=np.asarray(scored["digest"], np.uint32),
+                 session=np.asarray(traj.session, np.int32), index=np.asarray(traj.index, np.int32))
+    pad_rows = max(counts) * n - traj.batch_size
+    for k, v in local.items():
+        fill = traj.pad_id if k == "prompt_ids" else 0
+        widths = [(0, pad_rows)] + [(0, 0)] * (v.ndim - 1)
+        if k in ("prompt_ids", "prompt_mask"):
+            widths[1] = (width - v.shape[1], 0)
+        local[k] = np.pad(v, widths, constant_values=fill)
+    from jax.experimental import multihost_utils
+
+    every = {k: np.asarray(v) for k, v in multihost_utils.process_allgather(local, tiled=False).items()}  # [P, rows, ...]
+    picks, seen = [], [0] * share.processes
+    for q in owners:
+        picks.append((q, seen[q]))
+        seen[q] += 1
+    mine = picks[share.lo:share.hi]
+    rows = {k: np.concatenate([v[q, j * n:(j + 1) * n] for q, j in mine]) for k, v in every.items()}
+    out_scored = {"scores": rows.pop("scores"), "digest": rows.pop("digest")}
+    session, index = rows.pop("session"), rows.pop("index")
+    rows["group_id"] = np.repeat(np.arange(len(mine), dtype=np.int32), n)
+    uids = tuple(u for u in kept_uids[share.lo:share.hi] for _ in range(n))
+    return traj.replace(**rows, uid=uids, session=tuple(int(x) for x in session),
+                        index=tuple(int(x) for x in index), num_groups=len(mine)), out_scored
 
 
 def metrics(facts: dict) -> dict:

@@ -178,24 +178,32 @@ def _filtered_stages(s: Services, rollout_fn):
     ``timing_s/gen``); the reward stage places the kept rows' scores."""
     from rljax.trainer import dynamic_sampling as ds
 
-    if s.rollout.share.processes > 1:
-        raise ValueError("algorithm.filter_groups.enable=true runs on one process (not yet on several: the kept "
-                         "groups would have to be agreed across processes)")
+    multi = s.rollout.share.processes > 1
+    if multi and s.cfg.trainer.mode == "async":  # launch refuses it first, with exit status 2
+        from rljax.trainer.distribute import check_async_share
+
+        check_async_share(s.rollout.share, s.cfg.trainer.mesh, filter_groups=True)
 
     def task_score(s, traj, prompts):
         if s.rollout.env is not None:  # multi-turn: the episode's reward (the environment's, else the final turn's)
             return episode_scores(traj, s.reward.fn, prompts, max_error_fraction=s.cfg.reward.max_error_fraction)
-        return score(s, traj, prompts, max_error_fraction=s.cfg.reward.max_error_fraction)
+        # several processes: the bound applies to the whole batch (gather_rollout), so every process stops together
+        return score(s, traj, prompts, max_error_fraction=1.0 if multi else s.cfg.reward.max_error_fraction)
 
     def rollout(s, b):
-        return ds.filtered_rollout(s, b, rollout_fn=rollout_fn, score_fn=task_score, shape_fn=overlong_shaping)
+        return ds.filtered_rollout(s, b, rollout_fn=rollout_fn, score_fn=task_score, shape_fn=overlong_shaping,
+                                   digest_fn=response_digest)
 
     def kept_reward(s, b):
         from rljax.trainer.distribute import assemble
 
         d = b["dynamic_sampling"]
-        return {"scores": assemble({"scores": d["scores"]}, s.mesh, s.rollout.share)["scores"],
-                "reward_report": d["reward_report"]}
+        # scored_rows: each kept row's score with the digest of the tokens it was computed for, taken
+        # where it was scored (before the processes' exchange): the trace ties them to what is trained
+        scores = np.array(d["scores"], np.float32)
+        faults.reward_scores(scores, b["trajectories"], seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups)
+        return {"scores": assemble({"scores": scores}, s.mesh, s.rollout.share)["scores"],
+                "reward_report": d["reward_report"], "scored_rows": d["scored_rows"]}
 
     return rollout, kept_reward
 
@@ -230,6 +238,8 @@ def draw_prompts(s: Services, b) -> dict:
         if len(prompts) != share.num_prompts:
             raise RuntimeError(f"step {step}: {len(prompts)} prompts, the rollout shares were made for "
                                f"{share.num_prompts}")
+        if s.cfg.algorithm.filter_groups.enable:  # the filter's agreement reads every process's groups
+            return {"prompts": prompts[share.lo:share.hi], "uids": uids[share.lo:share.hi], "batch_prompts": prompts}
         prompts, uids = prompts[share.lo:share.hi], uids[share.lo:share.hi]
     return {"prompts": prompts, "uids": uids}
 
@@ -302,19 +312,34 @@ def reward(s: Services, b) -> dict:
     traj = b["trajectories"]
     scores, report = score(s, traj, b["prompts"], max_error_fraction=bound)
     if "rm_scores" in b or "judge_scores" in b:  # reward.combine: weighted rule, model and judge scores + penalty
+        from rljax.trainer.distribute import local_rows
+
         penalty = overlong_penalty(s, traj)
         host = {"function_scores": scores.astype(np.float32),
                 "penalty": np.zeros_like(scores, np.float32) if penalty is None else penalty}
         if "judge_scores" in b:
-            host["judge_scores"] = b["judge_scores"]
-        dev = assemble(host, s.mesh, share)
+            host["judge_scores"] = np.asarray(b["judge_scores"], np.float32)
         w = s.cfg.reward.combine
+        # What was scored, per row, as in the rule-only branch: the combined score of this process's
+        # rows computed on the host from the same terms (the reward model's rows fetched from the
+        # learner mesh), beside the digest of the tokens the rule and the judge read.
+        expect = np.float32(w.function_weight) * host["function_scores"] + host["penalty"]
+        if "rm_scores" in b:
+            expect = expect + np.float32(w.model_weight) * local_rows(b["rm_scores"], share)
+        if "judge_scores" in b:
+            expect = expect + np.float32(w.judge_weight) * host["judge_scores"]
+        scored = {"digest": response_digest(traj), "scores": expect.astype(np.float32)}
+        host["function_scores"] = host["function_scores"].copy()
+        faults.reward_scores(host["function_scores"], traj, seed=s.cfg.trainer.seed, step=b["step"],
+                             groups=s.cfg.trace.groups)
+        dev = assemble(host, s.mesh, share)
         combined = w.function_weight * dev["function_scores"] + dev["penalty"]
         if "rm_scores" in b:
             combined = combined + w.model_weight * b["rm_scores"]
         if "judge_scores" in b:
             combined = combined + w.judge_weight * dev["judge_scores"]
-        return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report}
+        return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report,
+                "scored_rows": scored}
     scores = overlong_shaping(s, traj, scores).astype(np.float32)
     # What was scored, per row: the digest of the response tokens and the score (the trace ties
     # each row's score, as the advantage stage reads it, to the trajectory it was computed for).
