@@ -149,3 +149,49 @@ def test_run_with_a_reward_model_combines_its_scores(tmp_path):
     inv = json.loads((bad / "trace_summary.json").read_text())["invariants"]
     assert inv["violating_rows"] == 2 and inv["violations"][0]["tensor"] == "scores", inv
     assert "read by the advantages" in inv["violations"][0]["detail"], inv
+
+
+RM_RUN = ["--mesh=dp2", "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+          "data.embedded.num_train=32", "data.embedded.num_test=8", "trainer.test_freq=-1",
+          "trainer.val_before_train=false", "trace.ledgers=false", "trainer.total_steps=2",
+          "reward.combine.function_weight=1.0", "reward.combine.model_weight=2.0"]
+
+
+def _no_failed_check(run):
+    import json
+
+    from rljax.trace.check import run_checks
+
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+    inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
+    assert inv["scores_tied"] and inv["violating_rows"] == 0, inv
+
+
+@pytest.mark.slow
+def test_reward_model_in_async_and_multi_turn_runs(tmp_path):
+    """trainer.mode=async: the reward stage runs on the learner after the reward model (the
+    producer generates only), so with max_staleness=0 (the synchronous schedule) every metric of
+    2 steps equals the synchronous run's. Multi-turn (the lookup tool task): the model scores
+    prompt + whole episode and its score combines with the episode reward. Both pass the trace
+    check, the reward tie on the combined score included."""
+    from launching import launch, train_rows
+    from test_async_launch import _compare
+
+    path = tiny_reward_model(tmp_path / "rm_ckpt", scale=5.0)
+    rm = [*RM_RUN, f"reward.model.path={path}"]
+    runs = {"sync": [], "async": ["trainer.mode=async", "async_training.max_staleness=0"],
+            "tool": ["--config", "tool_lookup"]}
+    for name, extra in runs.items():
+        out = launch("--run-dir", str(tmp_path / name), *extra, *rm)
+        assert out.returncode == 0, (name, out.stderr[-3000:])
+        _no_failed_check(tmp_path / name)
+    sync, asyn, tool = (train_rows(tmp_path / n) for n in runs)
+    _compare(sync, asyn)
+    for rows in (sync, asyn, tool):
+        assert [r["step"] for r in rows] == [1, 2]
+        for r in rows:
+            assert r["reward/model/max"] > r["reward/model/min"]
+            np.testing.assert_allclose(r["critic/score/mean"], r["reward/function/mean"] + 2.0 * r["reward/model/mean"],
+                                       rtol=1e-5, atol=1e-6)
+    assert all("env/num_turns/mean" in r for r in tool)

@@ -5,7 +5,6 @@ import pytest
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["trainer.mode=async"], "trainer.mode=sync only"),
     (["algorithm.filter_groups.enable=true"], "filter_groups"),
     (["reward.model.label=-1"], "label"),
 ])
@@ -17,6 +16,16 @@ def test_reward_model_misuse_is_one_config_error_line(overrides, match, tmp_path
     with pytest.raises(ConfigError, match=match) as e:
         check(resolve("default", [f"reward.model.path={tmp_path}", *overrides])[0])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("preset,overrides", [("default", ["trainer.mode=async"]), ("tool_lookup", [])])
+def test_reward_model_runs_in_async_and_multi_turn_runs(preset, overrides, tmp_path):
+    """Both accepted: async runs the reward stage on the learner, multi-turn scores prompt + episode."""
+    from rljax.config import resolve
+    from rljax.reward import check
+
+    (tmp_path / "config.json").write_text("{}")
+    check(resolve(preset, [f"reward.model.path={tmp_path}", *overrides])[0])
 
 
 def test_reward_model_path_must_be_a_checkpoint_directory(tmp_path):

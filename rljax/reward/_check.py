@@ -73,22 +73,17 @@ def check(cfg) -> None:
 
 
 def check_reward_model(config) -> None:
-    """``reward.model.path``: in the schedules that support it."""
+    """``reward.model.path``: a checkpoint directory, not with the filter (sync and async, single- and
+    multi-turn runs take it)."""
     path = config.reward.model.path
     if path is None:
         return
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"reward.model.path={path} is not a Hugging Face checkpoint directory (no config.json); "
                           "accepted: a local LlamaForSequenceClassification / Qwen2ForSequenceClassification directory")
-    if config.trainer.mode != "sync":
-        raise ConfigError("reward.model.path runs with trainer.mode=sync only (not yet in the async producer); "
-                          f"trainer.mode={config.trainer.mode}")
     if config.algorithm.filter_groups.enable:
         raise ConfigError("reward.model.path with algorithm.filter_groups.enable=true is not supported yet (the filter "
                           "scores with reward.function before the learner batch exists)")
-    if config.env.function is not None:
-        raise ConfigError(f"reward.model.path with env.function={config.env.function} is not supported yet "
-                          "(single-turn rollouts only)")
 
 
 def check_reward_shaping(config) -> None:

@@ -1,6 +1,7 @@
 """Asynchronous training (``trainer.mode=async``): the same stages, scheduled on two threads.
 
-* **Producer** (a rollout thread): ``dataset_item -> rollout_sessions -> reward`` (the
+* **Producer** (a rollout thread): ``dataset_item -> rollout_sessions -> reward`` (``reward``
+  on the learner with ``reward.model.path``: :func:`producer_stages`; the
   functions of :mod:`rljax.trainer.stages`, run by a :class:`StepRunner` without
   observers, :meth:`StepRunner.produce`), then the complete batch is put into the
   :class:`~rljax.rollout.queue.TrajectoryQueue` with its rows' ``min_version`` /
@@ -67,6 +68,17 @@ PRODUCER_STAGES = ("dataset_item", "rollout_sessions", "reward", "enqueue")
 JOIN_TIMEOUT_S = 30.0
 
 
+def producer_stages(cfg) -> tuple[str, ...]:
+    """The synchronous stages the producer runs. With ``reward.model.path`` the ``reward`` stage
+    runs on the learner instead: it combines the reward model's scores, which the
+    ``reward_model`` stage computes on the learner mesh from the learner batch (its weights are
+    fixed, so the version it scores with does not matter; the rows keep the versions they were
+    generated with), after ``trajectory_fields``."""
+    if cfg.reward.model.path is not None:
+        return ("dataset_item", "rollout_sessions")
+    return ("dataset_item", "rollout_sessions", "reward")
+
+
 def staleness_facts(learner_version: int, min_version: np.ndarray, max_version: np.ndarray) -> dict:
     """The staleness of a trained batch's rows (``learner_version - min_version``): max, mean and
     histogram, the version range, and the rows whose generation spanned a weight push."""
@@ -122,7 +134,8 @@ class Producer:
         def item(b):  # the synchronous prompts; the rollout version is the sampler's (not the learner's)
             return dict(S.draw_prompts(services, b), weight_version=sampler.version)
 
-        self.runner = StepRunner([Stage("dataset_item", item, "data"), sync["rollout_sessions"], sync["reward"],
+        scoring = [sync["reward"]] if "reward" in producer_stages(services.cfg) else []
+        self.runner = StepRunner([Stage("dataset_item", item, "data"), sync["rollout_sessions"], *scoring,
                                   Stage("enqueue", self._enqueue_facts, "enqueue")])
 
     def _enqueue_facts(self, b) -> dict:
@@ -247,8 +260,9 @@ class StreamingProducer(Producer):
         self._drawn: dict[int, _Drawn] = {}
         self._done: Optional[tuple] = None  # (drawn, batch, trajectories) of the batch being completed
         sync = {s.name: s for s in S.sync_stages(services)}
+        scoring = [sync["reward"]] if "reward" in producer_stages(services.cfg) else []
         self.runner = StepRunner([Stage("dataset_item", self._drawn_fields, "data"),
-                                  Stage("rollout_sessions", self._streamed, "gen"), sync["reward"],
+                                  Stage("rollout_sessions", self._streamed, "gen"), *scoring,
                                   Stage("enqueue", self._enqueue_facts, "enqueue")])
 
     def _drawn_fields(self, b) -> dict:
@@ -368,7 +382,7 @@ class AsyncSchedule:
     def _learner_stages(self, stages) -> list[Stage]:
         out = [Stage("dequeue", self._dequeue_facts, "dequeue")]
         for s in stages:
-            if s.name in ("dataset_item", "rollout_sessions", "reward"):
+            if s.name in producer_stages(self.services.cfg):
                 continue
             if s.name == "weight_sync":
                 s = Stage("weight_sync", self._weight_push, "update_weights", updates_state=True)

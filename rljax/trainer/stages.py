@@ -312,34 +312,7 @@ def reward(s: Services, b) -> dict:
     traj = b["trajectories"]
     scores, report = score(s, traj, b["prompts"], max_error_fraction=bound)
     if "rm_scores" in b or "judge_scores" in b:  # reward.combine: weighted rule, model and judge scores + penalty
-        from rljax.trainer.distribute import local_rows
-
-        penalty = overlong_penalty(s, traj)
-        host = {"function_scores": scores.astype(np.float32),
-                "penalty": np.zeros_like(scores, np.float32) if penalty is None else penalty}
-        if "judge_scores" in b:
-            host["judge_scores"] = np.asarray(b["judge_scores"], np.float32)
-        w = s.cfg.reward.combine
-        # What was scored, per row, as in the rule-only branch: the combined score of this process's
-        # rows computed on the host from the same terms (the reward model's rows fetched from the
-        # learner mesh), beside the digest of the tokens the rule and the judge read.
-        expect = np.float32(w.function_weight) * host["function_scores"] + host["penalty"]
-        if "rm_scores" in b:
-            expect = expect + np.float32(w.model_weight) * local_rows(b["rm_scores"], share)
-        if "judge_scores" in b:
-            expect = expect + np.float32(w.judge_weight) * host["judge_scores"]
-        scored = {"digest": response_digest(traj), "scores": expect.astype(np.float32)}
-        host["function_scores"] = host["function_scores"].copy()
-        faults.reward_scores(host["function_scores"], traj, seed=s.cfg.trainer.seed, step=b["step"],
-                             groups=s.cfg.trace.groups)
-        dev = assemble(host, s.mesh, share)
-        combined = w.function_weight * dev["function_scores"] + dev["penalty"]
-        if "rm_scores" in b:
-            combined = combined + w.model_weight * b["rm_scores"]
-        if "judge_scores" in b:
-            combined = combined + w.judge_weight * dev["judge_scores"]
-        return {"scores": combined, "function_scores": dev["function_scores"], "reward_report": report,
-                "scored_rows": scored}
+        return dict(combine(s, b, traj, scores), reward_report=report)
     scores = overlong_shaping(s, traj, scores).astype(np.float32)
     # What was scored, per row: the digest of the response tokens and the score (the trace ties
     # each row's score, as the advantage stage reads it, to the trajectory it was computed for).
@@ -347,6 +320,39 @@ def reward(s: Services, b) -> dict:
     faults.reward_scores(scores, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups)
     return {"scores": assemble({"scores": scores}, s.mesh, share)["scores"], "reward_report": report,
             "scored_rows": scored}
+
+
+def combine(s: Services, b, traj, scores) -> dict:
+    """``reward.combine``: ``function_weight * rule + penalty + model_weight * rm_scores +
+    judge_weight * judge_scores`` on the learner mesh (``scores``, with ``function_scores``), and
+    ``scored_rows``: the same sum of this process's rows computed on the host from the same
+    terms (the reward model's rows fetched from the learner mesh), beside the digest of the
+    tokens the rule and the judge read (the trace's reward tie)."""
+    from rljax.trainer.distribute import assemble, local_rows
+
+    share = s.rollout.share
+    penalty = overlong_penalty(s, traj)
+    host = {"function_scores": np.asarray(scores, np.float32),
+            "penalty": np.zeros(traj.batch_size, np.float32) if penalty is None else penalty}
+    if "judge_scores" in b:
+        host["judge_scores"] = np.asarray(b["judge_scores"], np.float32)
+    w = s.cfg.reward.combine
+    expect = np.float32(w.function_weight) * host["function_scores"] + host["penalty"]
+    if "rm_scores" in b:
+        expect = expect + np.float32(w.model_weight) * local_rows(b["rm_scores"], share)
+    if "judge_scores" in b:
+        expect = expect + np.float32(w.judge_weight) * host["judge_scores"]
+    scored = {"digest": response_digest(traj), "scores": expect.astype(np.float32)}
+    host["function_scores"] = host["function_scores"].copy()
+    faults.reward_scores(host["function_scores"], traj, seed=s.cfg.trainer.seed, step=b["step"],
+                         groups=s.cfg.trace.groups)
+    dev = assemble(host, s.mesh, share)
+    combined = w.function_weight * dev["function_scores"] + dev["penalty"]
+    if "rm_scores" in b:
+        combined = combined + w.model_weight * b["rm_scores"]
+    if "judge_scores" in b:
+        combined = combined + w.judge_weight * dev["judge_scores"]
+    return {"scores": combined, "function_scores": dev["function_scores"], "scored_rows": scored}
 
 
 def response_digest(traj) -> np.ndarray:
@@ -444,6 +450,8 @@ def episode_reward(s: Services, b) -> dict:
     scores, report = episode_scores(b["trajectories"], s.reward.fn, b["prompts"],
                                     max_error_fraction=s.cfg.reward.max_error_fraction)
     traj = b["trajectories"]
+    if "rm_scores" in b:  # reward.model.path: the model's score of prompt + whole episode, combined
+        return dict(combine(s, b, traj, scores), reward_report=report)
     scores = overlong_shaping(s, traj, scores).astype(np.float32)
     scored = {"digest": response_digest(traj), "scores": scores.copy()}  # the trace's reward tie, as in reward()
     faults.reward_scores(scores, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups)
