@@ -14,7 +14,7 @@ import pytest
 
 from rljax.trace.samples import read_samples
 
-from launching import REPO, launch, launch_env, train_rows
+from launching import REPO, launch, launch_env, metrics, train_rows
 from test_async_launch import _compare
 from test_launch import SMALL
 
@@ -51,9 +51,11 @@ def test_streaming_tau0_equals_sync_step_for_step(tmp_path, streaming):
 def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tmp_path):
     run = tmp_path / "run"
     args = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
-            "async_training.partial_rollout=true", "trainer.total_steps=5"]
+            "async_training.partial_rollout=true", "trainer.total_steps=5", "trainer.test_freq=2"]
     r = launch(*args, "--run-dir", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
+    # validation pauses the streaming producer between its rounds (steps 2 and 4, and the final one)
+    assert [x["step"] for x in metrics(run) if "val/score/mean" in x] == [2, 4, 5]
     rows = train_rows(run)
     assert [x["async/batch_index"] for x in rows] == [1, 2, 3, 4, 5]  # each batch once, in order
     assert max(x["rollout/admitted_ahead"] for x in rows) > 0, "no prompt of a later batch was admitted early"

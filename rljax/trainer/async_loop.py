@@ -124,6 +124,9 @@ class Producer:
         self.services, self.queue, self.weights = services, queue, weights
         #: Held by the producer while it generates and scores, and by validation.
         self.sampler_lock = threading.RLock()
+        #: Set while validation waits for the sampler lock: the streaming producer, which takes the
+        #: lock once per round, stays out until it is cleared (a lock is not fair).
+        self.pause_requested = threading.Event()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.next_index = first_index
@@ -328,6 +331,8 @@ class StreamingProducer(Producer):
                 self.install_pending()
                 self.stream = r.sampler.stream(r.decode, n=self.services.cfg.rollout.n, admit=self._admit)
             while not self._stop.is_set():
+                while self.pause_requested.is_set() and not self._stop.is_set():
+                    time.sleep(0.005)
                 with self.sampler_lock:
                     if self._stop.is_set():
                         break
@@ -475,9 +480,13 @@ class AsyncSchedule:
     @contextlib.contextmanager
     def paused(self):
         """Validation: the rollout thread pauses; the newest pushed weights are installed first."""
-        with self.producer.sampler_lock:
-            self.producer.install_pending()
-            yield
+        self.producer.pause_requested.set()
+        try:
+            with self.producer.sampler_lock:
+                self.producer.install_pending()
+                yield
+        finally:
+            self.producer.pause_requested.clear()
 
     def checkpoint_meta(self, state) -> dict:
         return {"async": {"policy": "replay", "streaming": self.streaming, "next_index": state.produced,
