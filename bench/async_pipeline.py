@@ -1,6 +1,7 @@
 """Synchronous colocated vs asynchronous disaggregated training, measured here and modelled at scale.
 
-    python bench/async_pipeline.py [--steps 12] [--response-length 24] [--split 48,16]
+    python bench/async_pipeline.py [--steps 12] [--response-length 24] [--split 48,16] [--tau 2]
+                                   [--measured-slots 0] [--lr 3e-4]
 
 Part 1, measured (one process, 8 CPU devices, side by side): the embedded task with a
 long-tailed response length (``data.max_response_length=--response-length``; the policy
@@ -8,10 +9,15 @@ ends its answers with EOS at varying positions, so a batch waits for its longest
 trajectory) trained ``--steps`` steps as
 
 * ``sync``: ``trainer.mode=sync``, colocated, learner mesh dp8, sampler on the same 8 devices;
-* ``async tau=1`` / ``tau=2``: ``trainer.mode=async``, ``rollout.placement=disaggregated``,
-  learner mesh dp4 + sampler on the 4 other devices.
+* ``async tau=--tau batch/call`` and ``streaming``: ``trainer.mode=async``,
+  ``rollout.placement=disaggregated``, learner mesh dp4 + sampler on the 4 other devices; one
+  ``generate`` call per batch (``async_training.streaming=false``) and streaming admission
+  (``streaming=true partial_rollout=true``: slots a batch's tail frees take the next batches'
+  prompts).
 
-Printed per run: median step wall time, learner idle fraction (sync: the share of the step
+Printed per run: median step wall time, slot occupancy (``rollout/slot_occupancy``: live slots
+/ slots over the decode steps), prompts admitted ahead (``rollout/admitted_ahead``), learner
+idle fraction (sync: the share of the step
 spent generating and scoring; async: ``async/learner_wait_s`` over the wall time), rollout
 idle fraction (sync: the share of the step not generating; async: the producer's time
 waiting for admission or queue room, ``async/rollout_wait_s``), mean staleness, and the
@@ -55,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import os
 import statistics
 import sys
@@ -85,9 +92,14 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
     trainer = Trainer(cfg, mesh, os.path.join(root, label.replace(" ", "_").replace("=", "")), echo=lambda *a: None)
     lengths, decode = [], {"s": 0.0, "steps": 0}
     sampler = trainer.services.rollout.sampler
-    gen = sampler.generate
+    gen, assemble = sampler.generate, sampler.assemble
 
-    def recording_generate(*a, **k):  # records every trajectory's length and the decode time per decode step
+    def recording_assemble(*a, **k):  # every generated batch's lengths (generate and the streaming producer)
+        traj = assemble(*a, **k)
+        lengths.extend(np.asarray(traj.response_length)[~np.asarray(traj.is_padding)].tolist())
+        return traj
+
+    def recording_generate(*a, **k):  # the decode time per decode step (sync: one call per batch)
         user = k.pop("on_chunk", None)
         last = {"steps": 0}
 
@@ -97,14 +109,13 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
                 user(info)
 
         traj = gen(*a, on_chunk=on_chunk, **k)
-        lengths.extend(np.asarray(traj.response_length)[~np.asarray(traj.is_padding)].tolist())
         decode["calls"] = decode.get("calls", 0) + 1
         if decode["calls"] > 1:  # the first call compiles the decode chunk
             decode["s"] += traj.stats.decode_s
             decode["steps"] += last["steps"]
         return traj
 
-    sampler.generate = recording_generate  # the instance's method: the producer thread calls it too
+    sampler.generate, sampler.assemble = recording_generate, recording_assemble  # the instance's: the producer's too
     rows, t0 = [], time.perf_counter()
     try:
         for _ in range(steps):
@@ -129,10 +140,13 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
         learner_idle = sum(r["async/learner_wait_s"] for r in steady) / span
         rollout_idle = sum(r["async/rollout_wait_s"] for r in steady) / span
         staleness = float(np.mean([r["async/staleness_mean"] for r in rows]))
+    occupancy = float(np.mean([r["rollout/slot_occupancy"] for r in steady if "rollout/slot_occupancy" in r]))
+    ahead = float(np.mean([r.get("rollout/admitted_ahead", 0) for r in steady]))
     learner_s = statistics.median(r.get("timing_s/old_log_prob", 0) + r.get("timing_s/adv", 0) +
                                   r.get("timing_s/update_actor", 0) for r in rows[1:] or rows)
     return {"label": label, "rows": rows, "wall": wall, "step_s": statistics.median(step_s),
             "learner_idle": learner_idle, "rollout_idle": rollout_idle, "staleness": staleness,
+            "occupancy": occupancy, "ahead": ahead,
             "lengths": np.asarray(lengths), "t_step": decode["s"] / max(decode["steps"], 1), "learner_s": learner_s,
             "sync_s": statistics.median(r.get("timing_s/update_weights", 0) for r in rows[1:] or rows),
             "devices": learner}
@@ -214,29 +228,64 @@ def main() -> None:
                     help="model: multiply the measured lengths (long-reasoning responses)")
     ap.add_argument("--sync-scale", type=float, default=1.0)
     ap.add_argument("--sigma", type=float, default=1.0, help="model: lognormal length spread when none was measured")
+    ap.add_argument("--tau", type=int, default=2, help="measured async runs' max_staleness")
+    ap.add_argument("--measured-slots", type=int, default=0,
+                    help="measured runs' rollout.max_slots (0: the whole batch)")
+    ap.add_argument("--lr", type=float, default=3e-4,
+                    help="measured runs' actor.optim.lr (a small one keeps the untrained model's length distribution)")
+    ap.add_argument("--save", default=None, help="write the model's measured inputs to this JSON file")
+    ap.add_argument("--model-from", default=None,
+                    help="skip the measured runs: feed the model the inputs a --save wrote (e.g. other --length-scale)")
     args = ap.parse_args()
+    if args.model_from:
+        with open(args.model_from) as fh:
+            base = json.load(fh)
+        base["lengths"] = np.asarray(base["lengths"])
+        print(f"model inputs from {args.model_from} (measured {base.get('measured_at', '?')})")
+    else:
+        base = measure(args)
+        if args.save:
+            with open(args.save, "w") as fh:
+                json.dump({k: base[k] for k in ("t_step", "learner_s", "sync_s", "devices")}
+                          | {"lengths": base["lengths"].tolist(), "measured_at": time.strftime("%Y-%m-%d %H:%M")}, fh)
+    model(args, base)
 
+
+def measure(args) -> dict:
+    """Part 1: the measured runs, side by side; returns the sync run (the model's inputs)."""
     common = [f"data.max_response_length={args.response_length}", "data.train_batch_size=16", "rollout.n=8",
-              "actor.ppo_mini_batch_size=8"]
+              "actor.ppo_mini_batch_size=8", f"actor.optim.lr={args.lr}"]
+    if args.measured_slots:
+        common.append(f"rollout.max_slots={args.measured_slots}")
     runs = []
     with tempfile.TemporaryDirectory() as root:
         runs.append(_run("sync colocated dp8", common, args.steps, 8, root))
-        for tau in (1, 2):
-            runs.append(_run(f"async disagg dp4+4 tau={tau}", common + [
+        for tau, streaming in ((args.tau, False), (args.tau, True)):
+            label = f"async dp4+4 tau={tau} " + ("streaming" if streaming else "batch/call")
+            runs.append(_run(label, common + [
                 "trainer.mode=async", "rollout.placement=disaggregated", "rollout.num_devices=4",
-                f"async_training.max_staleness={tau}", f"async_training.queue_size={tau + 1}"], args.steps, 4, root))
+                f"async_training.max_staleness={tau}", f"async_training.queue_size={tau + 1}",
+                f"async_training.streaming={str(streaming).lower()}",
+                f"async_training.partial_rollout={str(streaming).lower()}"], args.steps, 4, root))
     base = runs[0]
+    ln = np.log(np.maximum(base["lengths"], 1))
     print(f"\nmeasured on 8 CPU devices (2 cores), {args.steps} steps, max_response_length {args.response_length}, "
           f"lengths mean {base['lengths'].mean():.1f} p50 {np.percentile(base['lengths'], 50):.0f} "
-          f"p99 {np.percentile(base['lengths'], 99):.0f} max {base['lengths'].max()}")
-    print(f"{'run':28s} {'step s':>7s} {'vs sync':>8s} {'learner idle':>13s} {'rollout idle':>13s} "
-          f"{'staleness':>9s} {'reward (wall s)':>30s}")
+          f"p90 {np.percentile(base['lengths'], 90):.0f} p99 {np.percentile(base['lengths'], 99):.0f} "
+          f"max {base['lengths'].max()}, std of log-length {ln.std():.2f}")
+    print(f"{'run':30s} {'step s':>7s} {'vs sync':>8s} {'slot occ.':>9s} {'ahead':>6s} {'learner idle':>13s} "
+          f"{'rollout idle':>13s} {'staleness':>9s} {'reward (wall s)':>30s}")
     for r in runs:
         marks = [r["rows"][i] for i in sorted({len(r["rows"]) // 3, 2 * len(r["rows"]) // 3, len(r["rows"]) - 1})]
         curve = " ".join(f"{m['critic/score/mean']:.2f}@{m['wall']:.0f}" for m in marks)
-        print(f"{r['label']:28s} {r['step_s']:7.2f} {base['step_s'] / r['step_s']:7.2f}x {r['learner_idle']:13.2f} "
-              f"{r['rollout_idle']:13.2f} {r['staleness']:9.2f} {curve:>30s}")
+        print(f"{r['label']:30s} {r['step_s']:7.2f} {base['step_s'] / r['step_s']:7.2f}x {r['occupancy']:9.2f} "
+              f"{r['ahead']:6.1f} {r['learner_idle']:13.2f} {r['rollout_idle']:13.2f} {r['staleness']:9.2f} {curve:>30s}")
 
+    return base
+
+
+def model(args, base: dict) -> None:
+    """Part 2: the discrete-event model fed with the measured costs."""
     rollout_d, learner_d = (int(x) for x in args.split.split(","))
     total_d = rollout_d + learner_d
     measured = base["lengths"]
@@ -247,19 +296,19 @@ def main() -> None:
               f"measured mean {base['lengths'].mean():.1f})")
     lengths = np.maximum(1, np.round(measured * args.length_scale)).astype(int)
     t_prefill = base["t_step"] * 2
-    model = dict(batch=args.batch, slots=args.slots, lengths=lengths, t_step=base["t_step"], t_prefill=t_prefill,
+    inputs = dict(batch=args.batch, slots=args.slots, lengths=lengths, t_step=base["t_step"], t_prefill=t_prefill,
                  learner_s=base["learner_s"] * args.length_scale, meas_devices=base["devices"],
                  sync_s=base["sync_s"] * args.sync_scale)
     print(f"\nmodel inputs (measured): t_step {base['t_step'] * 1e3:.2f} ms/decode step, learner {base['learner_s']:.2f} "
           f"s/batch on {base['devices']} devices (x{args.length_scale:g} for x{args.length_scale:g} lengths), weight "
           f"sync {base['sync_s'] * 1e3:.1f} ms; batch {args.batch} trajectories, {args.slots} slots/device")
-    sync = simulate(mode="sync", rollout_devices=total_d, learner_devices=total_d, **model)
+    sync = simulate(mode="sync", rollout_devices=total_d, learner_devices=total_d, **inputs)
     print(f"{'placement':34s} {'step s':>8s} {'steps/h':>8s} {'speed-up':>9s} {'learner idle':>13s} {'staleness':>9s}")
     print(f"{'sync colocated ' + str(total_d):34s} {sync['step_s']:8.1f} {3600 / sync['step_s']:8.1f} {1.0:8.2f}x "
           f"{sync['learner_idle']:13.2f} {0.0:9.2f}")
     for tau, streaming in ((1, False), (2, False), (1, True), (2, True)):
         a = simulate(mode="async", rollout_devices=rollout_d, learner_devices=learner_d, tau=tau, queue=tau + 1,
-                     streaming=streaming, **model)
+                     streaming=streaming, **inputs)
         label = f"async {rollout_d}+{learner_d} tau={tau}" + (" streaming" if streaming else " batch-at-a-time")
         print(f"{label:34s} {a['step_s']:8.1f} "
               f"{3600 / a['step_s']:8.1f} {sync['step_s'] / a['step_s']:8.2f}x {a['learner_idle']:13.2f} "
