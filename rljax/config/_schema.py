@@ -256,7 +256,8 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
     top_k: int = _f(-1, "top-k sampling (-1 or 0: off)", ge=-1)
     tp: int = _f(1, "sampler tensor parallelism; replicas = devices / tp", ge=1)
-    max_slots: Optional[int] = _f(None, "concurrent decode slots of the sampler (null: the whole batch)", ge=1)
+    max_slots: Optional[int] = _f(None, "concurrent decode slots of the sampler (null: the whole batch; on several "
+                                        "processes, the process's share of it)", ge=1)
     correction: Literal[CORRECTIONS] = _f("none", "rollout-vs-learner importance correction (TIS)")
     correction_threshold: float = _f(2.0, "truncation C of the correction weights", gt=0.0)
     placement: Literal["colocated", "disaggregated"] = _f(

@@ -273,15 +273,17 @@ def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -
         decode = dataclasses.replace(decode, max_new_tokens=min(turn, d.max_response_length))
         val_decode = dataclasses.replace(val_decode, max_new_tokens=decode.max_new_tokens)
     context = d.max_prompt_length + (d.max_response_length if env is not None else 0)
-    engine = RljaxEngine(model.config, num_slots=r.max_slots or model.sizes.trajectories_per_step,
-                         max_prefill_length=context, max_decode_length=d.max_response_length,
-                         mesh=sampler_mesh(r.tp, rollout_devices(cfg, mesh)),
-                         prefill_batch_size=min(d.train_batch_size, 64))
     # Each process runs a sampler on its own devices (same prompts, same random streams); with
     # several processes each generates train_batch_size / P whole groups, a multi-turn run
     # (every process still runs every episode) all of them.
     share = (distribute.rollout_share(mesh, d.train_batch_size, r.n) if env is None
              else distribute.rollout_share(mesh, d.train_batch_size, r.n, processes=1, process=0))
+    # slots for the sessions this process generates (its share: a process sized for the whole
+    # batch decoded half-empty slots on 2 processes)
+    engine = RljaxEngine(model.config, num_slots=r.max_slots or share.num_rows,
+                         max_prefill_length=context, max_decode_length=d.max_response_length,
+                         mesh=sampler_mesh(r.tp, rollout_devices(cfg, mesh)),
+                         prefill_batch_size=min(d.train_batch_size, 64))
     return Rollout(sampler=Sampler(engine, sampler_weights(params), version=0, truncation="error"), decode=decode,
                    val_decode=val_decode, tokenizer=tokenizer, env=env,
                    prompts=train_iterator(cfg, tokenize, data_dir=data_dir, chat_template=chat),
