@@ -369,7 +369,7 @@ def _run(args, cfg, prov, run_dir) -> int:
     mesh = make_mesh(spec, learner_devices)
     topo = topology(mesh)
     topo["placement"] = placement_topology(cfg, mesh)
-    from rljax.trainer.distribute import check_async_share, rollout_share
+    from rljax.trainer.distribute import check_async_share, check_judge_share, rollout_share
 
     try:  # which prompts (uids) each process generates
         share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n,
@@ -380,6 +380,7 @@ def _run(args, cfg, prov, run_dir) -> int:
     try:
         if cfg.trainer.mode == "async":  # the rollout threads must not communicate
             check_async_share(share, spec, filter_groups=cfg.algorithm.filter_groups.enable)
+        check_judge_share(share, cfg.reward.judge.path)
     except ValueError as e:
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 2

@@ -99,6 +99,18 @@ def test_a_parse_function_that_is_not_callable_exits_2_before_writing(tmp_path):
 # ---------------------------------------------------------------------------- a fitted judge
 
 
+def test_judge_over_processes_is_refused_in_one_line():
+    """reward.judge.path on several processes (each would judge its own rows, the reports are not
+    merged): one line, launch exits 2 on it; one process (or a multi-turn run's share) accepted."""
+    from rljax.trainer.distribute import Share, check_judge_share
+
+    check_judge_share(Share(0, 1, 0, 8, 4, 8, True, (0,)), "ref")
+    check_judge_share(Share(0, 2, 0, 4, 4, 8, True, (0, 4)), None)
+    with pytest.raises(ValueError, match="reward.judge.path runs on one process, not 2") as e:
+        check_judge_share(Share(0, 2, 0, 4, 4, 8, True, (0, 4)), "ref")
+    assert "\n" not in str(e.value)
+
+
 @pytest.fixture(scope="module")
 def fitted_judge(tmp_path_factory):
     """The tiny judge of :mod:`judge_helper`, saved as a Qwen2ForCausalLM checkpoint."""
@@ -235,3 +247,42 @@ def test_ref_is_the_policys_initial_weights(lora):
     config, _, params, _ = policy_params(cfg, mesh, CharTokenizer())
     rebuilt = initial_policy_params(cfg, config, mesh)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(disable(params)), jax.device_get(rebuilt))
+
+
+@pytest.mark.slow
+def test_the_judge_reads_whole_episodes_in_multi_turn_runs(fitted_judge, tmp_path):
+    """env.function (the lookup tool task): the judge reads prompt + the whole episode (tool calls
+    and observations included) and its parsed verdict is the step's reward (function_weight=0):
+    every row judged, each score its verdict's, the trace check passes (the reward tie on the
+    combined score included)."""
+    import json
+
+    from judge_helper import TEMPLATE
+    from launching import launch, train_rows
+
+    from rljax.trace.check import run_checks
+
+    path, _ = fitted_judge
+    parse = tmp_path / "parse.py"
+    parse.write_text(PARSE_DIGIT)
+    run = tmp_path / "run"
+    out = launch("--config", "tool_lookup", "--run-dir", str(run), "--mesh=dp2", "data.train_batch_size=4",
+                 "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=1",
+                 "trainer.val_before_train=false", "trainer.test_freq=0", f"reward.judge.path={path}",
+                 f"reward.judge.prompt_template={TEMPLATE}", f"reward.judge.parse={parse}:digit",
+                 "reward.judge.response_length=4", "reward.combine.function_weight=0",
+                 "reward.max_error_fraction=1.0", "trace.groups=4", timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = train_rows(run)
+    assert row["critic/score/mean"] == pytest.approx(row["reward/judge/mean"], abs=1e-6)
+    assert "env/num_turns/mean" in row and row["reward/judge/errors"] == 0
+    verdicts = [v for r in map(json.loads, open(run / "trace.jsonl")) if r.get("stage") == "reward_judge"
+                for v in r["verdicts"]]
+    assert len(verdicts) == 16
+    for v in verdicts:
+        assert v["status"] in ("ok", "unparseable")
+        assert v["score"] == (float(v["text"]) if v["status"] == "ok" else 0.0)
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+    inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
+    assert inv["scores_tied"] and inv["violating_rows"] == 0, inv

@@ -113,8 +113,7 @@ def check_judge(cfg) -> None:
     check_judge_template(j.prompt_template)
     for key, value, why in (("trainer.mode", cfg.trainer.mode != "sync", "not yet in the async producer"),
                             ("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable,
-                             "the filter scores with reward.function before the judge runs"),
-                            ("env.function", cfg.env.function is not None, "single-turn rollouts only")):
+                             "the filter scores with reward.function before the judge runs")):
         if value:
             raise ConfigError(f"reward.judge.path with {key}={_value(cfg, key)} is not supported yet ({why})")
     if j.parse is not None:

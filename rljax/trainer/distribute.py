@@ -125,6 +125,16 @@ def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = Fal
                          "several processes on one process's devices")
 
 
+def check_judge_share(share: Share, judge_path) -> None:
+    """``reward.judge.path`` runs on one process (or a multi-turn run, where every process has every
+    row): each process would judge its own rows and the verdict reports are not merged yet; a
+    one-line ``ValueError`` otherwise (the launcher exits 2 on it before the run starts)."""
+    if judge_path is not None and share.processes > 1:
+        raise ValueError(f"reward.judge.path runs on one process, not {share.processes} (each process would judge its "
+                         "own rows and the verdict reports are not merged yet); drop reward.judge.path or run one "
+                         "process")
+
+
 def _process_order(share: Share, per: int) -> np.ndarray:
     """Row permutation from process-index order (what an all-gather of ``per`` rows a process
     returns) to batch order."""

@@ -405,9 +405,9 @@ def load_judge(s: Services, state: RunState):
     ``path=ref``: the policy's initial weights (the reference's copy when the run keeps one)."""
     from rljax.trainer.judge import Judge, initial_policy_params
 
-    if s.rollout.share.processes > 1:
-        raise ValueError("reward.judge.path runs on one process (not yet on several: each process would judge its "
-                         "own rows and the verdict reports would have to be merged)")
+    from rljax.trainer.distribute import check_judge_share
+
+    check_judge_share(s.rollout.share, s.cfg.reward.judge.path)  # launch refuses it first, with exit status 2
 
     engine = s.rollout.sampler.engine
 
@@ -450,7 +450,7 @@ def episode_reward(s: Services, b) -> dict:
     scores, report = episode_scores(b["trajectories"], s.reward.fn, b["prompts"],
                                     max_error_fraction=s.cfg.reward.max_error_fraction)
     traj = b["trajectories"]
-    if "rm_scores" in b:  # reward.model.path: the model's score of prompt + whole episode, combined
+    if "rm_scores" in b or "judge_scores" in b:  # reward.model / reward.judge: of prompt + whole episode, combined
         return dict(combine(s, b, traj, scores), reward_report=report)
     scores = overlong_shaping(s, traj, scores).astype(np.float32)
     scored = {"digest": response_digest(traj), "scores": scores.copy()}  # the trace's reward tie, as in reward()
