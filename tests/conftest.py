@@ -47,6 +47,33 @@ def pytest_configure(config):
     setup("auto", echo=None, report_at_exit=False)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-times", metavar="PATH", default=None,
+        help="append one line per test to PATH: node id, CPU seconds (the test process and the "
+             "processes it launched and waited for), wall seconds, 1-minute load average; tab-separated. "
+             "On a shared machine CPU seconds compare runs that wall seconds cannot.")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = item.config.getoption("cpu_times")
+    if not path:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu():
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    c0, t0 = cpu(), time.time()
+    yield
+    with open(path, "a") as fh:  # one short write per line: xdist workers may share the file
+        fh.write(f"{item.nodeid}\t{cpu() - c0:.1f}\t{time.time() - t0:.1f}\t{os.getloadavg()[0]:.1f}\n")
+
+
 def pytest_unconfigure(config):
     made = getattr(config, "_rljax_jax_cache", None)
     if made:
@@ -82,8 +109,32 @@ HEAVY_FIRST = (
 )
 
 
+#: The same for the slow pass (``pytest -m slow``, two workers in .ci/run): its files by the CPU
+#: seconds of their slow tests (``--cpu-times``, 2 Dec 2026), so the longest files start first and
+#: the two workers finish together. Files not listed follow in collection order.
+SLOW_HEAVY_FIRST = (
+    "test_launch.py",
+    "test_async_launch.py",
+    "test_reliability_e2e.py",
+    "test_learning.py",
+    "test_config_honest.py",
+    "test_trace_faults.py",
+    "test_reliability_signals.py",
+    "test_dynamic_sampling.py",
+    "test_export.py",
+    "test_models.py",
+    "test_reward_judge.py",
+    "test_trainer_packing.py",
+    "test_lora.py",
+    "test_loggers_samples.py",
+    "test_disk_faults.py",
+    "test_trace_run.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    heavy = SLOW_HEAVY_FIRST if config.getoption("markexpr", "") == "slow" else HEAVY_FIRST
+    rank = {name: i for i, name in enumerate(heavy)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
 
