@@ -134,9 +134,9 @@ class _Recorder:
 def test_runner_records_what_each_stage_really_read_and_follows_aliases():
     kept = []
     stages = [
-        Stage("a", lambda b: {"x": jnp.ones(3), "unused": jnp.zeros(2)}),
-        Stage("b", lambda b: {"y": b["x"] * 2, "alias": b["x"]}),  # "alias" is x itself
-        Stage("c", lambda b: {"metrics": {"y": float(b["y"].sum())}}, "custom"),
+        Stage("a", lambda b: {"x": jnp.ones(3), "unused": jnp.zeros(2)}, writes=("x", "unused")),
+        Stage("b", lambda b: {"y": b["x"] * 2, "alias": b["x"]}, reads=("x", "unused"), writes=("y", "alias")),
+        Stage("c", lambda b: {"metrics": {"y": float(b["y"].sum())}}, "custom", reads=("y",), writes=("metrics",)),
     ]
     rec = _Recorder()
     metrics, timings = StepRunner(stages, [rec]).run(1, {"step": 1})
@@ -145,11 +145,34 @@ def test_runner_records_what_each_stage_really_read_and_follows_aliases():
     assert rec.events[1][3]["alias"] == "a" and rec.events[1][4] == {"alias": "x"}  # producer of the original
     assert metrics["y"] == 6.0 and set(timings) == {"a", "b", "custom"} and metrics["timing_s/step"] >= 0
     assert rec.cleanups[0].leaked == [] and rec.cleanups[0].tracked >= 3
+    assert rec.cleanups[0].stages == ["a", "b", "c"]  # the stages the step ran, in order
     # a stage that keeps a batch array past the step is reported
-    leaky = [Stage("a", lambda b: {"x": jnp.ones(3)}), Stage("keep", lambda b: kept.append(b["x"]) or {})]
+    leaky = [Stage("a", lambda b: {"x": jnp.ones(3)}, writes=("x",)),
+             Stage("keep", lambda b: kept.append(b["x"]) or {}, reads=("x",))]
     rec = _Recorder()
     StepRunner(leaky, [rec]).run(2, {"step": 2})
     assert rec.cleanups[0].leaked == ["x"]
+
+
+def test_runner_refuses_a_field_a_stage_does_not_declare():
+    from rljax.trainer.runner import StageContractError
+
+    ok = Stage("a", lambda b: {"x": jnp.ones(3)}, writes=("x",))
+    with pytest.raises(StageContractError, match=r"^stage 'b' wrote field 'z', which it does not declare"):
+        StepRunner([ok, Stage("b", lambda b: {"y": b["x"], "z": 1}, reads=("x",), writes=("y",))]).run(1, {"step": 1})
+    with pytest.raises(StageContractError, match=r"^stage 'b' read field 'x', which it does not declare"):
+        StepRunner([ok, Stage("b", lambda b: {"y": b["x"]}, reads=("step",), writes=("y",))]).run(1, {"step": 1})
+    with pytest.raises(TypeError, match="tuple of field names"):
+        Stage("b", lambda b: {}, reads="x")
+
+
+def test_a_produced_prior_runs_first_in_the_stage_record():
+    producer = StepRunner([Stage("gen", lambda b: {"x": jnp.ones(3)}, reads=("step",), writes=("x",))])
+    prior = producer.produce(5, {"step": 5})
+    rec = _Recorder()
+    learner = StepRunner([Stage("use", lambda b: {"y": b["x"] + 1}, reads=("x",), writes=("y",))], [rec])
+    learner.run(1, {"step": 1}, prior=prior)
+    assert rec.cleanups[0].stages == ["gen", "use"] and [e[0] for e in rec.events] == ["gen", "use"]
 
 
 def test_runner_rejects_duplicate_stage_names():
@@ -163,15 +186,17 @@ def _kl_step(ctrl_type: str, coef: float, kl: float, rows: int = 10):
 
     from rljax.config import resolve
     from rljax.trainer.services import Services
-    from rljax.trainer.stages import kl_controller
+    from rljax.trainer.stages import READS, WRITES, kl_controller
     from rljax.trainer.state import RunState
 
     cfg, _ = resolve("default", ["algorithm.use_kl_in_reward=true", f"algorithm.kl_ctrl.type={ctrl_type}",
                                  "algorithm.kl_ctrl.target_kl=0.05", "algorithm.kl_ctrl.horizon=100"])
     services = Services(cfg=cfg, mesh=None, model=None, rollout=None, learner=None, reward=None)
     state = RunState(actor=None, critic=None, key=jax.random.key(0), kl_coef=coef)
-    stage = Stage("kl_controller", lambda st, b: kl_controller(services, st, b), updates_state=True)
-    metrics = Stage("metrics", lambda b: {"metrics": {"critic/kl": b["kl"], "critic/kl_coef": b["kl_coef"]}})
+    stage = Stage("kl_controller", lambda st, b: kl_controller(services, st, b), updates_state=True,
+                  reads=READS["kl_controller"], writes=WRITES["kl_controller"])
+    metrics = Stage("metrics", lambda b: {"metrics": {"critic/kl": b["kl"], "critic/kl_coef": b["kl_coef"]}},
+                    reads=("kl", "kl_coef"), writes=("metrics",))
     traj = types.SimpleNamespace(is_padding=np.array([False] * rows + [True] * 2))  # two padding rows: not counted
     state, m, _ = StepRunner([stage, metrics]).run_state(state, 1, {"kl_in_reward": jnp.float32(kl),
                                                                     "trajectories": traj})

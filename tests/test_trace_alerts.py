@@ -1,6 +1,7 @@
 """rljax.trace without a training run: the Tracer's hooks on a synthetic step, each alert
 provoked, the shard-reading field summaries, deterministic group choice."""
 
+import functools
 import json
 import types
 
@@ -46,14 +47,17 @@ class _Traj(types.SimpleNamespace):
         return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
 
 
-def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=False, in_update=False, bugs=()):
+def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, bypass=False, in_update=False, bugs=()):
     """Synthetic stages of one step (the runner's real protocol, no model): each produces the
     fields the trainer's stage of the same name produces. ``bugs`` provokes one defect each.
     ``in_update``: no old_log_prob stage, the update writes its own old_logp
     (``actor.skip_old_log_prob``)."""
+    from rljax.config import derive
+    from rljax.trainer import stages as ST
     from rljax.trainer.runner import Stage
 
     rows = traj.prompt_ids.shape[0]
+    sizes = derive(cfg)
     kept = []  # where a leaking stage keeps the batch
 
     def dataset_item(b):
@@ -93,7 +97,10 @@ def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=
         return jax.device_put(np.full((rows, T), -0.5, np.float32), NamedSharding(mesh, PartitionSpec("dp")))
 
     def actor_minibatch(b):
-        out = {"actor_metrics": {"pg_loss": 0.1, "grad_norm": 1.0}, "optimizer_steps": 1}
+        out = {"actor_metrics": {"pg_loss": 0.1, "grad_norm": 1.0}, "optimizer_steps": 1,
+               "update_sizes": {"global_batch_size": rows, "ppo_mini_batch_size": sizes.mini_batch_trajectories,
+                                "ppo_micro_batch_size": sizes.micro_batch_trajectories, "ppo_epochs": cfg.actor.ppo_epochs,
+                                "optimizer_steps_taken": 1}}
         if in_update:
             if "late_old_logp" not in bugs:
                 out["old_logp"] = own_old_logp()
@@ -116,12 +123,24 @@ def _stages(tmp_path, traj, mesh, *, old_logp_shape, attention, metrics, bypass=
                 "critic/score/mean": 0.5}
         return {"metrics": dict(base, **(metrics or {}))}
 
-    stages = [Stage("dataset_item", dataset_item), Stage("rollout_sessions", lambda b: {"trajectories": traj}),
-              Stage("trajectory_fields", trajectory_fields), Stage("reward", reward)]
+    def stage(name, fn, facts=None, reads=None, writes=()):  # the trainer's declarations and facts for each stage
+        reads = ST.READS[name] if reads is None else reads
+        return Stage(name, fn, reads=reads, writes=(*ST.WRITES[name], *writes), facts=facts)
+
+    learner_reads = ("step", *ST.MODEL_INPUTS, "loss_mask", "advantages", "old_logp", "rollout_logp")
+    stages = [stage("dataset_item", dataset_item, ST.dataset_item_facts),
+              stage("rollout_sessions", lambda b: {"trajectories": traj}, functools.partial(ST.rollout_facts, n=N)),
+              stage("trajectory_fields", trajectory_fields, ST.trajectory_fields_facts),
+              stage("reward", reward, ST.reward_facts)]
     if (not bypass or "bypass" in bugs) and not in_update:
-        stages.append(Stage("old_log_prob", old_log_prob))
-    stages += [Stage("advantages", advantages), Stage("actor_minibatch", actor_minibatch),
-               Stage("weight_sync", weight_sync), Stage("metrics", step_metrics)]
+        stages.append(stage("old_log_prob", old_log_prob))
+    stages += [stage("advantages", advantages, functools.partial(ST.advantages_facts, estimator="grpo"),
+                     reads=("scores", "loss_mask", "group_id", "row_mask")),
+               stage("actor_minibatch", actor_minibatch, functools.partial(
+                   ST.actor_minibatch_facts, bypass_mode=bypass, dp=8), reads=learner_reads),
+               stage("weight_sync", weight_sync, ST.weight_sync_facts,  # late_old_logp: declared, to reach the trace
+                     writes=("old_logp",) if "late_old_logp" in bugs else ()),
+               stage("metrics", step_metrics, ST.metrics_facts)]
     return stages, kept
 
 
@@ -146,7 +165,7 @@ def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metric
     traj = _traj(pad, leak)
     rows = B + pad
     in_update = in_update if in_update is not None else cfg.actor.skip_old_log_prob != "false"
-    stages, kept = _stages(tmp_path, traj, mesh, old_logp_shape=old_logp_shape or (rows, T), attention=attention,
+    stages, kept = _stages(tmp_path, traj, mesh, cfg, old_logp_shape=old_logp_shape or (rows, T), attention=attention,
                            metrics=metrics, bypass=cfg.algorithm.bypass_mode, in_update=in_update, bugs=bugs)
     runner = StepRunner(stages, [tracer])
     out = {}
@@ -341,6 +360,31 @@ def test_old_logp_from_the_update_passes_only_when_the_update_is_on_policy(tmp_p
     status, detail = results[behaviour]
     assert status == "FAIL" and "not exactly on-policy" in detail, results[behaviour]
     assert results["prompt group uid/sessions/keys consistent across every stage"][0] == "FAIL"
+
+
+def test_group_records_are_checked_against_the_stages_the_runner_ran(tmp_path):
+    """The cleanup record lists the stages the step ran; a group missing one of their records fails
+    the check, naming it; a trace from before stage records fails in one line saying so."""
+    name = "prompt group uid/sessions/keys consistent across every stage"
+    tracer, _ = _step(tmp_path / "ok")
+    _close(tracer)
+    recs = _records(tmp_path / "ok")
+    cleanup = next(r for r in recs if r["stage"] == "cleanup")
+    assert cleanup["stages"] == [r["stage"] for r in recs][1:-1]  # config_resolve and cleanup are the trace's own
+    assert _check(tmp_path / "ok")[name][0] == "PASS"
+
+    def rewrite(dst, keep):
+        dst.mkdir()
+        for f in (tmp_path / "ok").iterdir():
+            (dst / f.name).write_bytes(f.read_bytes())
+        (dst / "trace.jsonl").write_text("".join(json.dumps(keep(r)) + "\n" for r in recs if keep(r) is not None))
+
+    rewrite(tmp_path / "missing", lambda r: None if r["stage"] == "reward" else r)
+    status, detail = _check(tmp_path / "missing")[name]
+    assert status == "FAIL" and "no record of stage(s) the runner ran: reward" in detail, detail
+    rewrite(tmp_path / "old", lambda r: {k: v for k, v in r.items() if k != "stages"})
+    status, detail = _check(tmp_path / "old")[name]
+    assert status == "FAIL" and "predates stage records" in detail and "\n" not in detail, detail
 
 
 def test_check_cli_exits_1_on_an_error_alert_and_counts_na(tmp_path):

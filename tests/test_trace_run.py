@@ -127,7 +127,7 @@ def test_dfx_bytes_comm_step_time_and_device_ratio(run_dir):
 
 def test_message_count_and_device_ratio():
     from rljax.launch import device_ratio
-    from rljax.trace.tracer import message_count
+    from rljax.trace.facts import message_count
 
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}, {"role": "user", "content": "?"}]
     assert message_count("What is 2+2?") == 1 and message_count(chat) == 3

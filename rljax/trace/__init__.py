@@ -5,6 +5,7 @@ plot, and the ``python -m rljax.trace summary|check RUN_DIR`` tools.
 
 from rljax.trace.metrics import MetricsWriter, read_metrics
 from rljax.trace.report import plot_report
-from rljax.trace.tracer import STAGES, Tracer, choose_groups
+from rljax.trace.facts import GroupView
+from rljax.trace.tracer import Tracer, choose_groups
 
-__all__ = ["STAGES", "MetricsWriter", "Tracer", "choose_groups", "plot_report", "read_metrics"]
+__all__ = ["GroupView", "MetricsWriter", "Tracer", "choose_groups", "plot_report", "read_metrics"]

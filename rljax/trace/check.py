@@ -118,7 +118,8 @@ class Run:
         return cfg.actor.skip_old_log_prob != "false" and not on_policy_blockers(cfg)
 
     def required_stages(self) -> list[str]:
-        """The stages every traced group must have, from the run's configuration."""
+        """The stages the run's configuration needs (a cross-check of the runner's own record of
+        the stages it ran, which is what each group's records are compared with)."""
         stages = ["config_resolve", "dataset_item", "rollout_sessions", "trajectory_fields", "reward"]
         if not self.bypass() and not self.old_logp_in_update():
             stages.append("old_log_prob")
@@ -186,9 +187,23 @@ def check_group_consistency(run: Run) -> Result:
         return FAIL, name, f"no records in {TRACE_FILE}"
     required = run.required_stages()
     for (step, uid), stages in sorted(run.groups.items()):
-        missing = [s for s in required if s not in stages]
+        ran = stages_run(stages)
+        if ran is None:
+            why = ("the trace predates stage records (its cleanup records do not list the stages the runner ran): "
+                   "re-run to check it" if "cleanup" in stages else "no cleanup record (it lists the stages run)")
+            return FAIL, name, f"step {step} group {uid}: {why}"
+        missing = [s for s in ran if s not in stages]
         if missing:
-            return FAIL, name, f"step {step} group {uid}: stage(s) missing: {', '.join(missing)}"
+            return FAIL, name, (f"step {step} group {uid}: no record of stage(s) the runner ran: "
+                                f"{', '.join(missing)}")
+        unexpected = [s for s in stages if s not in ran]
+        if unexpected:
+            return FAIL, name, (f"step {step} group {uid}: record(s) of stage(s) the runner did not run: "
+                                f"{', '.join(unexpected)}")
+        not_run = [s for s in required if s not in ran]
+        if not_run:  # the cross-check: what this configuration needs, against what ran
+            return FAIL, name, (f"step {step} group {uid}: stage(s) missing: {', '.join(not_run)} (the configuration "
+                                f"needs them; the runner ran {', '.join(ran[1:-1])})")
         keys = stages["rollout_sessions"]["keys"]
         if not keys or any(not k.startswith(f"{uid}_") for k in keys):
             return FAIL, name, f"step {step} group {uid}: trajectory keys {keys[:3]}... do not carry the uid"
@@ -199,8 +214,19 @@ def check_group_consistency(run: Run) -> Result:
         if traj != keys:
             return FAIL, name, f"step {step} group {uid}: rollout_sessions trajectories differ from its keys"
     first = sorted(run.groups)[0]
-    return PASS, name, (f"{len(run.groups)} traced group(s), {len(required)} stages each; e.g. step {first[0]} "
+    n = sorted({len(stages_run(g)) for g in run.groups.values()})
+    return PASS, name, (f"{len(run.groups)} traced group(s), each with a record of every stage the runner ran "
+                        f"({'/'.join(map(str, n))} with config_resolve and cleanup); e.g. step {first[0]} "
                         f"uid {first[1]}: {len(run.groups[first]['rollout_sessions']['keys'])} keys")
+
+
+def stages_run(group: dict) -> Optional[list[str]]:
+    """The records a traced group must have: ``config_resolve``, the stages the runner ran that
+    step (its cleanup record's ``stages``, in order), ``cleanup``; None without that record."""
+    cleanup = group.get("cleanup")
+    if cleanup is None or "stages" not in cleanup:
+        return None
+    return ["config_resolve", *cleanup["stages"], "cleanup"]
 
 
 def check_sessions(run: Run) -> Result:

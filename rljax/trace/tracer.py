@@ -15,7 +15,10 @@ Records: one per stage per traced group, in the order the stages ran, plus
 ``config_resolve`` (first) and ``cleanup`` (last). Each record: ``stage``, ``step``,
 ``uid``, ``group``, ``keys`` (``{uid}_{session}_{index}``), ``t_start`` / ``t_end`` (Unix
 seconds), ``reads`` / ``writes`` (field names), ``fields`` (see
-:func:`rljax.trace.fields.summarize`), a shape ``signature`` and stage facts.
+:func:`rljax.trace.fields.summarize`), a shape ``signature`` and the stage's own facts (its
+``facts(event, view)``, carried in the stage event: :mod:`rljax.trace.facts`; the tracer
+keeps no table of stage names). The ``cleanup`` record lists the ``stages`` the runner ran
+that step, in order, which ``trace check`` compares each group's records with.
 
 Alerts carry a severity (:data:`rljax.trace.alerts.SEVERITY`); ``trace_summary.json``
 counts them, and is written also when the run fails (with the error).
@@ -36,18 +39,12 @@ import numpy as np
 from rljax.sharding import to_host
 from rljax.trace import alerts as A
 from rljax.trace._io import append_lines, write_atomic
+from rljax.trace.facts import GroupView
 from rljax.trace.fields import host_rows, summarize
 from rljax.trace.groups import choose_groups  # noqa: F401 -- re-exported (rljax.trace.choose_groups)
 
 log = logging.getLogger("rljax.trace")
 
-#: The stages of a synchronous step as the runner names them, with the trace's own
-#: ``config_resolve`` and ``cleanup`` records around them (optional ones: ``old_log_prob``
-#: is absent in bypass mode; ``reference``, ``values`` and ``update_critic`` when unused).
-STAGES = ("config_resolve", "dataset_item", "rollout_sessions", "trajectory_fields", "reward", "old_log_prob",
-          "reference", "values", "advantages", "update_critic", "actor_minibatch", "weight_sync", "metrics",
-          "cleanup")
-OPTIONAL_STAGES = ("old_log_prob", "reference", "values", "update_critic")
 #: ``[B, T]`` fields (response positions): their trailing dim is the response length.
 RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "old_logp", "entropy", "ref_logp",
                    "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
@@ -484,7 +481,7 @@ class Tracer:
             first = next(r for r in records if r["uid"] == uid)
             rec = dict(step=first["step"], uid=uid, group=first["group"], keys=first["keys"], stage="cleanup",
                        t_start=self._wall(report.t_start), t_end=self._wall(report.t_end), reads=[], writes=[],
-                       fields=[], batch_keys=report.batch_keys, tracked_objects=report.tracked,
+                       fields=[], stages=list(report.stages), batch_keys=report.batch_keys, tracked_objects=report.tracked,
                        remaining_keys=list(report.leaked), released=not report.leaked)
             rec["signature"] = {"keys": list(first["keys"]), "rows": len(first["keys"]), "batch": None,
                                 "resp_len": None, "mask_sum": None}
@@ -670,8 +667,10 @@ class Tracer:
             return out
 
         recs = [self._rec(base, "config_resolve", [], None, None, keys, config=self._config_once())]
+        view = GroupView(step=self._step, group=int(g), rows=rows, key_of=key_of, traj=traj, fields=fields,
+                         is_padding=g_pad, response_length=g_resp, row_tokens=self._row_tokens, wall=self._wall)
         for ev in events:
-            facts = self._facts(ev, g, rows, key_of, traj, fields, learner_mask, metrics)
+            facts = ev.facts(ev, view) if ev.facts is not None else {}
             recs.append(self._rec(base, ev.stage, fields_of(ev), ev.t_start, ev.t_end, keys,
                                   reads=list(ev.reads), writes=list(ev.writes), **facts))
         return recs
@@ -680,155 +679,6 @@ class Tracer:
         r = dict(base, stage=stage, t_start=self._wall(t0), t_end=self._wall(t1), fields=fields, **extra)
         r["signature"] = _signature(keys, fields)
         return r
-
-    def _facts(self, ev, g: int, rows, key_of, traj, fields: Mapping, learner_mask, metrics: Mapping) -> dict:
-        """Stage facts: what a reader of the trace needs beyond the field summaries."""
-        cfg = self.cfg
-        pad = np.asarray(traj.is_padding)
-        resp_len = np.asarray(traj.response_length)
-        view = fields.get("rollout_rows")  # several processes: every process's rows (the learner arrays')
-        g_pad = pad if view is None else np.asarray(view.is_padding)
-        g_resp = resp_len if view is None else np.asarray(view.response_length)
-        w = ev.writes
-        if ev.stage == "dataset_item":
-            if "dynamic_sampling" in fields:  # the kept groups' prompts (algorithm.filter_groups)
-                w = fields
-            p = w["prompts"][g]
-            return dict(row_index=int(p.index), position=int(p.position), prompt_tokens=len(p.ids),
-                        truncated=bool(p.truncated), message_count=message_count(getattr(p, "prompt", ""), cfg.data.system_prompt),
-                        prompt_key=w["uids"][g],
-                        uid_rule="uid = '{step}-{index in batch}'", num_groups=len(w["uids"]),
-                        weight_version=w.get("weight_version"))
-        if ev.stage == "rollout_sessions":
-            d = traj.decode
-            t_submit = self._wall(ev.t_start)
-            trajs = []
-            for i in rows:
-                insert = t_submit + float(traj.queue_s[i])
-                trajs.append({"key": key_of[int(i)], "session": int(traj.session[i]), "index": int(traj.index[i]),
-                              "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
-                              "status": "truncated" if traj.truncated[i] else "eos",
-                              "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
-            if getattr(traj, "num_turns", None) is not None:  # multi-turn episodes (rljax.env)
-                ep = traj.episode_stats
-                for t, i in zip(trajs, rows):
-                    roles = np.asarray(traj.roles[i])
-                    obs, act = roles == 2, (roles == 1) | (roles == 3)  # rljax.loss.Role TOOL_RESULT, actions
-                    t.update(obs_mask_sum=int(np.asarray(traj.response_mask[i])[obs].sum()),
-                             obs_logp_abs_sum=float(np.abs(np.asarray(traj.rollout_logp[i])[obs]).sum()),
-                             policy_unmasked=int((act & ~np.asarray(traj.response_mask[i], bool)).sum()))
-                    t.update(num_turns=int(traj.num_turns[i]), observation_tokens=int(traj.obs_tokens[i]),
-                             tool_calls=int(traj.tool_calls[i]),
-                             role_spans=[list(sp) for sp in traj.turn_spans[i]])
-                    if getattr(traj, "tool_s", None) is not None:  # tool latency, and the wait on the env
-                        t.update(tool_s=round(float(traj.tool_s[i]), 6), env_wait_s=round(float(traj.env_wait_s[i]), 6))
-                episode = {"tool_calls": ep.get("tool_calls"), "tool_errors": ep.get("tool_errors"),
-                           "tool_timeouts": ep.get("tool_timeouts"), "tool_s": round(float(ep.get("tool_s", 0.0)), 6),
-                           "env_s": round(float(ep.get("env_s", 0.0)), 6), "turns": ep.get("turns"),
-                           "context": ("kv: sessions keep their slot and KV cache; observations appended by an "
-                                       f"extend prefill ({ep.get('extended_tokens', 0)} tokens in "
-                                       f"{ep.get('extend_calls', 0)} calls)" if ep.get("continuation") == "kv" else
-                                       "re-prefill per turn (observations appended to the context, not the KV cache)"),
-                           "prefill_tokens": ep.get("prefill_tokens")}
-            else:
-                episode = None
-            return dict(sessions=sorted({t["session"] for t in trajs}), n=int(cfg.rollout.n), trajectories=trajs,
-                        episode=episode,
-                        t_submit=t_submit, weight_version=ev.reads.get("weight_version"),
-                        decode={"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
-                                "max_new_tokens": d.max_new_tokens, "seed": d.seed},
-                        min_version=min((t["min_version"] for t in trajs), default=None),
-                        max_version=max((t["max_version"] for t in trajs), default=None))
-        if ev.stage == "trajectory_fields":
-            mask_sum = np.asarray(traj.response_mask)[rows].sum(axis=1)
-            per = [{"key": key_of[int(i)], "prompt_len": int(traj.prompt_length[i]), "response_len": int(resp_len[i]),
-                    "seq_len": int(traj.prompt_length[i] + resp_len[i]), "response_mask_sum": int(m),
-                    "observation_tokens": int(resp_len[i] - m), "num_turns": _num_turns(traj, i)}
-                   for i, m in zip(rows, mask_sum)]
-            return dict(trajectories=per, layout="prompts left-padded to the learner's prompt length, responses "
-                                                 "right-padded; input_ids = [prompt | response]")
-        if ev.stage == "reward":
-            scores = w.get("scores")
-            pad_abs = _padding_abs_sum(scores, g_pad) if scores is not None else None
-            return dict(placement="outcome reward: one scalar per trajectory, on its last action token",
-                        padding_rows=int(g_pad.sum()), padding_reward_abs_sum=pad_abs)
-        if ev.stage == "reward_judge":  # reward.judge: each traced row's verdict text, parsed score and status
-            texts, status, scores = w.get("judge_texts") or (), w.get("judge_status") or (), w.get("judge_scores")
-            verdicts = [{"key": key_of[int(i)], "text": texts[i][:200], "score": float(scores[i]), "status": status[i]}
-                        for i in rows if i < len(texts)]
-            report = w.get("judge_report")
-            return dict(verdicts=verdicts, batch=report.metrics() if report is not None else None)
-        if ev.stage == "advantages":
-            return dict(estimator=cfg.algorithm.adv_estimator,
-                        returns="materialised (critic targets)" if "values" in ev.reads
-                        else "= advantages (outcome estimators have no critic)")
-        if ev.stage == "actor_minibatch":
-            return self._minibatch_facts(ev, traj, learner_mask, g_pad)
-        if ev.stage in ("enqueue", "dequeue"):  # trainer.mode=async: the group through the queue
-            facts = dict(w.get(ev.stage) or {})
-            facts.pop("staleness_hist", None)
-            if ev.stage == "dequeue":
-                learner = facts.get("learner_version")
-                vs = [(int(traj.min_version[i]), int(traj.max_version[i])) for i in rows]
-                facts["group"] = {"min_version": min(v[0] for v in vs) if vs else None,
-                                  "max_version": max(v[1] for v in vs) if vs else None,
-                                  "staleness": [learner - v[0] for v in vs] if learner is not None else None}
-            return facts
-        if ev.stage == "weight_sync":
-            return dict(learner_version=w.get("weight_version_after"), sampler_version=w.get("sampler_version"),
-                        sync_s=round(float(w.get("weight_sync_s") or 0.0), 6),
-                        next_rollout_version=w.get("sampler_version"))
-        if ev.stage == "metrics":
-            real = ~g_pad
-            scores = fields.get("scores")
-            host_scores = host_rows(scores, np.nonzero(real)[0]) if scores is not None else None
-            return dict(rows_counted=int(real.sum()), padding_rows=int(g_pad.sum()),
-                        response_length_mean_real=float(g_resp[real].mean()) if real.any() else None,
-                        score_mean_real=float(host_scores.mean()) if host_scores is not None and real.any() else None,
-                        logged={k: _num((w.get("metrics") or {}).get(k))
-                                for k in ("critic/score/mean", "response_length/mean", "actor/entropy",
-                                          "actor/pg_loss")})
-        return {}
-
-    def _minibatch_facts(self, ev, traj, learner_mask, pad) -> dict:
-        from rljax.config import derive
-
-        sizes = derive(self.cfg)
-        reads = ev.reads
-        lm = reads.get("loss_mask")
-        B = int(lm.shape[0]) if lm is not None else int(traj.batch_size)
-        mini, micro = sizes.mini_batch_trajectories, sizes.micro_batch_trajectories
-        behaviour = "old_logp" if "old_logp" in reads else ("rollout_logp" if "rollout_logp" in reads else None)
-        # actor.skip_old_log_prob: the update read no behaviour log-prob and wrote its own old_logp
-        in_update = behaviour is None and "old_logp" in ev.writes
-        if in_update:
-            behaviour = "old_logp"
-        loss_tokens = loss_rows = pad_tokens = None
-        per_row = self._row_tokens if lm is not None else None
-        if per_row is not None:
-            loss_tokens, loss_rows = int(per_row.sum()), int((per_row > 0).sum())
-            pad_tokens = int(per_row[pad].sum()) if pad.any() else 0
-        minibatch = {"global_batch_size": B, "ppo_mini_batch_size": int(mini), "ppo_micro_batch_size": int(micro),
-                     "ppo_epochs": int(self.cfg.actor.ppo_epochs), "mini_batches_per_epoch": int(B // mini),
-                     "micro_batches_per_mini_batch": int(mini // micro),
-                     "optimizer_steps_after": ev.writes.get("optimizer_steps"), "loss_tokens": loss_tokens,
-                     "loss_rows": loss_rows, "loss_tokens_on_padding_rows": pad_tokens,
-                     "advantages_on_padding_rows_abs_sum": _padding_abs_sum(reads.get("advantages"), pad),
-                     "dp_shard_rows": int(B // self.dp) if B % self.dp == 0 else None, "actor_dp": self.dp}
-        actor = {k: _num(v) for k, v in (ev.writes.get("actor_metrics") or {}).items()}
-        return dict(minibatch=minibatch, actor_metrics=actor,
-                    behaviour_logp={"field": behaviour, "producer": ev.producers.get(behaviour) if behaviour else None,
-                                    "bypass_mode": bool(self.cfg.algorithm.bypass_mode), "in_update": in_update})
-
-
-def message_count(prompt, system_prompt: Optional[str] = None) -> int:
-    """Messages of a chat prompt: the message list's length, plus the ``data.system_prompt``
-    the formatter puts first when the chat has no system message; 1 for a text prompt."""
-    if isinstance(prompt, str):
-        return 1
-    msgs = list(prompt)
-    return len(msgs) + (system_prompt is not None and not any(m.get("role") == "system" for m in msgs))
-
 
 def _allgather_json(obj: dict, width: int = 8192) -> list[dict]:
     """Every process's ``obj`` (JSON, at most ``width`` bytes: the list of found violations is cut
@@ -864,34 +714,11 @@ def _producers(events) -> dict[str, str]:
     return out
 
 
-def _num_turns(traj, i) -> int:
-    turns = getattr(traj, "num_turns", None)
-    return 1 if turns is None else int(turns[i])
-
-
 def _sampler_side(x, traj) -> bool:
     """True for the sampler's own host arrays; the learner's fields are device arrays."""
     return isinstance(x, np.ndarray)
 
 
-
-
-def _padding_abs_sum(x, pad: np.ndarray) -> Optional[float]:
-    """Sum of |x| over the padding rows (0.0 without padding rows; reads only their shards)."""
-    if x is None or not pad.any():
-        return 0.0
-    from rljax.trace.fields import host_rows
-
-    v = host_rows(x, np.nonzero(pad)[0])
-    return None if v is None else float(np.abs(v).sum())
-
-
-def _num(v):
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if np.isfinite(f) else None
 
 
 def _signature(keys, fields) -> dict:

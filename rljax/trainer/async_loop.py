@@ -89,6 +89,26 @@ def staleness_facts(learner_version: int, min_version: np.ndarray, max_version: 
             "staleness_hist": {str(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))}}
 
 
+def queue_facts(ev, v) -> dict:
+    """The ``enqueue`` / ``dequeue`` stage's facts (the batch through the queue: index, depth,
+    versions, drops); at ``dequeue`` also the traced group's version range and staleness."""
+    facts = dict(ev.writes.get(ev.stage) or {})
+    facts.pop("staleness_hist", None)
+    if ev.stage == "dequeue":
+        learner = facts.get("learner_version")
+        traj = v.traj
+        vs = [(int(traj.min_version[i]), int(traj.max_version[i])) for i in v.rows]
+        facts["group"] = {"min_version": min(x[0] for x in vs) if vs else None,
+                          "max_version": max(x[1] for x in vs) if vs else None,
+                          "staleness": [learner - x[0] for x in vs] if learner is not None else None}
+    return facts
+
+
+def enqueue_stage(fn) -> Stage:
+    """The producer's last stage: ``fn(batch) -> {"enqueue": facts}`` about the batch put into the queue."""
+    return Stage("enqueue", fn, "enqueue", reads=("step", "trajectories"), writes=("enqueue",), facts=queue_facts)
+
+
 class WeightPush:
     """The newest weights the learner pushed, until the producer installs them (its thread
     owns the sampler); ``pushes`` counts them."""
@@ -138,8 +158,8 @@ class Producer:
             return dict(S.draw_prompts(services, b), weight_version=sampler.version)
 
         scoring = [sync["reward"]] if "reward" in producer_stages(services.cfg) else []
-        self.runner = StepRunner([Stage("dataset_item", item, "data"), sync["rollout_sessions"], *scoring,
-                                  Stage("enqueue", self._enqueue_facts, "enqueue")])
+        self.runner = StepRunner([dataclasses.replace(sync["dataset_item"], fn=item, updates_state=False),
+                                  sync["rollout_sessions"], *scoring, enqueue_stage(self._enqueue_facts)])
 
     def _enqueue_facts(self, b) -> dict:
         traj = b["trajectories"]
@@ -264,9 +284,10 @@ class StreamingProducer(Producer):
         self._done: Optional[tuple] = None  # (drawn, batch, trajectories) of the batch being completed
         sync = {s.name: s for s in S.sync_stages(services)}
         scoring = [sync["reward"]] if "reward" in producer_stages(services.cfg) else []
-        self.runner = StepRunner([Stage("dataset_item", self._drawn_fields, "data"),
-                                  Stage("rollout_sessions", self._streamed, "gen"), *scoring,
-                                  Stage("enqueue", self._enqueue_facts, "enqueue")])
+        # the synchronous stages' declarations and trace facts, over what the rounds did
+        self.runner = StepRunner([dataclasses.replace(sync["dataset_item"], fn=self._drawn_fields, updates_state=False),
+                                  dataclasses.replace(sync["rollout_sessions"], fn=self._streamed), *scoring,
+                                  enqueue_stage(self._enqueue_facts)])
 
     def _drawn_fields(self, b) -> dict:
         drawn, _, traj = self._done
@@ -385,14 +406,16 @@ class AsyncSchedule:
         self._global_facts: Optional[dict] = None
 
     def _learner_stages(self, stages) -> list[Stage]:
-        out = [Stage("dequeue", self._dequeue_facts, "dequeue")]
+        out = [Stage("dequeue", self._dequeue_facts, "dequeue", reads=("queue_item",), writes=("dequeue",),
+                     facts=queue_facts)]
         for s in stages:
             if s.name in producer_stages(self.services.cfg):
                 continue
             if s.name == "weight_sync":
-                s = Stage("weight_sync", self._weight_push, "update_weights", updates_state=True)
+                s = dataclasses.replace(s, fn=self._weight_push, writes=(*s.writes, "weight_pushed"))
             if s.name == "gather_rollout":  # several processes: the staleness facts of every process's rows
-                s = Stage("gather_rollout", lambda b, fn=s.fn: self._gather_rollout(fn, b), s.timing)
+                s = dataclasses.replace(s, fn=lambda b, fn=s.fn: self._gather_rollout(fn, b),
+                                        reads=(*s.reads, "dequeue"), writes=(*s.writes, "dequeue"))
             out.append(s)
         return out
 

@@ -23,6 +23,29 @@ Stages compute; the runner sequences and times (``jax.block_until_ready`` on eac
 stage's device outputs, so a stage's time is its own work, not the next stage's wait);
 observers only read. The asynchronous and multi-turn schedules reuse the same stages with
 another runner loop.
+
+**Stages describe themselves.** A stage declares the batch fields it may read (``reads``)
+and write (``writes``); the runner raises :class:`StageContractError` (one line naming the
+stage and the field) when a stage reads or writes a field it did not declare, so a stage's
+declaration is what it does, not a comment. A stage may also carry ``facts``: what a reader
+of the trace needs beyond the field summaries (versions, sizes, statuses), computed from its
+own outputs. The signature, for any stage (the asynchronous producer's and admission's
+included)::
+
+    facts(event: StageEvent, view: rljax.trace.facts.GroupView) -> dict  # JSON-able
+
+``event`` is the stage's :class:`StageEvent` (``reads``, ``writes``, ``producers``,
+``t_start`` / ``t_end``); ``view`` is one traced prompt group as the tracer sees it at the
+end of the step (its rows and keys in the trajectories, the step's fields, the learner
+batch's padding and per-row loss tokens, a clock converter). Run constants a stage's facts
+need (the estimator's name, ``rollout.n``) are bound when the stage list is built
+(``functools.partial``); the trace package holds no table of stage names, and the function
+travels in the event (the trace does not import the trainer). The facts are computed only
+for traced groups, after the step, and must only read.
+
+Each step, the runner records the names of the stages it ran, in order (a ``prior``'s
+replayed producer stages first) in :attr:`Cleanup.stages`; the tracer writes that list in
+the cleanup record, and ``trace check`` compares every traced group's records with it.
 """
 
 from __future__ import annotations
@@ -37,6 +60,11 @@ import jax
 import numpy as np
 
 
+class StageContractError(RuntimeError):
+    """A stage read or wrote a batch field it does not declare (a bug in the stage or its
+    declaration, not a user's mistake)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """A named step of the pipeline.
@@ -47,12 +75,25 @@ class Stage:
         ``updates_state``: ``fn(state, batch) -> (state, dict)``.
       timing: the ``timing_s/<timing>`` metric key (verl's names where they exist).
       updates_state: the stage takes the run's state and returns it (changed or not).
+      reads: the batch fields the stage may read (optional ones included).
+      writes: the batch fields it may write (a subset each step).
+      facts: ``facts(event, view) -> dict`` for the trace (see the module docstring), or None.
     """
 
     name: str
     fn: Callable[..., Any]
     timing: Optional[str] = None
     updates_state: bool = False
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    facts: Optional[Callable[..., dict]] = None
+
+    def __post_init__(self):
+        for what in ("reads", "writes"):
+            value = getattr(self, what)
+            if isinstance(value, str):
+                raise TypeError(f"stage {self.name!r}: {what}={value!r} must be a tuple of field names, not a string")
+            object.__setattr__(self, what, tuple(value))
 
     @property
     def timing_key(self) -> str:
@@ -71,6 +112,7 @@ class StageEvent:
     aliases: dict[str, str]  # written field -> the existing field it is the same object as
     t_start: float  # time.perf_counter()
     t_end: float
+    facts: Optional[Callable[..., dict]] = None  # the stage's facts(event, view) for the trace
 
 
 @dataclasses.dataclass
@@ -83,6 +125,7 @@ class Cleanup:
     leaked: list[str]  # fields whose value is still referenced somewhere
     t_start: float
     t_end: float
+    stages: list[str] = dataclasses.field(default_factory=list)  # the stages the step ran, in order
 
 
 class Observer(Protocol):
@@ -96,13 +139,18 @@ class Observer(Protocol):
 
 
 class _Reads(Mapping):
-    """A read-only view of the batch that records which fields a stage reads."""
+    """A read-only view of the batch that records which fields a stage reads, and refuses a read
+    the stage did not declare."""
 
-    def __init__(self, data: Mapping[str, Any]):
+    def __init__(self, data: Mapping[str, Any], stage: Stage):
         self._data = data
+        self._stage = stage
         self.read: list[str] = []
 
     def __getitem__(self, key):
+        if key not in self._stage.reads:
+            raise StageContractError(f"stage {self._stage.name!r} read field {key!r}, which it does not declare "
+                                     f"(reads={list(self._stage.reads)})")
         value = self._data[key]
         if key not in self.read:
             self.read.append(key)
@@ -142,6 +190,7 @@ class Produced:
     producers: dict
     events: list
     timings: dict
+    stages: list = dataclasses.field(default_factory=list)  # the names of the stages run, in order
 
     def release(self) -> None:
         self.batch, self.events = {}, []
@@ -169,9 +218,10 @@ class StepRunner:
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages)
 
-    def _stages(self, step: int, batch: dict, producers: dict, timings: dict, emit: Callable, state: Any) -> Any:
+    def _stages(self, step: int, batch: dict, producers: dict, timings: dict, emit: Callable, state: Any,
+                ran: list) -> Any:
         for stage in self.stages:
-            view = _Reads(batch)
+            view = _Reads(batch, stage)
             t_start = time.perf_counter()
             if stage.updates_state:
                 if state is None:
@@ -181,6 +231,11 @@ class StepRunner:
                 out = dict(out or {})
             else:
                 out = dict(stage.fn(view) or {})
+            undeclared = [k for k in out if k not in stage.writes]
+            if undeclared:
+                raise StageContractError(f"stage {stage.name!r} wrote field {undeclared[0]!r}, which it does not "
+                                         f"declare (writes={list(stage.writes)})")
+            ran.append(stage.name)
             jax.block_until_ready(_device_leaves(out))
             t_end = time.perf_counter()
             timings[stage.timing_key] = timings.get(stage.timing_key, 0.0) + (t_end - t_start)
@@ -195,7 +250,7 @@ class StepRunner:
             batch.update(out)
             event = StageEvent(step=step, stage=stage.name, reads={k: batch[k] for k in view.read}, writes=out,
                                producers={k: producers[k] for k in (*view.read, *out)}, aliases=aliases,
-                               t_start=t_start, t_end=t_end)
+                               t_start=t_start, t_end=t_end, facts=stage.facts)
             emit(event)
             del event, view, out
         return state
@@ -209,8 +264,9 @@ class StepRunner:
         producers = {k: "step_start" for k in batch}
         events: list[StageEvent] = []
         timings: dict[str, float] = {}
-        self._stages(step, batch, producers, timings, events.append, None)
-        return Produced(batch=batch, producers=producers, events=events, timings=timings)
+        ran: list[str] = []
+        self._stages(step, batch, producers, timings, events.append, None, ran)
+        return Produced(batch=batch, producers=producers, events=events, timings=timings, stages=ran)
 
     def run(self, step: int, seed: Optional[Mapping[str, Any]] = None,
             prior: Optional["Produced"] = None) -> tuple[dict, dict[str, float]]:
@@ -231,7 +287,9 @@ class StepRunner:
         batch: dict[str, Any] = dict(seed or {})
         producers = {k: "step_start" for k in batch}
         timings: dict[str, float] = {}
+        ran: list[str] = []
         if prior is not None:
+            ran.extend(prior.stages)
             batch.update(prior.batch)
             producers.update(prior.producers)
             timings.update(prior.timings)
@@ -246,7 +304,7 @@ class StepRunner:
             for obs in self.observers:
                 obs.stage(event)
 
-        state = self._stages(step, batch, producers, timings, emit, state)
+        state = self._stages(step, batch, producers, timings, emit, state, ran)
         metrics = dict(batch.get("metrics") or {})
         metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
         metrics["timing_s/step"] = time.perf_counter() - t0
@@ -263,7 +321,7 @@ class StepRunner:
             gc.collect()
             leaked = [k for k in leaked if any(r() is not None for r in refs[k])]
         report = Cleanup(step=step, batch_keys=keys, tracked=sum(len(r) for r in refs.values()), leaked=leaked,
-                         t_start=t_clean, t_end=time.perf_counter())
+                         t_start=t_clean, t_end=time.perf_counter(), stages=ran)
         for obs in self.observers:
             obs.cleanup(report)
         return state, metrics, timings

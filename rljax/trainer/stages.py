@@ -6,7 +6,10 @@ wrote. A stage is ``fn(services, batch) -> outputs`` or, when it reads or change
 state, ``fn(services, state, batch) -> (state, outputs)``: the services
 (:class:`~rljax.trainer.services.Services`: model functions, sampler, reward, mesh) never
 change, the state (:class:`~rljax.trainer.state.RunState`: train states, weight version,
-KL coefficient, ...) is a value the runner threads through; no stage keeps either.
+KL coefficient, ...) is a value the runner threads through; no stage keeps either. Each stage
+declares the fields it may read and write (:data:`READS`, :data:`WRITES`; the runner refuses
+any other) and carries its trace facts (``*_facts(event, view)`` beside the stage function,
+see :mod:`rljax.trainer.runner`). The table below is the overview:
 
 ====================  ==================  =================================================
 stage                 ``timing_s/``       reads -> writes
@@ -66,6 +69,8 @@ from rljax import loss as rl
 from rljax.env import episode_scores
 from rljax.sharding import place_batch, to_host
 from rljax.trace import faults
+from rljax.trace.facts import GroupView, message_count, number, padding_abs_sum
+from rljax.trace.fields import host_rows
 from rljax.trainer.runner import Stage
 from rljax.trainer.services import Services
 from rljax.trainer.state import RunState, step_key
@@ -133,6 +138,68 @@ def learner_layout(traj, *, prompt_len: int, response_len: int, trim: bool = Fal
     }
 
 
+#: What each stage may read and write (a superset per configuration; the runner refuses any
+#: other field). ``actor_minibatch``'s reads depend on the configuration (:func:`actor_reads`).
+READS = {
+    "dataset_item": ("step",),
+    "rollout_sessions": ("step", "prompts", "uids", "weight_version", "batch_prompts"),  # the last: filter_groups
+    "trajectory_fields": ("step", "trajectories"),
+    "reward_model": MODEL_INPUTS,
+    "reward_judge": ("trajectories", "prompts"),
+    "reward": ("step", "trajectories", "prompts", "rm_scores", "judge_scores", "dynamic_sampling"),
+    "gather_rollout": ("queue_item", "trajectories", "reward_report"),
+    "old_log_prob": (*MODEL_INPUTS, "rollout_logp", "loss_mask"),
+    "reference": MODEL_INPUTS,
+    "values": MODEL_INPUTS,
+    "kl_controller": ("kl_in_reward", "rollout_rows", "trajectories"),
+    "update_critic": ("step", *MODEL_INPUTS, "loss_mask", "values", "returns"),
+    "weight_sync": (),
+    "metrics": ("trajectories", "rollout_rows", "actor_metrics", "critic_metrics", "advantages", "loss_mask",
+                "scores", "optimizer_steps", "weight_version_after", "rollout_tokens_per_s", "reward_report",
+                "rollout_mismatch", "old_logp", "rollout_logp", "function_scores", "rm_scores", "judge_scores",
+                "judge_report", "dynamic_sampling", "kl", "kl_coef", "kl_in_reward", "values", "returns"),
+}
+WRITES = {
+    "dataset_item": ("prompts", "uids", "weight_version", "batch_prompts"),  # the last: filter_groups, processes > 1
+    "rollout_sessions": ("trajectories", "prompts", "uids", "dynamic_sampling"),  # the last three: filter_groups
+    "trajectory_fields": (*MODEL_INPUTS, "loss_mask", "rollout_logp", "group_id", "row_mask"),
+    "reward_model": ("rm_scores",),
+    "reward_judge": ("judge_scores", "judge_texts", "judge_status", "judge_report"),
+    "reward": ("scores", "function_scores", "reward_report", "scored_rows"),
+    "gather_rollout": ("rollout_rows", "reward_report", "rollout_tokens_per_s"),
+    "old_log_prob": ("old_logp", "entropy", "rollout_mismatch"),
+    "reference": ("ref_logp",),
+    "values": ("values",),
+    "advantages": ("token_level_rewards", "advantages", "returns", "rollout_is_weights", "kl_in_reward"),
+    "kl_controller": ("kl", "kl_coef"),
+    "update_critic": ("critic_metrics",),
+    "actor_minibatch": ("actor_metrics", "optimizer_steps", "update_sizes", "old_logp"),
+    "weight_sync": ("weight_version_after", "sampler_version", "weight_sync_s"),
+    "metrics": ("metrics",),
+}
+
+
+def actor_reads(s: Services) -> tuple[str, ...]:
+    """The fields the actor update reads in this configuration (:func:`actor_batch`): its
+    behaviour log-prob is the learner's ``old_logp`` or, in bypass mode, the sampler's
+    ``rollout_logp``; none when the update takes its own (``actor.skip_old_log_prob``)."""
+    keys = ["step", *MODEL_INPUTS, "loss_mask", "advantages"]
+    if not s.learner.old_logp_in_update:
+        keys.append(s.behaviour_logp)
+    if s.cfg.actor.use_kl_loss:
+        keys.append("ref_logp")
+    if s.cfg.rollout.correction != "none":
+        keys.append("rollout_is_weights")
+    return tuple(keys)
+
+
+def stage(s: Services, name: str, fn: Callable, timing: str, *, updates_state: bool = False,
+          facts: Optional[Callable] = None, reads: Optional[tuple] = None) -> Stage:
+    """The stage ``name`` over ``fn(s, [state,] batch)``, with its declared fields and facts."""
+    return Stage(name, functools.partial(fn, s), timing, updates_state=updates_state,
+                 reads=READS[name] if reads is None else reads, writes=WRITES[name], facts=facts)
+
+
 def sync_stages(s: Services, *, on_chunk: Optional[Callable] = None) -> list[Stage]:
     """The stage list of a synchronous step for this configuration. ``on_chunk``: called by the
     sampler between decode chunks (the asynchronous schedule installs weight pushes there
@@ -143,32 +210,37 @@ def sync_stages(s: Services, *, on_chunk: Optional[Callable] = None) -> list[Sta
         rollout_fn, reward_fn = rollout_episodes, episode_reward
     if cfg.algorithm.filter_groups.enable:  # DAPO dynamic sampling: generate and score until the batch is full
         rollout_fn, reward_fn = _filtered_stages(s, rollout_fn)
-    pure = lambda name, fn, timing: Stage(name, functools.partial(fn, s), timing)  # noqa: E731
-    with_state = lambda name, fn, timing: Stage(name, functools.partial(fn, s), timing, updates_state=True)  # noqa: E731
-    stages = [with_state("dataset_item", dataset_item, "data"),
-              Stage("rollout_sessions", lambda b: _release_after(s, rollout_fn(s, b)), "gen"),
-              with_state("trajectory_fields", trajectory_fields, "reshard")]
+    stages = [stage(s, "dataset_item", dataset_item, "data", updates_state=True,
+                    facts=functools.partial(dataset_item_facts, system_prompt=cfg.data.system_prompt)),
+              stage(s, "rollout_sessions", lambda s, b: _release_after(s, rollout_fn(s, b)), "gen",
+                    facts=functools.partial(rollout_facts, n=int(cfg.rollout.n))),
+              stage(s, "trajectory_fields", trajectory_fields, "reshard", updates_state=True,
+                    facts=trajectory_fields_facts)]
     if cfg.reward.model.path is not None:  # a discriminative reward model scores the learner batch
-        stages.append(pure("reward_model", reward_model, "reward_model"))
+        stages.append(stage(s, "reward_model", reward_model, "reward_model"))
     if cfg.reward.judge.path is not None:  # a generative judge reads each trajectory on the rollout engine
-        stages.append(with_state("reward_judge", reward_judge, "reward_judge"))
-    stages.append(pure("reward", reward_fn, "reward"))
+        stages.append(stage(s, "reward_judge", reward_judge, "reward_judge", updates_state=True,
+                            facts=reward_judge_facts))
+    stages.append(stage(s, "reward", reward_fn, "reward", facts=reward_facts))
     if s.rollout.share.processes > 1:  # the whole batch's row facts and reward report, on the learner side
-        stages.append(pure("gather_rollout", gather_rollout, "gather_rollout"))
+        stages.append(stage(s, "gather_rollout", gather_rollout, "gather_rollout"))
     if not cfg.algorithm.bypass_mode and not learner.old_logp_in_update:
-        stages.append(with_state("old_log_prob", old_log_prob, "old_log_prob"))
+        stages.append(stage(s, "old_log_prob", old_log_prob, "old_log_prob", updates_state=True))
     if learner.ref_params is not None or learner.ref_is_base:
-        stages.append(with_state("reference", reference, "ref"))
+        stages.append(stage(s, "reference", reference, "ref", updates_state=True))
     if learner.critic is not None:
-        stages.append(with_state("values", values, "values"))
-    stages.append(with_state("advantages", advantages, "adv"))
+        stages.append(stage(s, "values", values, "values", updates_state=True))
+    stages.append(stage(s, "advantages", advantages, "adv", updates_state=True, reads=learner.prepare_inputs,
+                        facts=functools.partial(advantages_facts, estimator=cfg.algorithm.adv_estimator)))
     if cfg.algorithm.use_kl_in_reward:  # the KL-in-reward controller adapts the next step's coefficient
-        stages.append(with_state("kl_controller", kl_controller, "kl_ctrl"))
+        stages.append(stage(s, "kl_controller", kl_controller, "kl_ctrl", updates_state=True))
     if learner.critic is not None:
-        stages.append(with_state("update_critic", update_critic, "update_critic"))
-    stages += [with_state("actor_minibatch", actor_minibatch, "update_actor"),
-               with_state("weight_sync", weight_sync, "update_weights"),
-               pure("metrics", step_metrics, "metrics")]
+        stages.append(stage(s, "update_critic", update_critic, "update_critic", updates_state=True))
+    stages += [stage(s, "actor_minibatch", actor_minibatch, "update_actor", updates_state=True, reads=actor_reads(s),
+                     facts=functools.partial(actor_minibatch_facts, bypass_mode=bool(cfg.algorithm.bypass_mode),
+                                             dp=int(dict(s.mesh.shape).get("dp", 1)))),
+               stage(s, "weight_sync", weight_sync, "update_weights", updates_state=True, facts=weight_sync_facts),
+               stage(s, "metrics", step_metrics, "metrics", facts=metrics_facts)]
     return stages
 
 
@@ -227,6 +299,16 @@ def dataset_item(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     return state, {**draw_prompts(s, b), "weight_version": state.version}
 
 
+def dataset_item_facts(ev, v: GroupView, *, system_prompt: Optional[str] = None) -> dict:
+    """The group's prompt: its dataset row, position, length, messages and uid."""
+    w = v.fields if "dynamic_sampling" in v.fields else ev.writes  # filter_groups: the kept groups' prompts
+    p = w["prompts"][v.group]
+    return dict(row_index=int(p.index), position=int(p.position), prompt_tokens=len(p.ids),
+                truncated=bool(p.truncated), message_count=message_count(getattr(p, "prompt", ""), system_prompt),
+                prompt_key=w["uids"][v.group], uid_rule="uid = '{step}-{index in batch}'", num_groups=len(w["uids"]),
+                weight_version=w.get("weight_version"))
+
+
 def draw_prompts(s: Services, b) -> dict:
     """The step's prompts (this process's share of them with several processes) and their uids
     ``{step}-{index in the batch}`` (the one-process uids, so the same random streams)."""
@@ -250,6 +332,52 @@ def rollout_sessions(s: Services, b, *, on_chunk: Optional[Callable] = None) -> 
                                       decode=s.rollout.decode, on_chunk=on_chunk)
     check_weight_version(traj, b["weight_version"])
     return {"trajectories": traj}
+
+
+def rollout_facts(ev, v: GroupView, *, n: int) -> dict:
+    """The group's sessions: per trajectory its versions, status and engine times (multi-turn:
+    turns, tool calls, observation masks), and the decode parameters."""
+    traj, rows, key_of = v.traj, v.rows, v.key_of
+    d = traj.decode
+    t_submit = v.wall(ev.t_start)
+    trajs = []
+    for i in rows:
+        insert = t_submit + float(traj.queue_s[i])
+        trajs.append({"key": key_of[int(i)], "session": int(traj.session[i]), "index": int(traj.index[i]),
+                      "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
+                      "status": "truncated" if traj.truncated[i] else "eos",
+                      "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
+    episode = _episode_facts(traj, rows, trajs) if getattr(traj, "num_turns", None) is not None else None
+    return dict(sessions=sorted({t["session"] for t in trajs}), n=n, trajectories=trajs, episode=episode,
+                t_submit=t_submit, weight_version=ev.reads.get("weight_version"),
+                decode={"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                        "max_new_tokens": d.max_new_tokens, "seed": d.seed},
+                min_version=min((t["min_version"] for t in trajs), default=None),
+                max_version=max((t["max_version"] for t in trajs), default=None))
+
+
+def _episode_facts(traj, rows, trajs: list) -> dict:
+    """Multi-turn episodes (:mod:`rljax.env`): per trajectory (added to ``trajs``) the observation
+    tokens' mask and log-prob sums, turns and tool times; the batch's episode counts."""
+    ep = traj.episode_stats
+    for t, i in zip(trajs, rows):
+        roles = np.asarray(traj.roles[i])
+        obs, act = roles == 2, (roles == 1) | (roles == 3)  # rljax.loss.Role TOOL_RESULT, actions
+        t.update(obs_mask_sum=int(np.asarray(traj.response_mask[i])[obs].sum()),
+                 obs_logp_abs_sum=float(np.abs(np.asarray(traj.rollout_logp[i])[obs]).sum()),
+                 policy_unmasked=int((act & ~np.asarray(traj.response_mask[i], bool)).sum()))
+        t.update(num_turns=int(traj.num_turns[i]), observation_tokens=int(traj.obs_tokens[i]),
+                 tool_calls=int(traj.tool_calls[i]), role_spans=[list(sp) for sp in traj.turn_spans[i]])
+        if getattr(traj, "tool_s", None) is not None:  # tool latency, and the wait on the env
+            t.update(tool_s=round(float(traj.tool_s[i]), 6), env_wait_s=round(float(traj.env_wait_s[i]), 6))
+    return {"tool_calls": ep.get("tool_calls"), "tool_errors": ep.get("tool_errors"),
+            "tool_timeouts": ep.get("tool_timeouts"), "tool_s": round(float(ep.get("tool_s", 0.0)), 6),
+            "env_s": round(float(ep.get("env_s", 0.0)), 6), "turns": ep.get("turns"),
+            "context": ("kv: sessions keep their slot and KV cache; observations appended by an extend prefill "
+                        f"({ep.get('extended_tokens', 0)} tokens in {ep.get('extend_calls', 0)} calls)"
+                        if ep.get("continuation") == "kv" else
+                        "re-prefill per turn (observations appended to the context, not the KV cache)"),
+            "prefill_tokens": ep.get("prefill_tokens")}
 
 
 def rollout_episodes(s: Services, b) -> dict:
@@ -288,6 +416,20 @@ def trajectory_fields(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     faults.learner_fields(host, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups,
                           version=state.version)
     return state, assemble(host, s.mesh, share)
+
+
+def trajectory_fields_facts(ev, v: GroupView) -> dict:
+    """Per trajectory: prompt, response and sequence lengths, action and observation tokens."""
+    traj, rows = v.traj, v.rows
+    resp_len = np.asarray(traj.response_length)
+    mask_sum = np.asarray(traj.response_mask)[rows].sum(axis=1)
+    turns = getattr(traj, "num_turns", None)
+    per = [{"key": v.key_of[int(i)], "prompt_len": int(traj.prompt_length[i]), "response_len": int(resp_len[i]),
+            "seq_len": int(traj.prompt_length[i] + resp_len[i]), "response_mask_sum": int(m),
+            "observation_tokens": int(resp_len[i] - m), "num_turns": 1 if turns is None else int(turns[i])}
+           for i, m in zip(rows, mask_sum)]
+    return dict(trajectories=per, layout="prompts left-padded to the learner's prompt length, responses "
+                                         "right-padded; input_ids = [prompt | response]")
 
 
 def score(s: Services, traj, prompts, *, max_error_fraction: float):
@@ -355,6 +497,14 @@ def combine(s: Services, b, traj, scores) -> dict:
     return {"scores": combined, "function_scores": dev["function_scores"], "scored_rows": scored}
 
 
+def reward_facts(ev, v: GroupView) -> dict:
+    """Where the reward sits, and that padding rows got none."""
+    scores = ev.writes.get("scores")
+    return dict(placement="outcome reward: one scalar per trajectory, on its last action token",
+                padding_rows=int(v.is_padding.sum()),
+                padding_reward_abs_sum=padding_abs_sum(scores, v.is_padding) if scores is not None else None)
+
+
 def response_digest(traj) -> np.ndarray:
     """Per row, the position-sensitive digest of the response tokens (observations included)."""
     from rljax.trace.invariants import position_digest
@@ -398,6 +548,16 @@ def reward_judge(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     judge = s.reward.judge.get(s, state)
     return state, judge(b["trajectories"], b["prompts"], policy_tokenizer=s.rollout.tokenizer,
                         max_error_fraction=s.cfg.reward.max_error_fraction)
+
+
+def reward_judge_facts(ev, v: GroupView) -> dict:
+    """Each traced row's verdict text (cut to 200 characters), parsed score and status; the batch's report."""
+    w = ev.writes
+    texts, status, scores = w.get("judge_texts") or (), w.get("judge_status") or (), w.get("judge_scores")
+    verdicts = [{"key": v.key_of[int(i)], "text": texts[i][:200], "score": float(scores[i]), "status": status[i]}
+                for i in v.rows if i < len(texts)]
+    report = w.get("judge_report")
+    return dict(verdicts=verdicts, batch=report.metrics() if report is not None else None)
 
 
 def load_judge(s: Services, state: RunState):
@@ -533,6 +693,11 @@ def advantages(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     return state, dict(s.learner.prepare(fields, jnp.float32(state.kl_coef)))
 
 
+def advantages_facts(ev, v: GroupView, *, estimator: str) -> dict:
+    return dict(estimator=estimator, returns="materialised (critic targets)" if "values" in ev.reads
+                else "= advantages (outcome estimators have no critic)")
+
+
 def kl_controller(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     """``algorithm.use_kl_in_reward``: the step's measured KL (``critic/kl``) and the coefficient
     its advantages used (``critic/kl_coef``); with ``algorithm.kl_ctrl.type=adaptive`` the next
@@ -567,11 +732,45 @@ def actor_batch(s: Services, b) -> dict:
 
 
 def actor_minibatch(s: Services, state: RunState, b) -> tuple[RunState, dict]:
-    actor, metrics = s.learner.actor.update(state.actor, actor_batch(s, b), step_key(state, b["step"]))
+    batch = actor_batch(s, b)
+    before = int(state.actor.step)
+    actor, metrics = s.learner.actor.update(state.actor, batch, step_key(state, b["step"]))
     out = {}
     if s.learner.old_logp_in_update:  # the update's own log-probs before its step (detached), [B, T] on the mesh
         out["old_logp"] = metrics.pop("old_logp")
-    return state.replace(actor=actor), {"actor_metrics": to_host(metrics), "optimizer_steps": int(actor.step), **out}
+    steps = int(actor.step)
+    sc = s.model.step_config  # what the update was built with
+    sizes = {"global_batch_size": int(batch["loss_mask"].shape[0]), "ppo_mini_batch_size": int(sc.ppo_mini_batch_size),
+             "ppo_micro_batch_size": int(sc.ppo_micro_batch_size), "ppo_epochs": int(sc.ppo_epochs),
+             "optimizer_steps_taken": steps - before}
+    return state.replace(actor=actor), {"actor_metrics": to_host(metrics), "optimizer_steps": steps,
+                                        "update_sizes": sizes, **out}
+
+
+def actor_minibatch_facts(ev, v: GroupView, *, bypass_mode: bool, dp: int) -> dict:
+    """The update's sizes as it reported them (``update_sizes``), the loss tokens it consumed, its
+    metrics, and which behaviour log-prob it read (and who produced it)."""
+    reads, sizes = ev.reads, dict(ev.writes.get("update_sizes") or {})
+    B, mini, micro = sizes.get("global_batch_size"), sizes.get("ppo_mini_batch_size"), sizes.get("ppo_micro_batch_size")
+    behaviour = "old_logp" if "old_logp" in reads else ("rollout_logp" if "rollout_logp" in reads else None)
+    in_update = behaviour is None and "old_logp" in ev.writes  # actor.skip_old_log_prob: the update wrote its own
+    if in_update:
+        behaviour = "old_logp"
+    loss_tokens = loss_rows = pad_tokens = None
+    per_row, pad = (v.row_tokens if "loss_mask" in reads else None), v.is_padding
+    if per_row is not None:
+        loss_tokens, loss_rows = int(per_row.sum()), int((per_row > 0).sum())
+        pad_tokens = int(per_row[pad].sum()) if pad.any() else 0
+    minibatch = {**sizes, "mini_batches_per_epoch": B // mini if B and mini else None,
+                 "micro_batches_per_mini_batch": mini // micro if mini and micro else None,
+                 "optimizer_steps_after": ev.writes.get("optimizer_steps"), "loss_tokens": loss_tokens,
+                 "loss_rows": loss_rows, "loss_tokens_on_padding_rows": pad_tokens,
+                 "advantages_on_padding_rows_abs_sum": padding_abs_sum(reads.get("advantages"), pad),
+                 "dp_shard_rows": B // dp if B and B % dp == 0 else None, "actor_dp": dp}
+    actor = {k: number(x) for k, x in (ev.writes.get("actor_metrics") or {}).items()}
+    return dict(minibatch=minibatch, actor_metrics=actor,
+                behaviour_logp={"field": behaviour, "producer": ev.producers.get(behaviour) if behaviour else None,
+                                "bypass_mode": bypass_mode, "in_update": in_update})
 
 
 def weight_sync(s: Services, state: RunState, b) -> tuple[RunState, dict]:
@@ -579,6 +778,12 @@ def weight_sync(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     s.rollout.sampler.update_weights(s.rollout.to_sampler(state.actor.params), state.version)
     return state, {"weight_version_after": state.version, "sampler_version": int(s.rollout.sampler.version),
             "weight_sync_s": float(getattr(s.rollout.sampler, "last_weight_sync_s", 0.0))}
+
+
+def weight_sync_facts(ev, v: GroupView) -> dict:
+    w = ev.writes
+    return dict(learner_version=w.get("weight_version_after"), sampler_version=w.get("sampler_version"),
+                sync_s=round(float(w.get("weight_sync_s") or 0.0), 6), next_rollout_version=w.get("sampler_version"))
 
 
 def step_metrics(s: Services, b) -> dict:
@@ -641,6 +846,18 @@ def step_metrics(s: Services, b) -> dict:
     m.update(_model_flops(s, rows, real))
     m.update(_update_metrics(b, actor))
     return {"metrics": m}
+
+
+def metrics_facts(ev, v: GroupView) -> dict:
+    """What the logged metrics counted (real rows only), and some of them as logged."""
+    real = ~v.is_padding
+    scores = v.fields.get("scores")
+    host_scores = host_rows(scores, np.nonzero(real)[0]) if scores is not None else None
+    return dict(rows_counted=int(real.sum()), padding_rows=int(v.is_padding.sum()),
+                response_length_mean_real=float(v.response_length[real].mean()) if real.any() else None,
+                score_mean_real=float(host_scores.mean()) if host_scores is not None and real.any() else None,
+                logged={k: number((ev.writes.get("metrics") or {}).get(k))
+                        for k in ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_loss")})
 
 
 def _update_metrics(b, actor: dict) -> dict:
