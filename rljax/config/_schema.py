@@ -494,7 +494,7 @@ class AsyncTrainingConfig:
                                "side keeps its decode slots full across batch boundaries, admitting the next "
                                "batches' prompts as slots free while their batch can still be trained within "
                                "max_staleness; a batch is queued when all its groups are complete. Single-turn "
-                               "rollouts on one process without algorithm.filter_groups (else one batch per "
+                               "rollouts without algorithm.filter_groups (else one batch per "
                                "generate call, as with false)")
 
 

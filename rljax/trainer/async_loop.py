@@ -230,11 +230,12 @@ class Producer:
 
 def streams(services) -> bool:
     """Whether this run's producer streams (:class:`StreamingProducer`): ``async_training.streaming``
-    and a single-turn rollout on one process without dynamic sampling; else one batch per
+    and a single-turn rollout without dynamic sampling (one stream per process, each over its
+    share of the prompt groups); else one batch per
     ``generate`` call (:class:`Producer`)."""
     cfg = services.cfg
     return bool(cfg.async_training.streaming and services.rollout.env is None
-                and not cfg.algorithm.filter_groups.enable and services.rollout.share.processes == 1)
+                and not cfg.algorithm.filter_groups.enable)
 
 
 @dataclasses.dataclass
@@ -397,7 +398,7 @@ class AsyncSchedule:
         self.weights = WeightPush()
         self.streaming = streams(services)
         if at.streaming and not self.streaming:
-            log.info("rljax: async_training.streaming applies to single-turn rollouts on one process without "
+            log.info("rljax: async_training.streaming applies to single-turn rollouts without "
                      "algorithm.filter_groups; this run generates one batch per call")
         self.producer = (StreamingProducer if self.streaming else Producer)(services, self.queue, self.weights,
                                                                             first_index=state.produced)
