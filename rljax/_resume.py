@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from rljax.config import load_resolved, parse_override, resolve, to_flat_dict
+
 RESOLVED = "config.resolved.yaml"
 #: Keys whose change alters the checkpoint's arrays: never changed by a resume.
 SHAPE_KEYS = ("model.name", "model.path", "model.tokenizer", "model.hidden_size", "model.intermediate_size",
@@ -50,16 +52,12 @@ def _is_gae(flat: dict) -> bool:
 
 def recorded_config(run_dir: str):
     """``(config, provenance)`` of ``run_dir/config.resolved.yaml``, or None when there is none."""
-    from rljax.config import load_resolved
-
     path = os.path.join(run_dir, RESOLVED)
     return load_resolved(path) if os.path.isfile(path) else None
 
 
 def compare(recorded, cfg, *, from_weights: bool = False) -> Optional[str]:
     """One line when ``cfg`` may not resume a run recorded as ``recorded`` (else None)."""
-    from rljax.config import to_flat_dict
-
     before, after = to_flat_dict(recorded), to_flat_dict(cfg)
     shape = _diff(before, after, SHAPE_KEYS)
     if _is_gae(before) != _is_gae(after):
@@ -87,8 +85,6 @@ def plan(config_name: Optional[str], overrides: list[str], run_dir: str, *, from
       ResumeRefused: a shape key changed, or a task key without ``from_weights``.
       rljax.config.ConfigError: an override or the recorded file is not valid.
     """
-    from rljax.config import parse_override, resolve, to_flat_dict
-
     path = os.path.join(run_dir, RESOLVED)
     got = recorded_config(run_dir)
     if got is None:

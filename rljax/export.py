@@ -26,6 +26,9 @@ import shutil
 import sys
 import tempfile
 
+from rljax.config import ConfigError, resolve
+from rljax.tokenizer import tokenizer_for
+
 PROG = "python -m rljax.export"
 TARGETS = ("hf", "peft", "merged")
 #: Files of a Hugging Face tokenizer copied next to the exported weights.
@@ -40,8 +43,6 @@ class ExportError(Exception):
 def _run_config(meta: dict, step: int):
     """The :class:`~rljax.config.Config` checkpoint ``step`` was written with (its ``meta``)."""
     import yaml
-
-    from rljax.config import ConfigError, resolve
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(meta["config"], fh)
@@ -66,7 +67,7 @@ def _restore_params(checkpointer, step: int, like):
     import jax
     import orbax.checkpoint as ocp
 
-    from rljax.trainer.checkpoint import nonfinite_leaves
+    from rljax.trainer.checkpoint import nonfinite_leaves  # orbax: loaded with the checkpoint it restores
 
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = {"actor": {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
@@ -93,9 +94,9 @@ def load_run_policy(run_dir: str, step: int | None = None, *, unverified: bool =
     Raises :class:`ExportError` (one line) for every unusable input."""
     import jax
 
+    # JAX, flax, orbax: loaded only to export, so a usage error answers without them
     from rljax.models.lora import LoRAParams, check_base
     from rljax.sharding import make_mesh
-    from rljax.tokenizer import tokenizer_for
     from rljax.trainer.checkpoint import Checkpointer, CheckpointError
     from rljax.trainer.build import policy_params
 
@@ -155,6 +156,7 @@ def export(run_dir: str, out: str, *, to: str, step: int | None = None, unverifi
            echo=print) -> int:
     """Writes checkpoint ``step`` (default the newest) of ``run_dir`` to ``out`` as ``to``
     (``hf`` | ``peft`` | ``merged``); returns the step exported."""
+    # JAX, flax: loaded only to export, so a usage error answers without them
     from rljax.models.hf import save_hf_checkpoint
     from rljax.models.lora import LoRAParams, merge
     from rljax.models.peft import save_peft_adapter

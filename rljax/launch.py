@@ -30,9 +30,12 @@ import sys
 
 from rljax._resume import ResumeRefused, plan
 from rljax._rundir import RunDirError, RunDirLock, check_resume_from, check_run_dir
+from rljax.compilation_cache import setup as setup_compilation_cache
 from rljax.config import format_config, non_default_fields, parse_mesh_spec, resolve, validate_for_mesh, write_resolved
 from rljax.errors import ConfigError, UsageError
 from rljax.preflight import check_inputs as preflight
+from rljax.reward import RewardError
+from rljax.trainer.guard import NonFiniteUpdateError, StopRequested
 
 # JAX and what imports it (rljax.sharding, rljax.trainer's run) are imported inside functions:
 # setup_devices must set XLA_FLAGS / JAX_PLATFORMS before JAX starts.
@@ -183,7 +186,7 @@ def setup_devices(args, spec, rollout_devices: int = 0) -> None:
 
     ``rollout_devices``: the sampler's own devices per process (``rollout.placement=disaggregated``),
     beyond the learner mesh's."""
-    from rljax.sharding.mesh import spec_device_count
+    from rljax.sharding.mesh import spec_device_count  # JAX: not at import (usage errors answer without it)
 
     multi = args.coordinator or args.num_processes or args.process_id is not None or args.distributed
     need = None if spec is None else spec_device_count(spec)
@@ -228,7 +231,7 @@ def placement_devices(cfg) -> list:
     on every process all local devices but the last ``rollout.num_devices`` (disaggregated)."""
     import jax
 
-    from rljax.sharding import split_devices
+    from rljax.sharding import split_devices  # JAX: imported only after setup_devices has configured it
 
     n = cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0
     return split_devices(jax.devices(), n)[0]
@@ -238,7 +241,7 @@ def placement_topology(cfg, mesh) -> dict:
     """``topology.json``'s ``placement``: both device groups, their meshes, and whether they are disjoint."""
     import jax
 
-    from rljax.trainer.build import rollout_devices
+    from rljax.trainer.build import rollout_devices  # JAX: imported only after setup_devices has configured it
 
     r = cfg.rollout
     learner = [d.id for d in mesh.devices.flat]
@@ -333,8 +336,6 @@ class _RunRecord:
         self.before: dict = {}
 
     def write(self, cfg, prov, topo) -> None:
-        from rljax.config import write_resolved
-
         if not self.enabled:
             return
         os.makedirs(self.run_dir, exist_ok=True)
@@ -358,9 +359,8 @@ class _RunRecord:
 def _run(args, cfg, prov, run_dir) -> int:
     import jax
 
-    from rljax.compilation_cache import setup as setup_compilation_cache
-
     setup_compilation_cache(cfg.trainer.compilation_cache_dir, echo=print if jax.process_index() == 0 else None)
+    # JAX, flax, orbax: imported only after setup_devices has configured JAX
     from rljax.sharding import make_mesh, topology
     from rljax.trainer.loop import Trainer, format_summary
 
@@ -369,6 +369,7 @@ def _run(args, cfg, prov, run_dir) -> int:
     mesh = make_mesh(spec, learner_devices)
     topo = topology(mesh)
     topo["placement"] = placement_topology(cfg, mesh)
+    # JAX: imported only after setup_devices has configured it
     from rljax.trainer.distribute import check_async_share, check_judge_share, rollout_share
 
     try:  # which prompts (uids) each process generates
@@ -409,7 +410,7 @@ def _run(args, cfg, prov, run_dir) -> int:
             print(f"rljax: rollout across {rs['processes']} processes: {rs['prompts_per_process']} prompt groups "
                   f"each, by process {rs['prompts_by_process']} ({rs['assembly']} learner batch)")
         print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
-    from rljax.trainer.checkpoint import CheckpointError
+    from rljax.trainer.checkpoint import CheckpointError  # orbax: imported only after setup_devices has configured it
 
     record = _RunRecord(run_dir, enabled=main_process)  # the trace reads config.resolved.yaml as the run starts
     record.write(cfg, prov, topo)
@@ -424,8 +425,6 @@ def _run(args, cfg, prov, run_dir) -> int:
         record.undo()
         print(f"rljax.launch: error: {e}", file=sys.stderr)
         return 1
-    from rljax.reward import RewardError
-    from rljax.trainer.guard import NonFiniteUpdateError, StopRequested
 
     try:
         summary = trainer.run()

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import io
 import os
 import re
+import tokenize
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "rljax"
@@ -25,6 +28,7 @@ class Edge:
     path: str  # repository-relative file of src
     line: int
     deferred: bool  # inside a function / class body rather than at module level
+    reason: Optional[str] = None  # a deferred import's comment: on its line, or the comment line above its block
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
@@ -52,13 +56,40 @@ def _top_level_nodes(tree: ast.Module) -> set[int]:
     return out
 
 
+def _comments(source: str) -> dict[int, str]:
+    """``{line: comment text}`` of every comment in ``source``."""
+    out = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            out[tok.start[0]] = tok.string.lstrip("#").strip()
+    return out
+
+
+def _reason(node: ast.stmt, lines: list[str], comments: dict[int, str], import_lines: set[int]) -> Optional[str]:
+    """The comment that says why an import is deferred: on one of its own lines, else on the
+    comment-only line right above the block of import lines it belongs to."""
+    for ln in range(node.lineno, node.end_lineno + 1):
+        if comments.get(ln):
+            return comments[ln]
+    ln = node.lineno - 1
+    while ln in import_lines:
+        ln -= 1
+    if ln >= 1 and lines[ln - 1].strip().startswith("#") and comments.get(ln):
+        return comments[ln]
+    return None
+
+
 def edges(root: Path = REPO) -> list[Edge]:
     """Every import of a package module by a package module."""
     mods = modules(root)
     out = []
     for name, path in mods.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
+        source = path.read_text()
+        tree = ast.parse(source, filename=str(path))
         top = _top_level_nodes(tree)
+        lines, comments = source.splitlines(), _comments(source)
+        import_lines = {ln for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                        for ln in range(n.lineno, n.end_lineno + 1)}
         pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
         rel = str(path.relative_to(root))
         for node in ast.walk(tree):
@@ -78,7 +109,9 @@ def edges(root: Path = REPO) -> list[Edge]:
                     while t not in mods:  # `import rljax.x.y` of a name inside a module
                         t = t.rpartition(".")[0]
                     if t != name:
-                        out.append(Edge(name, t, rel, node.lineno, id(node) not in top))
+                        deferred = id(node) not in top
+                        reason = _reason(node, lines, comments, import_lines) if deferred else None
+                        out.append(Edge(name, t, rel, node.lineno, deferred, reason))
     return out
 
 

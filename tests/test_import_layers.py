@@ -77,6 +77,22 @@ def test_imports_point_down(edges):
     assert not bad, "\n".join(bad)
 
 
+#: What may justify importing a package module inside a function rather than at the top.
+DEFER_REASONS = ("an import cycle is not one: a deferred import does not break it (test_no_import_cycle); what may "
+                 "defer is a genuinely heavy or environment-sensitive import: TensorFlow / TFDS, torch, "
+                 "transformers, wandb, mlflow, orbax or flax where the importer stays without them, or JAX "
+                 "before the launcher / preflight has configured it")
+
+
+def test_deferred_imports_say_why(edges):
+    """An import of a package module inside a function carries a one-line reason (a comment on its
+    line, or on the comment line above its block of imports); the others belong at the top."""
+    bad = sorted({(e.path, e.line, e.src, e.dst) for e in edges if e.deferred and not e.reason})
+    assert not bad, "\n".join(f"{p}:{ln}: {s} imports {d} inside a function with no reason: move it to the top of "
+                               f"the module, or say why in a comment on that line ({DEFER_REASONS})"
+                               for p, ln, s, d in bad)
+
+
 def test_the_graph_sees_deferred_and_relative_imports(tmp_path):
     """The walker itself: a deferred import and a relative one are edges; a cycle through them is found."""
     pkg = tmp_path / "rljax"
@@ -84,11 +100,14 @@ def test_the_graph_sees_deferred_and_relative_imports(tmp_path):
     (pkg / "__init__.py").write_text('"""x\n\nLayers, top to bottom:\n\n    a  top\n    b  bottom\n"""\n')
     (pkg / "a" / "__init__.py").write_text("")
     (pkg / "a" / "m.py").write_text("from . import n\n")
-    (pkg / "a" / "n.py").write_text("def f():\n    from rljax.b import g\n")
+    (pkg / "a" / "n.py").write_text("def f():\n    from rljax.b import g\n\n\ndef h():\n    # heavy: b loads torch\n"
+                                    "    import rljax.b\n    from rljax.b import k  # and so does k\n")
     (pkg / "b.py").write_text("import rljax.a.m\n")
     es = G.edges(tmp_path)
     pairs = {(e.src, e.dst, e.deferred) for e in es}
     assert ("rljax.a.m", "rljax.a.n", False) in pairs and ("rljax.a.n", "rljax.b", True) in pairs
+    reasons = sorted((e.line, e.reason) for e in es if e.src == "rljax.a.n")
+    assert reasons == [(2, None), (7, "heavy: b loads torch"), (8, "and so does k")], reasons
     graph = collections.defaultdict(set)
     for e in es:
         graph[e.src].add(e.dst)

@@ -13,7 +13,14 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from rljax.config import PRESET_POSITIONS
+from rljax.data import _local
+from rljax.data._embedded import embedded_examples
+from rljax.data._prompts import prepare_prompts
+from rljax.data._source import formatter
 from rljax.errors import ConfigError
+from rljax.reward import DATA_SOURCE_REWARDS, extract_gsm8k_answer, normalize_number
+from rljax.tokenizer import tokenizer_for
 
 #: Answers of the train split looked at to tell the answer form from what the reward expects.
 ANSWER_SAMPLE = 64
@@ -36,12 +43,7 @@ def check(config, tokenizer=None) -> None:
       config: a resolved :class:`~rljax.config.Config`.
       tokenizer: the run's tokenizer (None: :func:`rljax.tokenizer.tokenizer_for` of ``config.model``).
     """
-    from rljax.data._prompts import prepare_prompts
-    from rljax.data._source import formatter
-
     if tokenizer is None:
-        from rljax.tokenizer import tokenizer_for
-
         tokenizer = tokenizer_for(config.model)
     d = config.data
     check_positions(config)
@@ -78,7 +80,6 @@ def model_positions(model_cfg) -> tuple[int, str]:
         return int(value), f"model.path's config.json max_position_embeddings={value}"
     if model_cfg.max_position_embeddings is not None:
         return model_cfg.max_position_embeddings, f"model.max_position_embeddings={model_cfg.max_position_embeddings}"
-    from rljax.config import PRESET_POSITIONS
 
     value = PRESET_POSITIONS[model_cfg.name]
     return value, f"model.name={model_cfg.name}'s max_position_embeddings={value}"
@@ -128,10 +129,7 @@ def _rows(d, split: str) -> tuple[str, Callable[[], Iterator[dict]]]:
     """``(where, rows)``: ``rows()`` streams the split's rows as ``{"prompt", "answer", "index"}``
     (``solution`` for gsm8k, ``data_source`` / ``extra_info`` for local), prompts before formatting."""
     if d.dataset == "embedded":
-        from rljax.data._embedded import embedded_examples
-
         return "data.dataset=embedded", lambda: iter(embedded_examples(d.embedded, split))
-    from rljax.data import _local
 
     if d.dataset == "local" and d.train_files:
         return _listed_rows(d, split)
@@ -166,8 +164,6 @@ def _rows(d, split: str) -> tuple[str, Callable[[], Iterator[dict]]]:
 
 def _listed_rows(d, split: str):
     """``_rows`` for ``data.train_files`` / ``data.val_files`` (verl's keys)."""
-    from rljax.data import _local
-
     key, spec = ("data.train_files", d.train_files) if split == "train" else ("data.val_files", d.val_files)
     where = f"{key}={spec!r}"
     if not spec:
@@ -196,8 +192,6 @@ def _guarded(rows: Callable[[], Iterator[dict]], where: str) -> Callable[[], Ite
 
 def _check_answers(config, where: str, rows: Callable[[], Iterator[dict]]) -> None:
     """The first :data:`ANSWER_SAMPLE` train answers have the form the run's reward expects."""
-    from rljax.reward import DATA_SOURCE_REWARDS, normalize_number
-
     d, spec = config.data, config.reward.function
     sample = [r for r in itertools.islice(rows(), ANSWER_SAMPLE) if str(r["answer"]).strip()]
     if not sample:
@@ -226,8 +220,6 @@ def _check_answers(config, where: str, rows: Callable[[], Iterator[dict]]) -> No
 
 
 def _numeric(answer: str) -> bool:
-    from rljax.reward import extract_gsm8k_answer, normalize_number
-
     return normalize_number(answer) is not None or extract_gsm8k_answer(answer, fallback_last_number=False) is not None
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rljax._tensorflow import hide_tf_gpus
+from rljax.data._format import PromptFormatter
 
 DEFAULT_TEMPLATES = {
     "embedded": "{prompt}",
@@ -54,7 +55,7 @@ def prepare(data_cfg, *, data_dir: str | os.PathLike | None = None):
 def _prepare(data_cfg, data_dir):
     import tensorflow_datasets as tfds
 
-    from rljax.data import _builders, _local
+    from rljax.data import _builders, _local  # TensorFlow Datasets: only a TFDS split loads them
 
     data_dir = data_dir if data_dir is not None else data_cfg.data_dir
     data_dir = None if data_dir is None else str(Path(data_dir).expanduser())
@@ -106,8 +107,6 @@ class PromptSource(Sequence):
     """
 
     def __init__(self, data_source, format, split: str):
-        from rljax.data._format import PromptFormatter
-
         self._ds = data_source
         self._format = PromptFormatter(format) if isinstance(format, str) else format
         self.split = split
@@ -144,8 +143,6 @@ def _text(v) -> str:
 def formatter(data_cfg, chat_template=None):
     """The :class:`~rljax.data.PromptFormatter` of ``data_cfg`` (``chat_template``: the tokenizer's
     ``apply_chat_template``, None when it has no template)."""
-    from rljax.data._format import PromptFormatter
-
     template = data_cfg.prompt_template if data_cfg.prompt_template is not None else DEFAULT_TEMPLATES[data_cfg.dataset]
     return PromptFormatter(template, apply_chat_template=data_cfg.apply_chat_template,
                            system_prompt=data_cfg.system_prompt, chat_template=chat_template)

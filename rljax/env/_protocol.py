@@ -36,6 +36,7 @@ from typing import Any, Optional
 from rljax.env._calculator import CalculatorError, calculator
 from rljax.env._sandbox import PythonSandbox, ToolResult
 from rljax.errors import ConfigError
+from rljax.reward import load_function
 
 STOP_REASONS = ("tool", "eos", "length")
 
@@ -231,7 +232,6 @@ def load_env(spec: str, *, key: str = "env.function") -> type:
     if ":" not in spec:
         raise ConfigError(f"{key}={spec!r} is not a built-in environment ({', '.join(BUILTIN_ENVS)}) nor "
                           "path/to/file.py:ClassName")
-    from rljax.reward import load_function
 
     cls = load_function(spec, key=key, prefix="rljax_env")
     if not isinstance(cls, type) or not callable(getattr(cls, "step", None)):

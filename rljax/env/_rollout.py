@@ -62,6 +62,9 @@ import numpy as np
 
 from rljax.env._protocol import Environment, Example, Step, Turn, env_metrics
 from rljax.loss import Role
+from rljax.reward import score_batch
+from rljax.rollout import trajectory_keys
+from rljax.rollout.driver import Request
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
 CONTINUATIONS = ("kv", "reprefill")
@@ -296,8 +299,6 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
     """Sessions keep their slots across turns (a client of the sampler's :class:`Driver`); see
     the module docstring."""
     # deferred: the driver imports the engine (JetStream, and through it TensorFlow's import machinery)
-    from rljax.rollout import trajectory_keys
-    from rljax.rollout.driver import Request
 
     eng = sampler.engine
     total = len(sessions)
@@ -441,8 +442,6 @@ def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pa
 def episode_scores(traj: EpisodeTrajectories, reward_fn, prompts, *, max_error_fraction: float):
     """Scores ``[B]`` (the environment's final reward, else ``reward_fn`` on the final turn's
     text) and the reward report."""
-    from rljax.reward import score_batch
-
     answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
     extras = [prompts[traj.group_id[i]].reward_extra() if not traj.is_padding[i] else {} for i in range(traj.batch_size)]
     scores, report = score_batch(reward_fn, list(traj.final_text), answers, list(traj.uid),

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from rljax.models import hf
 from rljax.models.config import ModelConfig
+from rljax.models.functional import forward
 
 #: Sequence-classification architectures -> the causal LM whose backbone they share.
 SEQ_CLS_ARCHITECTURES = {"LlamaForSequenceClassification": "LlamaForCausalLM",
@@ -106,8 +107,6 @@ def reward_scores(graphdef, params: dict, score: jax.Array, tokens, *, mask, pos
       mask: ``[B, L]`` bool attention mask (left or right padding; a row needs one real token).
       positions: ``[B, L]`` (default: the mask's running count).
     """
-    from rljax.models.functional import forward
-
     hidden = forward(graphdef, params, tokens, positions=positions, mask=mask, mesh=mesh)
     mask = jnp.asarray(mask)
     last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)  # the rightmost real position

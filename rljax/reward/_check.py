@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import rljax
 from rljax.errors import ConfigError
 from rljax.reward._judge import check_judge_template, load_judge_parse
 from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES, load_reward_plugin
@@ -27,8 +28,6 @@ def probe_plugin(spec: str, *, data_source: str | None, timeout_s: float, key: s
       ConfigError: the import failed (the child's one-line reason), exited the child, or took
         longer than ``timeout_s``.
     """
-    import rljax
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(rljax.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
+import rljax
 from rljax.reward._plugin import BUILTIN_REWARDS
 
 _START_TIMEOUT_S = 120.0
@@ -60,7 +61,6 @@ class _Worker:
     def __init__(self, spec: str, dataset: Optional[str], memory_mb: Optional[int] = None):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        import rljax
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(rljax.__file__)))
         env = dict(os.environ)

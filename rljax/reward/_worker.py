@@ -17,6 +17,9 @@ import os
 import signal
 import sys
 
+from rljax.reward._batch import _as_score, _short
+from rljax.reward._plugin import get_reward_fn
+
 
 def _die_with_parent(parent: int) -> None:
     """Linux: SIGKILL this worker when the trainer dies (even by SIGKILL), so a hung reward
@@ -56,9 +59,6 @@ def main(argv: list[str]) -> int:
 
     inbox, outbox = Connection(in_fd, writable=False), Connection(out_fd, readable=False)
     try:
-        from rljax.reward._batch import _as_score, _short
-        from rljax.reward._plugin import get_reward_fn
-
         fn = get_reward_fn(spec, dataset=dataset)
     except BaseException as e:  # noqa: BLE001 - reported to the pool, which stops the run
         outbox.send(("init", None, f"{type(e).__name__}: {e}"))

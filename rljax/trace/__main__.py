@@ -13,6 +13,10 @@ import argparse
 import os
 import sys
 
+from rljax.trace.check import STATUSES, exit_code, run_checks
+from rljax.trace.samples import main as samples
+from rljax.trace.summary import summarize_run
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -22,7 +26,6 @@ class _Parser(argparse.ArgumentParser):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["samples"]:  # python -m rljax.trace samples RUN_DIR [--step K]
-        from rljax.trace.samples import main as samples
 
         return samples(argv[1:])
     p = _Parser(prog="python -m rljax.trace", description="Explain a run from its directory.")
@@ -34,11 +37,8 @@ def main(argv=None) -> int:
         print(f"python -m rljax.trace: error: run directory {args.run_dir} does not exist", file=sys.stderr)
         return 2
     if args.command == "summary":
-        from rljax.trace.summary import summarize_run
-
         print(summarize_run(args.run_dir))
         return 0
-    from rljax.trace.check import STATUSES, exit_code, run_checks
 
     results = run_checks(args.run_dir)
     for status, name, detail in results:

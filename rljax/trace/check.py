@@ -21,8 +21,10 @@ import os
 from collections import defaultdict
 from typing import Callable, Optional
 
+from rljax.config import load_resolved, on_policy_blockers, to_flat_dict
 from rljax.trace.alerts import SEVERITY
 from rljax.trace.jsonl import JsonLines, read_jsonl
+from rljax.trace.metrics import read_metrics
 from rljax.trace.tracer import SUMMARY_FILE, TRACE_FILE
 
 Result = tuple[str, str, str]
@@ -60,14 +62,11 @@ class Run:
         # trace's copy of the key fields stands in only when the file is missing or unreadable.
         resolved = self.resolved()
         if resolved is not None:
-            from rljax.config import to_flat_dict
-
             self.config_values = to_flat_dict(resolved)
             self.config_from = "config.resolved.yaml"
         else:
             self.config_values = cfg.get("values", {})
             self.config_from = TRACE_FILE if self.config_values else None
-        from rljax.trace.metrics import read_metrics
 
         self.metrics = {m["step"]: m for m in read_metrics(run_dir)}
 
@@ -100,8 +99,6 @@ class Run:
             path = os.path.join(self.dir, "config.resolved.yaml")
             if os.path.exists(path):
                 try:
-                    from rljax.config import load_resolved
-
                     self._resolved = load_resolved(path)[0]
                 except Exception:  # check_config reports an unreadable file
                     pass
@@ -113,7 +110,6 @@ class Run:
         cfg = self.resolved()
         if cfg is None or self.bypass():
             return False
-        from rljax.config import on_policy_blockers
 
         return cfg.actor.skip_old_log_prob != "false" and not on_policy_blockers(cfg)
 
@@ -153,8 +149,6 @@ def check_config(run: Run) -> Result:
     if not os.path.exists(path):
         return FAIL, "config provenance recorded", "config.resolved.yaml missing"
     try:
-        from rljax.config import load_resolved
-
         _, prov = load_resolved(path)
     except Exception as e:
         return FAIL, "config provenance recorded", f"config.resolved.yaml unreadable: {e}"

@@ -35,6 +35,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rljax.trace.groups import choose_groups
+from rljax.trace.invariants import OBSERVATION_ROLE
+
 #: Every known fault with the bug it provokes.
 FAULTS = {
     "keep_batch_field": "a batch field (advantages) stays referenced after its step",
@@ -88,8 +91,6 @@ def untraced_row(traj, *, seed: int, step: int, groups: int, partial: bool = Fal
     ``partial``: one whose mask leaves a position free, so it can shift)."""
     import numpy as np
 
-    from rljax.trace.groups import choose_groups
-
     traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
     n = lambda i: int(np.asarray(traj.loss_mask[i]).sum())  # noqa: E731
     rows = [i for i in range(traj.batch_size) if not traj.is_padding[i] and int(traj.group_id[i]) not in traced
@@ -102,9 +103,6 @@ def untraced_row(traj, *, seed: int, step: int, groups: int, partial: bool = Fal
 def observation_row(traj, *, seed: int, step: int, groups: int):
     """The last real row outside the traced groups with a tool observation (None: no such row)."""
     import numpy as np
-
-    from rljax.trace.groups import choose_groups
-    from rljax.trace.invariants import OBSERVATION_ROLE
 
     roles = getattr(traj, "roles", None)
     if roles is None:
@@ -122,8 +120,6 @@ def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, versi
     if _on & {"observation_action_mask", "observation_loss_mask"}:
         r = observation_row(traj, seed=seed, step=step, groups=groups)
         if r is not None:
-            from rljax.trace.invariants import OBSERVATION_ROLE
-
             cols = np.flatnonzero(np.asarray(traj.roles[r]) == OBSERVATION_ROLE)
             if "observation_action_mask" in _on:  # the rollout's own record: the trace's side sees it too
                 traj.response_mask[r, cols] = True
@@ -149,7 +145,6 @@ def reward_scores(scores, traj, *, seed: int, step: int, groups: int) -> None:
     """``swap_rewards``: swaps two untraced rows' scores (of different groups, different scores) in place."""
     if "swap_rewards" not in _on:
         return
-    from rljax.trace.groups import choose_groups
 
     traced = set(choose_groups(seed, step, int(traj.num_groups), groups))
     rows = [i for i in range(traj.batch_size) if not traj.is_padding[i] and int(traj.group_id[i]) not in traced]

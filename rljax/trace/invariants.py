@@ -31,6 +31,8 @@ from typing import Optional
 
 import numpy as np
 
+from rljax.sharding import to_host
+
 #: A prime below 2**16: residues times position weights stay below 2**32 (uint32 on device).
 P = 65521
 #: ``rljax.loss.Role.TOOL_RESULT``.
@@ -121,8 +123,6 @@ def step_facts(pairs, observations=None, row_sum_mask=None, scores=None) -> tupl
     and the transfer are one dispatch each however many facts there are. Several processes:
     every process calls it (the arrays are global) and receives every row (one all-gather).
     """
-    from rljax.sharding import to_host
-
     pairs = tuple((lm, ids) for lm, ids in pairs)
     stacked = np.asarray(to_host(_step_facts_fn()(pairs, observations, row_sum_mask, scores)))
     names = [n for lm, ids in pairs for n in _fact_names(ids is not None, observations is not None)]

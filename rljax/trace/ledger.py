@@ -27,6 +27,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from rljax.sharding import batch_spec, logical_sharding
+
 SHAPE_COLUMNS = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadcast", "owner_devices", "produced_at",
                  "consumed_at", "freed_after", "common_bug")
 
@@ -83,8 +85,6 @@ def shape_ledger(inp: LedgerInput) -> list[dict]:
     """Rows from the step the tracer just observed; produced / consumed as the runner saw them."""
     import jax
     from jax.sharding import NamedSharding
-
-    from rljax.sharding import batch_spec, logical_sharding
 
     mesh, src, traj, batch = inp.mesh, inp.sources, inp.traj, inp.fields
     host_l = "host (NumPy)"
@@ -159,7 +159,7 @@ def shape_ledger(inp: LedgerInput) -> list[dict]:
 
     # Tensors that live inside jitted functions: real shapes from eval_shape of the same model.
     if src is not None and "input_ids" in batch:
-        from rljax.models import functional as F
+        from rljax.models import functional as F  # flax: the trace package (and its check CLI) loads no model code
 
         sc_cfg = src["step_config"]
         micro = sc_cfg.ppo_micro_batch_size
@@ -258,7 +258,7 @@ def memory_ledger(inp: LedgerInput) -> dict:
     micro = sc.ppo_micro_batch_size
     seq = batch["input_ids"].shape[1] if "input_ids" in batch else 0
     T = inp.traj.response_ids.shape[1]
-    from rljax.models import remat as R
+    from rljax.models import remat as R  # flax: the trace package (and its check CLI) loads no model code
 
     rows_local, q_local = math.ceil(micro / dp), math.ceil(seq / sp)
     blocked = R.attention_blocked(mc, seq)

@@ -16,6 +16,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rljax.config import to_flat_dict
+from rljax.trace.metrics import MetricsWriter
+from rljax.trace.samples import SampleLog
+
 #: logger -> (module, extra that installs it)
 SERVICES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
 
@@ -144,10 +148,6 @@ def open_run_logs(config, run_dir: str, *, enabled: bool = True):
     """``(metrics, samples)`` of a run: the :class:`~rljax.trace.MetricsWriter` (TensorBoard when
     ``trainer.logger`` names it) teeing into the service loggers, and the
     :class:`~rljax.trace.samples.SampleLog` writing ``generations.jsonl`` and the loggers' tables."""
-    from rljax.config import to_flat_dict
-    from rljax.trace.metrics import MetricsWriter
-    from rljax.trace.samples import SampleLog
-
     t = config.trainer
     loggers = ExperimentLoggers(t.logger, run_dir=run_dir, config=to_flat_dict(config), project=t.project_name,
                                 experiment=t.experiment_name, enabled=enabled)

@@ -8,6 +8,7 @@ import os
 from typing import Any, Mapping, Optional
 
 from rljax.trace._io import append_lines
+from rljax.trace.jsonl import read_jsonl
 
 #: Metric names whose values depend on the wall clock, the machine's memory or which process was
 #: slowest, not on the computation: two runs of the same computation differ only in these (with
@@ -109,8 +110,6 @@ class MetricsWriter:
 def read_metrics(run_dir: str) -> list[dict]:
     """The records of ``run_dir/metrics.jsonl`` in order (later records of a step win on resume); a
     cut last line (a run killed mid-write) is skipped (:func:`rljax.trace.jsonl.read_jsonl` says so)."""
-    from rljax.trace.jsonl import read_jsonl
-
     by_step: dict[int, dict] = {}
     for rec in read_jsonl(os.path.join(run_dir, "metrics.jsonl")).records:
         by_step.setdefault(rec["step"], {}).update(rec)

@@ -51,7 +51,7 @@ def mfu_metrics(model_config, *, update_lengths=None, update_s: float = 0.0, pro
     """``perf/mfu/actor`` (the actor update: forward + backward over every PPO epoch's
     tokens, ``update_lengths`` repeated per epoch by the caller) and ``perf/mfu/rollout``
     (prefill + decode of the responses); keys are absent where :func:`mfu` is None."""
-    from rljax.models import flops as F
+    from rljax.models import flops as F  # flax (rljax.models): the peak table is read without the model code
 
     out = {}
     if update_lengths is not None:

@@ -7,6 +7,9 @@ import json
 import os
 from typing import Sequence
 
+from rljax.config import load_resolved, non_default_fields
+from rljax.trace.metrics import read_metrics
+
 
 def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
     rows = [[("" if c is None else str(c)) for c in r] for r in rows]
@@ -109,8 +112,6 @@ def summarize_run(run_dir: str) -> str:
     out.append("\n== resolved config: non-default fields")
     path = os.path.join(run_dir, "config.resolved.yaml")
     if os.path.exists(path):
-        from rljax.config import load_resolved, non_default_fields
-
         cfg, prov = load_resolved(path)
         changes = non_default_fields(cfg, prov)
         out.append(table([(c.key, c.value, c.default, c.source) for c in changes], ("key", "value", "default", "source"))
@@ -145,7 +146,6 @@ def summarize_run(run_dir: str) -> str:
         out.append("(memory_ledger.json missing)")
 
     out.append("\n== stage-time split")
-    from rljax.trace.metrics import read_metrics
 
     totals: dict[str, float] = {}
     for m in read_metrics(run_dir):

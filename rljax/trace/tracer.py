@@ -42,6 +42,9 @@ from rljax.trace._io import append_lines, write_atomic
 from rljax.trace.facts import GroupView
 from rljax.trace.fields import host_rows, summarize
 from rljax.trace.groups import choose_groups  # noqa: F401 -- re-exported (rljax.trace.choose_groups)
+from rljax.config import load_resolved, to_flat_dict
+from rljax.trace import faults, invariants as I
+from rljax.trace.ledger import LedgerInput, write_ledgers
 
 log = logging.getLogger("rljax.trace")
 
@@ -218,8 +221,6 @@ class Tracer:
                 t = time.perf_counter()
                 self._ledgers_done = True
                 try:
-                    from rljax.trace.ledger import LedgerInput, write_ledgers
-
                     if self.enabled:
                         self._compiled_peak = write_ledgers(LedgerInput(
                             run_dir=self.run_dir, step=step, mesh=self.mesh, traj=traj, fields=fields,
@@ -279,8 +280,6 @@ class Tracer:
         process takes part in that reduction (the learner arrays are global), checks its own
         rows against its own rollout, and the verdicts are all-gathered (one small collective).
         Returns the per-row loss-mask sums of the whole learner batch (None: not computed here)."""
-        from rljax.trace import invariants as I
-
         inv = self._invariants
         t = time.perf_counter()
         B, lo = int(traj.batch_size), 0
@@ -351,8 +350,6 @@ class Tracer:
     def _invariants_local(self, step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored, on_device,
                           several) -> dict:
         """This process's rows against its own rollout: ``{"rows", "violations", "list", "error"}``."""
-        from rljax.trace import invariants as I
-
         real = ~np.asarray(traj.is_padding)
         keys = tuple(f"{u}_{se}_{i}" for u, se, i in zip(traj.uid, traj.session, traj.index))
         rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
@@ -517,7 +514,6 @@ class Tracer:
                    "status": "failed" if error else "completed",
                    "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json", ROLLOUT_FILE)
                              if os.path.exists(os.path.join(self.run_dir, f))]}
-        from rljax.trace import faults
 
         if faults.enabled():  # a test provoked these bugs on purpose
             summary["faults"] = faults.enabled()
@@ -568,8 +564,6 @@ class Tracer:
     # ------------------------------------------------------------------ records
 
     def _config_facts(self) -> dict:
-        from rljax.config import to_flat_dict
-
         path = os.path.join(self.run_dir, "config.resolved.yaml")
         flat = to_flat_dict(self.cfg)
         facts = {"file": "config.resolved.yaml" if os.path.exists(path) else None,
@@ -577,8 +571,6 @@ class Tracer:
         sources = {}
         if facts["file"]:
             try:
-                from rljax.config import load_resolved
-
                 _, prov = load_resolved(path)
                 sources = {k: prov.get(k) for k in KEY_CONFIG}
                 # every writer of each key field, in order (default, preset file(s), cli), as the file keeps them

@@ -23,26 +23,32 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from rljax.config import Config, derive, on_policy_blockers
-from rljax.models.lora import LoRAParams, disable
-from rljax.models.lora import merge as lora_merge
+from rljax.config import Config, apply_model_overrides, derive, on_policy_blockers
+from rljax.data import build_prompts, train_iterator, val_iterator
+from rljax.env import EnvRuntime
+from rljax.models import functional as F, lora as L
+from rljax.models.config import get_config
+from rljax.models.hf import load_hf_checkpoint
+from rljax.models.lora import LoRAParams, disable, merge as lora_merge
 from rljax.models.remat import for_run as remat_for_run
+from rljax.models.tokenizer import CharTokenizer, load_tokenizer
+from rljax.reward import make_reward
+from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
 from rljax.sharding import split_devices, to_host
+from rljax.trainer import distribute, stages as S
 from rljax.trainer.critic import CriticStepConfig, critic_loss, critic_values, init_critic, make_packed_values_fn
 from rljax.trainer.packing import AutoPacking, pack_configs
 from rljax.trainer.prepare import PrepareConfig, load_estimator, make_prepare_fn
 from rljax.trainer.services import Lazy, Learner, Model, Reward, RoleFns, Rollout, Services
 from rljax.trainer.state import RunState
-from rljax.trainer.step import (PackedLogprob, PackedTrainStep, StepConfig, init_state, make_logprob_fn,
-                                make_optimizer, make_train_step)
+from rljax.trainer.step import (PackedLogprob, PackedTrainStep, StepConfig, init_state, make_logprob_fn, make_optimizer,
+                                make_train_step)
 
 
 # ---------------------------------------------------------------------------- the model
 
 
 def tokenizer_for(cfg: Config):
-    from rljax.models.tokenizer import CharTokenizer, load_tokenizer
-
     spec = cfg.model.tokenizer
     if spec in (None, "char") and not (spec is None and cfg.model.path):
         return CharTokenizer()
@@ -51,13 +57,7 @@ def tokenizer_for(cfg: Config):
 
 def model_for(cfg: Config, mesh, tokenizer):
     """``(model_config, graphdef, params)``: from ``model.path`` (HF) or a preset sized to the tokenizer."""
-    from rljax.config import apply_model_overrides
-    from rljax.models import functional as F
-    from rljax.models.config import get_config
-
     if cfg.model.path:
-        from rljax.models.hf import load_hf_checkpoint
-
         mcfg, params = load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)
         remat = remat_for_run(cfg, mcfg, mesh)  # training choices, not the checkpoint's
         mcfg = mcfg.replace(remat=remat.remat, remat_policy=remat.policy, scan_layers=cfg.model.scan_layers)
@@ -80,8 +80,6 @@ def model_for(cfg: Config, mesh, tokenizer):
 def with_lora(cfg: Config, mcfg, params, mesh):
     """``(params, base signature)``: with ``actor.lora.rank > 0`` the actor trains float32 adapters
     (B = 0: it starts as the base) on its frozen base; else the params as they are."""
-    from rljax.models import lora as L
-
     lc = cfg.actor.lora
     if lc.rank == 0:
         return params, None
@@ -235,8 +233,6 @@ def sampler_weights(params):
 def _held_out(cfg: Config, tokenize, data_dir: str, chat) -> Callable:
     """``() -> a fresh pass over the test split``: the split is read and tokenized at the first
     evaluation only (each evaluation read and tokenized it again)."""
-    from rljax.data import build_prompts, val_iterator
-
     split = []
 
     def passes():
@@ -248,10 +244,6 @@ def _held_out(cfg: Config, tokenize, data_dir: str, chat) -> Callable:
 
 
 def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -> Rollout:
-    from rljax.data import train_iterator
-    from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
-    from rljax.trainer import distribute
-
     d, r = cfg.data, cfg.rollout
     data_dir = d.data_dir or os.path.join(run_dir, "data")
     if jax.process_count() > 1:  # TFDS does not guard two processes building one dataset
@@ -266,7 +258,6 @@ def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -
                               top_k=max(v.top_k, 0), top_p=v.top_p, seed=cfg.trainer.seed + 1, eos_ids=eos)
     env = None
     if cfg.env.function is not None:  # multi-turn episodes (rljax.env): a turn's prompt is the whole context
-        from rljax.env import EnvRuntime
 
         env = EnvRuntime.from_config(cfg, tokenizer)
         turn = cfg.env.max_turn_tokens or d.max_response_length
@@ -298,9 +289,6 @@ def build(cfg: Config, mesh, *, run_dir: str, echo: Callable = print):
     """``(services, state, stages)`` of a run of ``cfg`` on the learner ``mesh``, from step 0
     (a resume replaces the state: :func:`rljax.trainer.state.from_checkpoint`). ``run_dir``
     holds the prepared datasets unless ``data.data_dir`` is set."""
-    from rljax.reward import make_reward
-    from rljax.trainer import stages as S
-
     tokenizer = tokenizer_for(cfg)
     mcfg, graphdef, params = model_for(cfg, mesh, tokenizer)
     echo(remat_for_run(cfg, mcfg, mesh).line())  # what model.remat resolved to, and why

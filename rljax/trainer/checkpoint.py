@@ -47,6 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rljax._rundir import committed_checkpoints
+
 DIGEST_FILE = "rljax_digest.json"
 _DELETING = ".rljax-deleting"
 _ORBAX_TMP = ".orbax-checkpoint-tmp"
@@ -404,8 +406,6 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         """Committed checkpoints, oldest first (read from the directory)."""
-        from rljax._rundir import committed_checkpoints
-
         return committed_checkpoints(self.directory)
 
     def latest_step(self) -> Optional[int]:

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from rljax import loss as rl
 from rljax.models import functional as F
 from rljax.sharding import with_logical_constraint
+from rljax.trainer.packing import ROW_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +86,6 @@ def make_packed_values_fn(graphdef, *, mesh: Optional[Mesh] = None):
     """Jitted ``(params, packed, batch_size) -> V [B, T]`` from
     :func:`rljax.trainer.packing.pack_logprob_batch` arrays (one chunk per ``U``, mapped
     sequentially); rows come back in the batch's order."""
-    from rljax.trainer.packing import ROW_FIELDS
-
     def compute(params, packed, b):
         rows = {k: packed[k][0] for k in ROW_FIELDS}
         values = jax.lax.map(lambda r: _packed_values(graphdef, params, r, mesh=mesh),

@@ -29,6 +29,9 @@ from typing import Mapping, Optional
 import jax
 import numpy as np
 
+from rljax.reward import RewardReport
+from rljax.sharding import batch_shardings
+
 
 @dataclasses.dataclass(frozen=True)
 class Share:
@@ -72,8 +75,6 @@ class Share:
 
 
 def _row_sharding(mesh, rows: int):
-    from rljax.sharding import batch_shardings
-
     return batch_shardings({"row_mask": np.zeros((rows,), bool)}, mesh)["row_mask"]
 
 
@@ -166,8 +167,6 @@ def assemble(local: Mapping[str, np.ndarray], mesh, share: Share) -> dict:
     """Global arrays of batch fields (``dp`` on rows, ``sp`` on the sequence) from this process's
     rows ``[row_lo, row_lo + R)``: each process fills in the shards it owns from its own rows
     (``direct``), or all-gathers the fields first when its devices hold rows of other processes."""
-    from rljax.sharding import batch_shardings
-
     if share.processes == 1:
         full = dict(local)
     elif not share.direct:
@@ -243,7 +242,6 @@ def merge_reward_reports(report, share: Share):
     (their number differs between processes)."""
     if share.processes == 1:
         return report
-    from rljax.reward import RewardReport
 
     counts = np.array([report.num_scored, report.num_padding, report.errors, report.timeouts,
                        report.worker_restarts], np.int64)

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from rljax.reward import groups_to_keep
+
 #: Host fields with one entry per row (multi-turn episodes add the final turn's text and the turn spans).
 ROW_FIELDS = ("uid", "session", "index", "final_text", "turn_spans")
 
@@ -162,8 +164,6 @@ def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn, digest_fn) -> dict
     one-process run's. After the last draw the kept groups are exchanged (:func:`exchange`) so
     each process holds its share of the one-process batch.
     """
-    from rljax.reward import groups_to_keep
-
     fg = s.cfg.algorithm.filter_groups
     want = s.cfg.data.train_batch_size
     share = s.rollout.share
@@ -187,7 +187,7 @@ def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn, digest_fn) -> dict
         keep, _ = groups_to_keep(values, traj.group_id, traj.num_groups, real=real)
         facts = _group_facts(keep, values, traj, real)
         if multi:  # every group's facts, batch order: the processes agree on what is kept
-            from rljax.trainer.distribute import allgather
+            from rljax.trainer.distribute import allgather  # JAX: only several processes agree on the groups
 
             facts = allgather(facts, share)
         take = _take(facts, uids, room=want - kept, want=want, metric=fg.metric, dropped=dropped)
@@ -244,7 +244,7 @@ def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
     rows padded to the most any process kept) and one of the prompt width: the cost of the
     filter's agreement beyond the per-draw keep flags. ``stats`` stay this process's own (its
     generation work, every draw)."""
-    from rljax.trainer.distribute import per_process
+    from rljax.trainer.distribute import per_process  # JAX: this module stays NumPy-only on one process
 
     n = share.n
     counts = [owners.count(q) for q in range(share.processes)]

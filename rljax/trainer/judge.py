@@ -31,6 +31,12 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from rljax.models import functional as F
+from rljax.models.hf import load_hf_checkpoint
+from rljax.reward import judge_prompt, load_judge_parse, parse_verdicts
+from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
+from rljax.tokenizer import load_tokenizer
+
 
 @dataclasses.dataclass
 class Judge:
@@ -58,20 +64,13 @@ class Judge:
           ValueError: a judge vocabulary smaller than its tokenizer's, or inputs plus verdicts
             longer than the judge's ``max_position_embeddings``.
         """
-        from rljax.reward import load_judge_parse
-        from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
-
         j, d = cfg.reward.judge, cfg.data
         if j.path == "ref":
             config, params, tokenizer = policy_config, initial_params(), policy_tokenizer
         else:
-            from rljax.models.hf import load_hf_checkpoint
-
             config, params = load_hf_checkpoint(j.path, dtype=cfg.model.dtype)
             tokenizer = policy_tokenizer
             if os.path.isfile(os.path.join(j.path, "tokenizer.json")):
-                from rljax.tokenizer import load_tokenizer
-
                 tokenizer = load_tokenizer(j.path)
             if tokenizer.vocab_size > config.vocab_size:
                 raise ValueError(f"reward.judge.path={j.path} has a vocabulary of {config.vocab_size} tokens, its "
@@ -95,8 +94,6 @@ class Judge:
 
     def inputs(self, traj, prompts, *, policy_tokenizer) -> list[str]:
         """The judge's input text of each row (``""`` on padding rows)."""
-        from rljax.reward import judge_prompt
-
         out = []
         for i in range(traj.batch_size):
             if traj.is_padding[i]:
@@ -116,8 +113,6 @@ class Judge:
         Raises:
           RewardError: errors plus unparseable verdicts over ``max_error_fraction`` of the rows.
         """
-        from rljax.reward import parse_verdicts
-
         texts = self.inputs(traj, prompts, policy_tokenizer=policy_tokenizer)
         real = np.nonzero(~np.asarray(traj.is_padding))[0]
         ids = [self.tokenizer.encode(texts[i], add_bos=True) for i in real]
@@ -140,11 +135,7 @@ def initial_policy_params(cfg, config, mesh):
     checkpoint, or the preset ``config`` initialised with ``trainer.seed`` on ``mesh`` (a LoRA
     run's base: the adapters are not part of it)."""
     if cfg.model.path:
-        from rljax.models.hf import load_hf_checkpoint
-
         return load_hf_checkpoint(cfg.model.path, dtype=cfg.model.dtype, mesh=mesh)[1]
-    from rljax.models import functional as F
-
     return F.init_params(config, seed=cfg.trainer.seed, mesh=mesh)[1]
 
 

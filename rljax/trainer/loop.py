@@ -24,15 +24,18 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from rljax.config import Config
+from rljax.config import Config, to_dict
+from rljax.env import episode_scores
+from rljax.models.lora import check_base
 from rljax.trace import Tracer, plot_report
 from rljax.trace.loggers import open_run_logs
+from rljax.trace.mfu import mfu
 from rljax.trace.samples import TrainSamples, sample_rows
 from rljax.trainer.async_loop import AsyncSchedule
 from rljax.trainer.build import build
-from rljax.trainer.checkpoint import Checkpointer
-from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, StopRequested, StopSignals,
-                                 RUN_RECORDS, cut_jsonl, wait_for_save)
+from rljax.trainer.checkpoint import CheckpointError, Checkpointer
+from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, RUN_RECORDS, StopRequested,
+                                 StopSignals, cut_jsonl, wait_for_save)
 from rljax.trainer.packing import AutoPacking
 from rljax.trainer.stages import actor_batch, model_inputs, score
 from rljax.trainer.state import checkpoint_meta, checkpoint_tree, from_checkpoint
@@ -264,9 +267,6 @@ class Trainer:
     def _check_lora_checkpoint(self, step: int, saved: Optional[dict]) -> None:
         """``CheckpointError`` unless checkpoint ``step`` holds adapters of this run's LoRA shape
         trained on this run's base (or full parameters, for a run without LoRA)."""
-        from rljax.models.lora import check_base
-        from rljax.trainer.checkpoint import CheckpointError
-
         rank, lora_base = self.cfg.actor.lora.rank, self.services.model.lora_base
         if saved is None or lora_base is None:
             raise CheckpointError(f"checkpoint {step} holds {'every parameter' if saved is None else 'LoRA adapters'}; "
@@ -283,8 +283,6 @@ class Trainer:
             raise CheckpointError(f"checkpoint {step}: {e}") from None
 
     def save(self) -> None:
-        from rljax.config import to_dict
-
         meta = {**checkpoint_meta(self.state), "config": to_dict(self.cfg), **self.schedule.checkpoint_meta(self.state)}
         lora_base = self.services.model.lora_base
         if lora_base is not None:  # adapter-only checkpoint: name the base it belongs to
@@ -313,8 +311,6 @@ class Trainer:
 
     def _perf_metrics(self, metrics: dict) -> dict:
         """Packed-learner statistics and MFU (``perf/mfu/*``: absent off the peak table, e.g. on CPU)."""
-        from rljax.trace.mfu import mfu
-
         out = {}
         step = self.services.learner.actor.update
         if isinstance(step, AutoPacking) and step.last_packed is not None:
@@ -362,7 +358,6 @@ class Trainer:
         for i, prompts in enumerate(r.val_prompts()):
             uids = [f"val-{i}-{j}" for j in range(len(prompts))]
             if r.env is not None:  # multi-turn: episodes, scored by their final reward
-                from rljax.env import episode_scores
 
                 traj = r.env.run(r.sampler, prompts, uids, n=self.cfg.rollout.val_kwargs.n, decode=r.val_decode,
                                  tokenizer=r.tokenizer)

@@ -46,6 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.models import functional as F
+from rljax.pallas import fused_logprob, fused_logprob_sharded
+from rljax.sharding import with_logical_constraint
+
 #: Keys of a packed micro-batch's row arrays (``[R, L]`` each).
 ROW_FIELDS = ("tokens", "positions", "segment_ids", "targets")
 #: Learner-batch fields that are the padded token layout (replaced by the packed rows).
@@ -310,10 +314,6 @@ def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *,
     ``rows``: ``tokens, positions, segment_ids, targets [R, L]``; ``gather [Bm, T]``: flat
     index into ``R*L`` of the position predicting each response token.
     """
-    from rljax.models import functional as F
-    from rljax.pallas import fused_logprob, fused_logprob_sharded
-    from rljax.sharding import with_logical_constraint
-
     seg = rows["segment_ids"]
     hidden = F.forward(graphdef, params, rows["tokens"], positions=rows["positions"], mask=seg > 0, mesh=mesh,
                        segment_ids=seg)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from rljax import loss as rl
 from rljax.errors import ConfigError
+from rljax.reward import load_function
 from rljax.trainer.critic import outcome_token_rewards
 
 
@@ -111,7 +112,6 @@ def load_estimator(spec: str) -> Callable:
     file, like reward plugins), which is checked and registered under ``spec``."""
     if ":" not in spec:
         return rl.get_adv_estimator(spec)
-    from rljax.reward import load_function
 
     fn = load_function(spec, key="algorithm.adv_estimator", prefix="rljax_estimator_plugin")
     check_estimator_signature(fn, spec)

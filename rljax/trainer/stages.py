@@ -66,11 +66,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import loss as rl
-from rljax.env import episode_scores
+from rljax.env import episode_metrics, episode_scores
+from rljax.models import abstract_params, flops, load_hf_reward_model, reward_scores
+from rljax.models.lora import disable
+from rljax.reward import RewardError, overlong_metrics, overlong_penalty as reward_overlong_penalty, score_batch
 from rljax.sharding import place_batch, to_host
 from rljax.trace import faults
 from rljax.trace.facts import GroupView, message_count, number, padding_abs_sum
 from rljax.trace.fields import host_rows
+from rljax.trace.invariants import position_digest
+from rljax.trainer import distribute, dynamic_sampling as ds
+from rljax.trainer.distribute import assemble, check_async_share, check_judge_share, local_rows
+from rljax.trainer.dynamic_sampling import metrics as ds_metrics
+from rljax.trainer.judge import Judge, initial_policy_params, judge_metrics
 from rljax.trainer.runner import Stage
 from rljax.trainer.services import Services
 from rljax.trainer.state import RunState, step_key
@@ -248,12 +256,8 @@ def _filtered_stages(s: Services, rollout_fn):
     """``algorithm.filter_groups``: the rollout stage draws, generates and scores prompt batches
     until the batch is full (:mod:`rljax.trainer.dynamic_sampling`; its reward time is in
     ``timing_s/gen``); the reward stage places the kept rows' scores."""
-    from rljax.trainer import dynamic_sampling as ds
-
     multi = s.rollout.share.processes > 1
     if multi and s.cfg.trainer.mode == "async":  # launch refuses it first, with exit status 2
-        from rljax.trainer.distribute import check_async_share
-
         check_async_share(s.rollout.share, s.cfg.trainer.mesh, filter_groups=True)
 
     def task_score(s, traj, prompts):
@@ -267,8 +271,6 @@ def _filtered_stages(s: Services, rollout_fn):
                                    digest_fn=response_digest)
 
     def kept_reward(s, b):
-        from rljax.trainer.distribute import assemble
-
         d = b["dynamic_sampling"]
         # scored_rows: each kept row's score with the digest of the tokens it was computed for, taken
         # where it was scored (before the processes' exchange): the trace ties them to what is trained
@@ -402,9 +404,6 @@ def trajectory_fields(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     global: this process's prompts start at ``share.lo``). With ``data.trim_prompt_padding`` and
     several processes, the processes all-gather one int (their longest prompt) to agree on the
     prompt width."""
-    from rljax.trainer import distribute
-    from rljax.trainer.distribute import assemble
-
     share = s.rollout.share
     traj, trim, longest = b["trajectories"], s.cfg.data.trim_prompt_padding, None
     if trim and share.processes > 1:  # one width for every process's rows: the longest prompt of all
@@ -434,8 +433,6 @@ def trajectory_fields_facts(ev, v: GroupView) -> dict:
 
 def score(s: Services, traj, prompts, *, max_error_fraction: float):
     """Scores (NumPy ``[B]``) and the reward report of a rollout."""
-    from rljax.reward import score_batch
-
     responses = [s.rollout.tokenizer.decode(traj.response_ids[i, : traj.response_length[i]]) for i in range(traj.batch_size)]
     answers = [prompts[traj.group_id[i]].answer if not traj.is_padding[i] else "" for i in range(traj.batch_size)]
     extras = [prompts[traj.group_id[i]].reward_extra() if not traj.is_padding[i] else {} for i in range(traj.batch_size)]
@@ -447,8 +444,6 @@ def reward(s: Services, b) -> dict:
     """Scores of this process's trajectories, where they were generated. With several processes
     the ``reward.max_error_fraction`` bound applies to the whole batch (``gather_rollout``), so
     every process stops together."""
-    from rljax.trainer.distribute import assemble
-
     share = s.rollout.share
     bound = s.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
     traj = b["trajectories"]
@@ -470,8 +465,6 @@ def combine(s: Services, b, traj, scores) -> dict:
     ``scored_rows``: the same sum of this process's rows computed on the host from the same
     terms (the reward model's rows fetched from the learner mesh), beside the digest of the
     tokens the rule and the judge read (the trace's reward tie)."""
-    from rljax.trainer.distribute import assemble, local_rows
-
     share = s.rollout.share
     penalty = overlong_penalty(s, traj)
     host = {"function_scores": np.asarray(scores, np.float32),
@@ -507,8 +500,6 @@ def reward_facts(ev, v: GroupView) -> dict:
 
 def response_digest(traj) -> np.ndarray:
     """Per row, the position-sensitive digest of the response tokens (observations included)."""
-    from rljax.trace.invariants import position_digest
-
     present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
     return position_digest(present, np.asarray(traj.response_ids))
 
@@ -524,8 +515,6 @@ def reward_model(s: Services, b) -> dict:
 def load_reward_model(s: Services) -> Callable:
     """``inputs -> [B]`` scores of ``reward.model.path`` (:func:`rljax.models.load_hf_reward_model`),
     parameters sharded on the learner mesh, in the policy's compute dtype."""
-    from rljax.models import abstract_params, load_hf_reward_model, reward_scores
-
     rm = s.cfg.reward.model
     config, head, params, head_w = load_hf_reward_model(rm.path, dtype=s.cfg.model.dtype, mesh=s.mesh)
     if rm.label >= head.num_labels:
@@ -563,10 +552,6 @@ def reward_judge_facts(ev, v: GroupView) -> dict:
 def load_judge(s: Services, state: RunState):
     """The :class:`~rljax.trainer.judge.Judge` of ``reward.judge``, on the policy sampler's devices;
     ``path=ref``: the policy's initial weights (the reference's copy when the run keeps one)."""
-    from rljax.trainer.judge import Judge, initial_policy_params
-
-    from rljax.trainer.distribute import check_judge_share
-
     check_judge_share(s.rollout.share, s.cfg.reward.judge.path)  # launch refuses it first, with exit status 2
 
     engine = s.rollout.sampler.engine
@@ -575,8 +560,6 @@ def load_judge(s: Services, state: RunState):
         if s.learner.ref_params is not None:
             return s.learner.ref_params
         if s.learner.ref_is_base:
-            from rljax.models.lora import disable
-
             return disable(state.actor.params)
         return initial_policy_params(s.cfg, engine.config, s.mesh)
 
@@ -591,10 +574,9 @@ def overlong_penalty(s: Services, rows) -> Optional[np.ndarray]:
     ob = kw.overlong_buffer_cfg
     if not ob.enable:
         return None
-    from rljax.reward import overlong_penalty as penalty
 
-    p = penalty(rows.response_length, max_resp_len=kw.max_resp_len or s.cfg.data.max_response_length,
-                buffer_len=ob.len, penalty_factor=ob.penalty_factor)
+    p = reward_overlong_penalty(rows.response_length, max_resp_len=kw.max_resp_len or s.cfg.data.max_response_length,
+                                buffer_len=ob.len, penalty_factor=ob.penalty_factor)
     return np.where(np.asarray(rows.is_padding), np.float32(0), p)
 
 
@@ -625,9 +607,6 @@ def gather_rollout(s: Services, b) -> dict:
     Runs on the learner side (in ``trainer.mode=async`` the producer threads never communicate).
     Raises when the batch's reward errors exceed ``reward.max_error_fraction``, or when the
     processes trained different queue batches (asynchronous mode)."""
-    from rljax.reward import RewardError
-    from rljax.trainer import distribute
-
     share = s.rollout.share
     item = b["queue_item"] if "queue_item" in b else None
     if item is not None:
@@ -678,8 +657,6 @@ def rollout_mismatch(old_logp, b) -> dict:
 
 
 def reference(s: Services, state: RunState, b) -> tuple[RunState, dict]:
-    from rljax.models.lora import disable
-
     params = disable(state.actor.params) if s.learner.ref_is_base else s.learner.ref_params
     return state, {"ref_logp": s.learner.actor.forward(params, model_inputs(b))[0]}
 
@@ -827,21 +804,14 @@ def step_metrics(s: Services, b) -> dict:
         m.update({"reward/model/mean": float(rm.mean()), "reward/model/max": float(rm.max()),
                   "reward/model/min": float(rm.min())})
     if "judge_report" in b:  # reward.judge: the parsed verdicts and how many failed to parse
-        from rljax.trainer.judge import judge_metrics
 
         m.update(judge_metrics(b["judge_scores"], b["judge_report"], ~np.asarray(traj.is_padding)))
     if "dynamic_sampling" in b:
-        from rljax.trainer.dynamic_sampling import metrics as ds_metrics
-
         m.update(ds_metrics(b["dynamic_sampling"]))
     penalty = overlong_penalty(s, rows)
     if penalty is not None and s.cfg.reward.reward_kwargs.overlong_buffer_cfg.log:
-        from rljax.reward import overlong_metrics
-
         m.update(overlong_metrics(penalty, real))
     if getattr(traj, "num_turns", None) is not None:
-        from rljax.env import episode_metrics
-
         m.update(episode_metrics(traj))
     m.update(_model_flops(s, rows, real))
     m.update(_update_metrics(b, actor))
@@ -885,8 +855,6 @@ def _model_flops(s: Services, traj, real) -> dict:
     """``perf/model_flops/actor`` (forward + backward of every PPO epoch over the real tokens)
     and ``perf/model_flops/rollout`` (prefill + decode), :mod:`rljax.models.flops`; the
     trainer divides them by the stage times and the devices' peak into ``perf/mfu/*``."""
-    from rljax.models import flops
-
     config = getattr(getattr(s.rollout.sampler, "engine", None), "config", None)
     if config is None:
         return {}

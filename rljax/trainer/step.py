@@ -44,9 +44,8 @@ from rljax.models import functional as F
 from rljax.models.lora import LoRAParams
 from rljax.pallas import fused_logprob, fused_logprob_sharded
 from rljax.sharding import with_logical_constraint
-from rljax.trainer.packing import ROW_FIELDS as _ROW_FIELDS
-from rljax.trainer.packing import TOKEN_FIELDS as _TOKEN_FIELDS
-from rljax.trainer.packing import packed_response_logprobs
+from rljax.trainer import packing
+from rljax.trainer.packing import ROW_FIELDS as _ROW_FIELDS, TOKEN_FIELDS as _TOKEN_FIELDS, packed_response_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,8 +467,6 @@ class PackedTrainStep:
         return len(self.shapes)
 
     def _packed(self, batch: dict, key):
-        from rljax.trainer import packing
-
         host = jax.device_get({k: batch[k] for k in _TOKEN_FIELDS}) if jax.process_count() == 1 else \
             _gather_host({k: batch[k] for k in _TOKEN_FIELDS})
         b = host["input_ids"].shape[0]
@@ -510,8 +507,6 @@ class PackedLogprob:
         return len(self.shapes)
 
     def _packed(self, inputs: dict):
-        from rljax.trainer import packing
-
         host = jax.device_get({k: inputs[k] for k in _TOKEN_FIELDS}) if jax.process_count() == 1 else \
             _gather_host({k: inputs[k] for k in _TOKEN_FIELDS})
         arrays, stats = packing.pack_logprob_batch(host["input_ids"], host["attention_mask"], host["positions"],
