@@ -165,66 +165,93 @@ def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn, digest_fn) -> dict
     each process holds its share of the one-process batch.
     """
     fg = s.cfg.algorithm.filter_groups
-    want = s.cfg.data.train_batch_size
-    share = s.rollout.share
+    want, share, step = s.cfg.data.train_batch_size, s.rollout.share, b["step"]
     multi = share.processes > 1
-    step = b["step"]
     # the whole batch's prompts and uids (each process draws every batch; it generates its share)
     prompts = list(b["batch_prompts"]) if multi else list(b["prompts"])
     uids = [f"{step}-{i}" for i in range(len(prompts))] if multi else list(b["uids"])
-    parts, kept_prompts, kept_uids, kept_scores, kept_digests, reports, owners = [], [], [], [], [], [], []
-    dropped: dict[str, str] = {}
-    kept = zero_var = excess = batches = 0
+    acc = _Kept()
     while True:
-        batches += 1
+        acc.batches += 1
         lo, hi = (share.lo, share.hi) if multi else (0, len(prompts))
         traj = rollout_fn(s, dict(b, prompts=prompts[lo:hi], uids=uids[lo:hi]))["trajectories"]
         task, report = score_fn(s, traj, prompts[lo:hi])
         shaped = shape_fn(s, traj, task)
-        reports.append(report)
-        real = ~np.asarray(traj.is_padding)
-        values = task if fg.metric == "acc" else shaped
-        keep, _ = groups_to_keep(values, traj.group_id, traj.num_groups, real=real)
-        facts = _group_facts(keep, values, traj, real)
-        if multi:  # every group's facts, batch order: the processes agree on what is kept
-            from rljax.trainer.distribute import allgather  # JAX: only several processes agree on the groups
-
-            facts = allgather(facts, share)
-        take = _take(facts, uids, room=want - kept, want=want, metric=fg.metric, dropped=dropped)
-        zero_var += int((~facts["keep"]).sum())
-        excess += int(facts["keep"].sum()) - len(take)
-        kept_prompts += [prompts[g] for g in take]
-        kept_uids += [uids[g] for g in take]
-        kept += len(take)
-        owners += [_owner(g, share) for g in take]
-        mine = [g - lo for g in take if lo <= g < hi]
-        # every draw's part, none kept included: its generation work counts in the rollout's stats
-        parts.append(take_groups(traj, mine))
-        rows = [np.flatnonzero(np.asarray(traj.group_id) == g) for g in mine]
-        rows = np.concatenate(rows) if rows else np.zeros(0, int)
-        kept_scores.append(np.asarray(shaped, np.float32)[rows])
-        kept_digests.append(np.asarray(digest_fn(traj), np.uint32)[rows])  # of the tokens scored, where scored
-        if kept >= want:
+        acc.reports.append(report)
+        facts = _draw_facts(traj, task if fg.metric == "acc" else shaped, share)
+        take = _take(facts, uids, room=want - acc.kept, want=want, metric=fg.metric, dropped=acc.dropped)
+        acc.add(traj, facts, take, prompts, uids, shaped, digest_fn(traj), share, lo, hi)
+        if acc.kept >= want:
             break
-        if fg.max_num_gen_batches and batches >= fg.max_num_gen_batches:
-            raise RuntimeError(f"step {step}: {kept} of data.train_batch_size={want} prompt groups kept after "
-                               f"{batches} prompt batches (algorithm.filter_groups.max_num_gen_batches="
-                               f"{fg.max_num_gen_batches}; {zero_var} groups had zero {fg.metric} variance): the data "
-                               "are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")
+        if fg.max_num_gen_batches and acc.batches >= fg.max_num_gen_batches:
+            raise RuntimeError(f"step {step}: {acc.kept} of data.train_batch_size={want} prompt groups kept after "
+                               f"{acc.batches} prompt batches (algorithm.filter_groups.max_num_gen_batches="
+                               f"{fg.max_num_gen_batches}; {acc.zero_var} groups had zero {fg.metric} variance): the "
+                               "data are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")
         prompts = list(next(s.rollout.prompts))
-        uids = [f"{step}-{batches * want + i}" for i in range(len(prompts))]
+        uids = [f"{step}-{acc.batches * want + i}" for i in range(len(prompts))]
         # the next draw's weights: the learner's in the synchronous step; in trainer.mode=async with
         # partial_rollout the producer may have installed a push during the last draw
         b = dict(b, weight_version=int(s.rollout.sampler.version))
-    traj, scored = concat(parts), {"scores": np.concatenate(kept_scores), "digest": np.concatenate(kept_digests)}
-    if multi:  # each process: its share of the one-process batch, whoever generated it
-        traj, scored = exchange(traj, scored, kept_uids, owners, share)
-        kept_prompts, kept_uids = kept_prompts[share.lo:share.hi], kept_uids[share.lo:share.hi]
-    return {"trajectories": traj, "prompts": kept_prompts, "uids": kept_uids,
-            "dynamic_sampling": {"scores": scored["scores"], "scored_rows": scored,
-                                 "reward_report": merge_reports(reports),
-                                 "num_gen_batches": batches, "kept_groups": kept, "dropped_groups": zero_var,
-                                 "excess_groups": excess, "dropped": dropped}}
+    return acc.result(share)
+
+
+def _draw_facts(traj, values, share) -> dict:
+    """Every group's keep flag and facts of one draw; with several processes every process's
+    groups, in batch order, so the processes agree on what is kept."""
+    real = ~np.asarray(traj.is_padding)
+    keep, _ = groups_to_keep(values, traj.group_id, traj.num_groups, real=real)
+    facts = _group_facts(keep, values, traj, real)
+    if share.processes > 1:
+        from rljax.trainer.distribute import allgather  # JAX: only several processes agree on the groups
+
+        facts = allgather(facts, share)
+    return facts
+
+
+@dataclasses.dataclass
+class _Kept:
+    """What :func:`filtered_rollout` kept over a step's draws, and its counts."""
+
+    groups: list = dataclasses.field(default_factory=list)  # (prompt, uid, owner process) of each kept group
+    draws: list = dataclasses.field(default_factory=list)  # (rows generated here, their scores, digests) a draw
+    reports: list = dataclasses.field(default_factory=list)
+    dropped: dict = dataclasses.field(default_factory=dict)
+    zero_var: int = 0
+    excess: int = 0
+    batches: int = 0
+
+    @property
+    def kept(self) -> int:
+        return len(self.groups)
+
+    def add(self, traj, facts, take, prompts, uids, shaped, digests, share, lo, hi) -> None:
+        """Keeps groups ``take`` (batch indices) of a draw; this process's rows ``[lo, hi)``."""
+        self.zero_var += int((~facts["keep"]).sum())
+        self.excess += int(facts["keep"].sum()) - len(take)
+        self.groups += [(prompts[g], uids[g], _owner(g, share)) for g in take]
+        mine = [g - lo for g in take if lo <= g < hi]
+        rows = [np.flatnonzero(np.asarray(traj.group_id) == g) for g in mine]
+        rows = np.concatenate(rows) if rows else np.zeros(0, int)
+        # every draw's part, none kept included: its generation work counts in the rollout's stats;
+        # the digests are of the tokens scored, where scored
+        self.draws.append((take_groups(traj, mine), np.asarray(shaped, np.float32)[rows],
+                           np.asarray(digests, np.uint32)[rows]))
+
+    def result(self, share) -> dict:
+        """The stage's outputs: each process's share of the one-process batch, whoever generated it."""
+        parts, scores, digests = zip(*self.draws)
+        traj, scored = concat(list(parts)), {"scores": np.concatenate(scores), "digest": np.concatenate(digests)}
+        prompts, uids, owners = (list(x) for x in zip(*self.groups)) if self.groups else ([], [], [])
+        if share.processes > 1:
+            traj, scored = exchange(traj, scored, uids, owners, share)
+            prompts, uids = prompts[share.lo:share.hi], uids[share.lo:share.hi]
+        return {"trajectories": traj, "prompts": prompts, "uids": uids,
+                "dynamic_sampling": {"scores": scored["scores"], "scored_rows": scored,
+                                     "reward_report": merge_reports(self.reports),
+                                     "num_gen_batches": self.batches, "kept_groups": self.kept,
+                                     "dropped_groups": self.zero_var, "excess_groups": self.excess,
+                                     "dropped": self.dropped}}
 
 
 def _owner(g: int, share) -> int:
