@@ -199,6 +199,7 @@ def test_each_draw_checks_the_weights_it_started_with():
     from rljax.rollout import DecodeParams, RljaxEngine, Sampler
     from rljax.tokenizer import CharTokenizer
     from rljax.trainer.dynamic_sampling import filtered_rollout
+    from rljax.trainer.distribute import Share
     from rljax.trainer.services import Rollout, Services
     from rljax.trainer.stages import rollout_sessions
 
@@ -216,8 +217,8 @@ def test_each_draw_checks_the_weights_it_started_with():
             pushed.append(sampler.update_weights(params, sampler.version + 1))
 
     rollout = Rollout(sampler=sampler, decode=DecodeParams(max_new_tokens=3, seed=0), val_decode=None, tokenizer=tok,
-                      env=None, prompts=iter([[prompt("3+4="), prompt("1+1=")]]), val_prompts=None, share=None,
-                      to_sampler=None)
+                      env=None, prompts=iter([[prompt("3+4="), prompt("1+1=")]]), val_prompts=None,
+                      share=Share(0, 1, 0, 2, 2, 2, True, (0,)), to_sampler=None)
     c = Services(cfg=cfg, mesh=None, model=None, rollout=rollout, learner=None, reward=None)
     draws = []
 
@@ -228,8 +229,8 @@ def test_each_draw_checks_the_weights_it_started_with():
 
     out = filtered_rollout(c, {"step": 1, "prompts": [prompt("2+2="), prompt("0+4=")], "uids": ["1-0", "1-1"],
                                "weight_version": 0}, rollout_fn=functools.partial(rollout_sessions, on_chunk=on_chunk),
-                           score_fn=score,
-                           shape_fn=lambda c, t, s: s)
+                           score_fn=score, shape_fn=lambda c, t, s: s,
+                           digest_fn=lambda t: np.zeros(len(t.uid), np.uint32))
     assert pushed and draws == [0, 1]  # the second draw started on the pushed weights
     assert out["dynamic_sampling"]["num_gen_batches"] == 2 and out["uids"] == ["1-0", "1-2"]
 
