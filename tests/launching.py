@@ -46,3 +46,16 @@ def metrics(run_dir) -> list[dict]:
 def train_rows(run_dir) -> list[dict]:
     """The per-step training records (not the data counts at step 0 nor the final validation)."""
     return [r for r in metrics(run_dir) if "actor/pg_loss" in r]
+
+
+def full_and_resumed(base, tmp_path, steps: int = 4):
+    """``base`` run for ``steps`` steps in one launch (``tmp_path/full``) and in two, stopped after
+    half of them and continued with ``--resume`` (``tmp_path/split``); returns the two run
+    directories. Every launch must succeed."""
+    full, split = tmp_path / "full", tmp_path / "split"
+    for args in ([f"trainer.total_steps={steps}", "--run-dir", str(full)],
+                 [f"trainer.total_steps={steps // 2}", "--run-dir", str(split)],
+                 [f"trainer.total_steps={steps}", "--resume", "--run-dir", str(split)]):
+        out = launch(*base, *args)
+        assert out.returncode == 0, out.stderr[-3000:]
+    return full, split

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from launching import REPO, launch, launch_env, train_rows
+from launching import REPO, full_and_resumed, launch, launch_env, train_rows
 from test_launch import SMALL
 
 ASYNC = ["trainer.mode=async"]
@@ -148,13 +148,8 @@ def test_async_resume_replays_in_flight_prompts(tmp_path):
     """N steps + --resume + N more == 2N steps at tau=0 (the queue is not checkpointed; the prompts
     queued or in generation at the checkpoint are generated again after the resume)."""
     base = ["--mesh=dp2", *SMALL, *ASYNC, "async_training.max_staleness=0"]
-    full = launch(*base, "trainer.total_steps=4", "--run-dir", str(tmp_path / "full"))
-    assert full.returncode == 0, full.stderr[-3000:]
-    first = launch(*base, "trainer.total_steps=2", "--run-dir", str(tmp_path / "split"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = launch(*base, "trainer.total_steps=4", "--resume", "--run-dir", str(tmp_path / "split"))
-    assert second.returncode == 0, second.stderr[-3000:]
-    f, s = train_rows(tmp_path / "full"), train_rows(tmp_path / "split")
+    full, split = full_and_resumed(base, tmp_path)
+    f, s = train_rows(full), train_rows(split)
     s = {r["step"]: r for r in s}  # the resumed run rewrote metrics.jsonl from step 3 on
     _compare(f, [s[r["step"]] for r in f])
     assert [r["async/batch_index"] for r in f] == [1, 2, 3, 4]

@@ -14,7 +14,7 @@ import pytest
 
 from rljax.trace.samples import read_samples
 
-from launching import REPO, launch, launch_env, metrics, train_rows
+from launching import REPO, full_and_resumed, launch, launch_env, metrics, train_rows
 from test_async_launch import _compare
 from test_launch import SMALL
 
@@ -76,13 +76,8 @@ def test_streaming_resume_mid_stream_loses_and_repeats_no_prompt(tmp_path):
     step trains the prompts the uninterrupted run trained, none lost, none twice."""
     base = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
             "async_training.partial_rollout=true", "trace.log_train_generations=32"]
-    full = launch(*base, "trainer.total_steps=4", "--run-dir", str(tmp_path / "full"))
-    assert full.returncode == 0, full.stderr[-3000:]
-    first = launch(*base, "trainer.total_steps=2", "--run-dir", str(tmp_path / "split"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = launch(*base, "trainer.total_steps=4", "--resume", "--run-dir", str(tmp_path / "split"))
-    assert second.returncode == 0, second.stderr[-3000:]
-    f, s = _prompts_by_step(tmp_path / "full"), _prompts_by_step(tmp_path / "split")
+    full, split = full_and_resumed(base, tmp_path)
+    f, s = _prompts_by_step(full), _prompts_by_step(split)
     assert sorted(f) == sorted(s) == [1, 2, 3, 4]
     for step in f:
         assert sum(f[step].values()) == 32 and f[step] == s[step], step
