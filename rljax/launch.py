@@ -276,6 +276,13 @@ def _resume_arg(argv: list) -> list:
     return out
 
 
+def _stderr_line(line: str) -> None:
+    """One line on stderr in one write: the processes of a multi-process job share the stream, and
+    ``print`` writes the text and its newline apart, so two processes' lines ran together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv=None) -> int:
     # intermixed: overrides may come before and after options (`... rollout.n=4 --resume trainer.total_steps=8`)
     args = _parser().parse_intermixed_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
@@ -316,7 +323,7 @@ def main(argv=None) -> int:
     except (UsageError, RunDirError) as e:
         if lock is not None:
             lock.release(undo=True)  # a refused launch leaves nothing behind
-        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: {e}")
         return 2
     try:
         return _run(args, cfg, prov, run_dir)
@@ -376,14 +383,14 @@ def _run(args, cfg, prov, run_dir) -> int:
         share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n,
                               processes=1 if cfg.env.function is not None else None)
     except ValueError as e:  # --distributed: the process count is known only now
-        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: {e}")
         return 2
     try:
         if cfg.trainer.mode == "async":  # the rollout threads must not communicate
             check_async_share(share, spec, filter_groups=cfg.algorithm.filter_groups.enable)
         check_judge_share(share, cfg.reward.judge.path)
     except ValueError as e:
-        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: {e}")
         return 2
     topo["rollout_share"] = share.describe()
     if cfg.env.function is not None and jax.process_count() > 1:
@@ -419,31 +426,31 @@ def _run(args, cfg, prov, run_dir) -> int:
                           resume_unverified=args.resume_unverified, resume_from_weights=args.resume_from_weights)
     except ConfigError as e:  # data problems found while building the run (an empty split, a missing file)
         record.undo()
-        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: {e}")
         return 2
     except CheckpointError as e:  # a refused restore leaves the run's record as it was
         record.undo()
-        print(f"rljax.launch: error: {e}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: {e}")
         return 1
 
     try:
         summary = trainer.run()
     except (NonFiniteUpdateError, RewardError) as e:  # the run stopped itself; its saves are committed
-        print(f"rljax.launch: error: step {trainer.step}: {e}; {trainer.resume_point()}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: step {trainer.step}: {e}; {trainer.resume_point()}")
         return 1
     except CheckpointError as e:  # a save failed (a full disk, a read-only directory): the older ones are intact
-        print(f"rljax.launch: error: {e}; {trainer.intact_point()}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: {e}; {trainer.intact_point()}")
         return 1
     except OSError as e:  # writing a record failed (a full disk, a read-only run directory): one line, no traceback
         where = f" {e.filename}" if e.filename else " the run directory"
-        print(f"rljax.launch: error: step {trainer.step} stopped: writing{where} failed: "
-              f"{e.strerror or type(e).__name__}; {trainer.intact_point()}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: error: step {trainer.step} stopped: writing{where} failed: "
+                     f"{e.strerror or type(e).__name__}; {trainer.intact_point()}")
         return 1
     except StopRequested as e:  # SIGTERM or SIGINT: the current step was saved
-        print(f"rljax.launch: {e}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: {e}")
         return 130 if e.signal_name == "SIGINT" else 143
     except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is abandoned
-        print(f"rljax.launch: interrupted during step {trainer.step}; {trainer.resume_point()}", file=sys.stderr)
+        _stderr_line(f"rljax.launch: interrupted during step {trainer.step}; {trainer.resume_point()}")
         return 130
     if main_process:
         print(format_summary(summary))
