@@ -455,9 +455,9 @@ def _run(args, cfg, prov, run_dir) -> int:
     if main_process:
         print(format_summary(summary))
     if summary.error_alerts:  # the final checkpoint is saved; the run's data or update is suspect
-        print("rljax.launch: error-severity alert(s) fired: " + ", ".join(
-            f"{k} x{v.get('count')} (first at step {v.get('first_step')})" for k, v in sorted(summary.error_alerts.items()))
-              + "; exit status 3 (see python -m rljax.trace check)", file=sys.stderr)
+        fired = ", ".join(f"{k} x{v.get('count')} (first at step {v.get('first_step')})"
+                          for k, v in sorted(summary.error_alerts.items()))
+        _stderr_line(f"rljax.launch: error-severity alert(s) fired: {fired}; exit status 3 (see python -m rljax.trace check)")
         return ALERT_EXIT
     return 0
 
