@@ -5,7 +5,9 @@ import time of this module, which pytest loads before any test module imports ja
 """
 
 import os
+import pathlib
 
+_TESTS = pathlib.Path(__file__).resolve().parent  # this file stays at the root of tests/
 _FLAG = "--xla_force_host_platform_device_count=8"
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -88,7 +90,7 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
-#: Test files in the order the default run starts them, most expensive first (seconds of
+#: Test files (paths below ``tests/``) in the order the default run starts them, most expensive first (seconds of
 #: `pytest --durations=0` summed by file, 2 Dec 2026: test_models 79, test_trace_run 57 with
 #: its wait for the shared run, test_pallas 49, test_trainer_step 40, test_sampler 40, ...). With ``--dist loadfile`` a worker takes whole files in
 #: this order as it frees up (``--no-loadscope-reorder`` in pyproject.toml keeps it: xdist would
@@ -140,7 +142,12 @@ def pytest_collection_modifyitems(config, items):
     heavy = SLOW_HEAVY_FIRST if config.getoption("markexpr", "") == "slow" else HEAVY_FIRST
     rank = {name: i for i, name in enumerate(heavy)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
+    items.sort(key=lambda item: (rank.get(_under_tests(item.path), len(rank)), order[id(item)]))
+
+
+def _under_tests(path) -> str:
+    """A test file's path below ``tests/`` as the start orders name it (``launch/test_launch.py``)."""
+    return pathlib.Path(path).resolve().relative_to(_TESTS).as_posix()
 
 
 @pytest.fixture(scope="session")

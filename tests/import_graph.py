@@ -17,7 +17,8 @@ import tokenize
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+from repo_paths import REPO
+
 PACKAGE = "rljax"
 
 

@@ -14,7 +14,9 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import repo_paths
+
+REPO = str(repo_paths.REPO)  # a str: the tests pass it as cwd and join it into PYTHONPATH
 
 
 #: XLA flags of the runs the tests launch (see the module docstring).

@@ -4,12 +4,11 @@ must match it: a key added, removed or re-documented without regenerating the pa
 import difflib
 import subprocess
 import sys
-from pathlib import Path
 
 from rljax.config import field_specs
 from rljax.config import reference
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import REPO as ROOT
 
 
 def test_committed_reference_matches_the_schema():

@@ -3,7 +3,6 @@ mapping, the tokenizer's chat template, resumable iteration, and the data pre-fl
 (issue 25, friction 3)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,6 +11,7 @@ from rljax.data import PromptIterator, build_prompts, check, train_iterator
 from rljax.tokenizer import CharTokenizer, load_tokenizer
 
 from hf_tiny import CHATML, tokenizer_dir
+from repo_paths import REPO
 
 QUESTIONS = [f"Tom has {i} apples and buys {i + 1}. How many?" for i in range(12)]
 
@@ -233,7 +233,7 @@ def test_gsm8k_preset_uses_the_tokenizers_chat_template(tmp_path):
     """The preset names no model-specific template: a Qwen2 tokenizer's own gives the prompt."""
     import yaml
 
-    preset = Path(__file__).parent.parent / "configs" / "qwen2_5_0_5b_gsm8k.yaml"
+    preset = REPO / "configs" / "qwen2_5_0_5b_gsm8k.yaml"
     raw = yaml.safe_load(preset.read_text())
     assert "<|im_start|>" not in json.dumps(raw) and raw["data"]["apply_chat_template"] in (True, "true")
     d = tmp_path / "g"

@@ -131,7 +131,7 @@ def test_usage_errors_import_nothing_heavy(tmp_path):
     about a second, whatever the model or dataset size), and before anything is written."""
     code = f"""
 import json, pathlib, sys
-sys.path.insert(0, {os.path.join(REPO, "tests")!r})
+sys.path[:0] = {[os.path.join(REPO, "tests"), os.path.dirname(os.path.abspath(__file__))]!r}  # helpers; this file
 from test_launch import _mistakes
 from rljax.launch import main
 tmp = pathlib.Path(sys.argv[1])

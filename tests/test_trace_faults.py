@@ -11,10 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from launching import launch_env
+from launching import REPO, launch_env
 from test_launch import SMALL
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_position_digest_sees_positions_not_counts():

@@ -10,10 +10,8 @@ import sys
 
 import pytest
 
-from launching import launch
+from launching import REPO, launch
 from test_launch import SMALL  # one small configuration for all end-to-end runs
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = ("record files whole", "timestamps ordered", "whole-batch invariants", "config provenance", "consistent across every stage", "sessions per uid",
           "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
           "mini-batch metadata", "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",

@@ -10,7 +10,9 @@ docstring included. What remains over a limit is listed in :data:`ALLOWED` with 
 import ast
 import pathlib
 
-TRAINER = pathlib.Path(__file__).resolve().parent.parent / "rljax" / "trainer"
+from repo_paths import REPO
+
+TRAINER = REPO / "rljax" / "trainer"
 MAX_ATTRIBUTES = 10
 MAX_LINES = 60
 
