@@ -99,19 +99,19 @@ def pytest_xdist_auto_num_workers(config):
 #: starts the shared dp8 run that ``test_trace_run`` (placed after the heavy files) reads; a
 #: worker that got both at once would wait for it. Files not listed follow in collection order.
 HEAVY_FIRST = (
-    "test_launch.py",
-    "test_models.py",
-    "test_pallas.py",
-    "test_trainer_step.py",
-    "test_sampler.py",
-    "test_trace_run.py",
-    "test_lora.py",
-    "test_loss_properties.py",
-    "test_loss_values.py",
-    "test_pallas_sharded.py",
-    "test_prepare.py",
-    "test_peft.py",
-    "test_disk_faults.py",
+    "launch/test_launch.py",
+    "models/test_models.py",
+    "pallas/test_pallas.py",
+    "trainer/test_trainer_step.py",
+    "rollout/test_sampler.py",
+    "trace/test_trace_run.py",
+    "models/test_lora.py",
+    "loss/test_loss_properties.py",
+    "loss/test_loss_values.py",
+    "pallas/test_pallas_sharded.py",
+    "trainer/test_prepare.py",
+    "models/test_peft.py",
+    "launch/test_disk_faults.py",
 )
 
 
@@ -119,22 +119,22 @@ HEAVY_FIRST = (
 #: seconds of their slow tests (``--cpu-times``, 2 Dec 2026), so the longest files start first and
 #: the two workers finish together. Files not listed follow in collection order.
 SLOW_HEAVY_FIRST = (
-    "test_launch.py",
-    "test_async_launch.py",
-    "test_reliability_e2e.py",
-    "test_learning.py",
-    "test_config_honest.py",
-    "test_trace_faults.py",
-    "test_reliability_signals.py",
-    "test_dynamic_sampling.py",
-    "test_export.py",
-    "test_models.py",
-    "test_reward_judge.py",
-    "test_trainer_packing.py",
-    "test_lora.py",
-    "test_loggers_samples.py",
-    "test_disk_faults.py",
-    "test_trace_run.py",
+    "launch/test_launch.py",
+    "launch/test_async_launch.py",
+    "launch/test_reliability_e2e.py",
+    "launch/test_learning.py",
+    "config/test_config_honest.py",
+    "trace/test_trace_faults.py",
+    "launch/test_reliability_signals.py",
+    "trainer/test_dynamic_sampling.py",
+    "launch/test_export.py",
+    "models/test_models.py",
+    "reward/test_reward_judge.py",
+    "trainer/test_trainer_packing.py",
+    "models/test_lora.py",
+    "trace/test_loggers_samples.py",
+    "launch/test_disk_faults.py",
+    "trace/test_trace_run.py",
 )
 
 
