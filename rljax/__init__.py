@@ -4,7 +4,7 @@ Sub-packages are imported on demand; importing ``rljax`` itself pulls in nothing
 ``from rljax.loss import ...`` costs only JAX, chex and numpy.
 
 Layers, top to bottom (a module imports only from layers below its own, never sideways or up;
-``tests/test_import_layers.py`` enforces it, deferred imports included):
+``tests/project/test_import_layers.py`` enforces it, deferred imports included):
 
     launch, export                            the command lines: compose everything, hold no logic
     preflight, _resume                        launch-time input checks (each package's check(cfg)); resume plans

@@ -3,7 +3,7 @@
 Inside ``with record_reads() as reads:`` the configs that :func:`rljax.config.resolve` and
 :func:`rljax.config.load_resolved` build are instances of recording subclasses of the schema's
 dataclasses (installed with :func:`rljax.config.set_section_class`), equal in value; ``reads``
-fills with the dotted keys that rljax code reads. Used by ``tests/test_config_honest.py``.
+fills with the dotted keys that rljax code reads. Used by ``tests/config/test_config_honest.py``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     _flags = f"{_flags} {_FLAG}".strip()
 # Tests check numbers, not speed, and most of their time is XLA:CPU compiling tiny programs:
-# LLVM at -O0 compiles them in ~0.6x the CPU time (tests/test_trainer_step.py: 98 -> 58 s
+# LLVM at -O0 compiles them in ~0.6x the CPU time (tests/trainer/test_trainer_step.py: 98 -> 58 s
 # user). XLA's own HLO passes and float semantics are unchanged (no fast math either way).
 # Runs launched as subprocesses (tests/launching.py) get -O0 without the device count (the
 # launcher creates their devices), except the learning curve's, which compiles as users' runs do.

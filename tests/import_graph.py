@@ -3,7 +3,7 @@
 Every ``import`` / ``from ... import`` statement counts, at module level or deferred inside a
 function (a deferred import is still a dependency; it only runs later). ``from a.b import c``
 is an edge to ``a.b.c`` when that is a module of the package, else to ``a.b``; a relative
-import is resolved against its package. Used by ``tests/test_import_layers.py``.
+import is resolved against its package. Used by ``tests/project/test_import_layers.py``.
 """
 
 from __future__ import annotations

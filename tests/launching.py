@@ -6,7 +6,7 @@ TensorFlow quiet, and compiling at LLVM ``-O0`` like the tests in this process (
 a 2-step launch spends most of its time compiling, and ``-O0`` compiles it in ~0.65x the CPU time
 (``--mesh=dp2``, 2 steps, a cold cache: 37 -> 24 s user; docs/development.md). The numbers are
 the same (no fast math either way); programs run slower, so a run whose time is mostly steps
-(tests/test_learning.py: 300 of them) passes ``compile_as_user=True`` and compiles as users' runs do.
+(tests/launch/test_learning.py: 300 of them) passes ``compile_as_user=True`` and compiles as users' runs do.
 """
 
 import json

@@ -5,7 +5,7 @@ where verl spells it differently, verl's key. Regenerate after changing the sche
 
     python -m rljax.config.reference > docs/reference/config.md
 
-``tests/test_config_reference.py`` fails when the committed page differs from what this
+``tests/config/test_config_reference.py`` fails when the committed page differs from what this
 module prints. Pure Python: importing it does not import JAX.
 """
 

@@ -34,7 +34,7 @@ earlier context (``O(context)`` per turn), and all sessions wait for the slowest
 
 Both paths compute the same numbers: turn ``k`` of session ``(uid, s)`` samples from the
 random stream of ``({uid}_{s}_t{k}, 0)``, and greedy decoding gives the same tokens (and
-``rollout_logp`` to float rounding) on either path (``tests/test_env_kv.py``). A turn that
+``rollout_logp`` to float rounding) on either path (``tests/env/test_env_kv.py``). A turn that
 would pass the session's response budget is cut to it on the host (and ends the session) in
 both paths.
 

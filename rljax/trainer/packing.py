@@ -377,7 +377,7 @@ class AutoPacking:
     ``padded`` and ``packed`` take the same arguments, ``(state_or_params, fields, *rest)``
     with ``fields["attention_mask"] [B, S+T]``; the packed one is used when the mask's mean
     (the fraction of the padded layout that is real tokens) is at most ``max_fill``. Both
-    give the same numbers to float tolerance (tests/test_trainer_packing.py), so the choice
+    give the same numbers to float tolerance (tests/trainer/test_trainer_packing.py), so the choice
     only moves time; it is a pure function of the batch, so a resumed run chooses the same.
     ``last_packed`` / ``fill`` describe the last call; ``compiles`` counts the programs of
     both (a padded program once per batch width used: ``data.trim_prompt_padding`` varies it).

@@ -358,7 +358,7 @@ def test_two_local_processes_match_one_process(tmp_path, one_process_run, mode, 
     assert compared > 60
     # data.trim_prompt_padding: the processes agree on the one-process prompt width (here both
     # halves' longest prompts also bucket alike, so this holds even without the agreement:
-    # tests/test_prompt_trim.py lays out halves of different widths)
+    # tests/trainer/test_prompt_trim.py lays out halves of different widths)
     frac = [[r.get("perf/learner_padding_frac") for r in x] for x in (a, b)]
     assert frac[0] == frac[1] and any(f is not None for f in frac[0]), frac
     for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/total_num_tokens",

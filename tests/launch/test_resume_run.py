@@ -2,7 +2,7 @@
 before anything is written, no appending to another run's files, records cut back on resume.
 
 Everything here stops before JAX starts (seconds); the runs that train are in
-tests/test_reliability_signals.py (slow).
+tests/launch/test_reliability_signals.py (slow).
 """
 
 import hashlib

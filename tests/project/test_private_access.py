@@ -65,11 +65,11 @@ def test_no_reaching_into_other_modules_privates():
     found = [(f, line, what) for f, line, what in violations() if (f, what) not in ALLOWED]
     msgs = [f"{f}:{line}: {what} reaches into another module's private name: make it public where it lives (no "
             f"underscore, exported by its package) and use that, or add ({f!r}, {what!r}) to ALLOWED in "
-            f"tests/test_private_access.py with the reason" for f, line, what in found]
+            f"tests/project/test_private_access.py with the reason" for f, line, what in found]
     assert not msgs, "\n".join(msgs)
 
 
 def test_every_allowed_entry_is_still_needed():
     used = {(f, what) for f, _, what in violations()}
     stale = sorted(set(ALLOWED) - used)
-    assert not stale, f"ALLOWED entries no longer needed (remove them from tests/test_private_access.py): {stale}"
+    assert not stale, f"ALLOWED entries no longer needed (remove them from tests/project/test_private_access.py): {stale}"

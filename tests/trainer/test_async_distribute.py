@@ -3,7 +3,7 @@ generates, and the trace check that no uid is generated twice.
 
 The share logic runs here on one process with ``process_of`` laying the 8 test devices out as
 several processes' devices; the real 2-process runs (both modes, the union of trajectories
-equal to the one-process run's) are ``tests/test_launch.py::test_two_local_processes_match_one_process``.
+equal to the one-process run's) are ``tests/launch/test_launch.py::test_two_local_processes_match_one_process``.
 """
 
 import json
