@@ -63,8 +63,12 @@ def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None):
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _section(cls, doc: str):
-    return dataclasses.field(default_factory=cls, metadata={"doc": doc})
+def _section(cls, doc: str, *, switch: Optional[tuple[str, str]] = None):
+    """A nested section. ``switch=(key, what)``: the section's feature (``what``, e.g. "the judge")
+    is off while its field ``key`` is null / false / 0, and then none of its other keys may differ
+    from their defaults (a usage error, :func:`rljax.config._validate.check_switched_off`)."""
+    meta = {"doc": doc} if switch is None else {"doc": doc, "switch": switch}
+    return dataclasses.field(default_factory=cls, metadata=meta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +170,8 @@ class AlgorithmConfig:
         "PPO ratios are then taken against the sampling policy)"
     )
     filter_groups: FilterGroupsConfig = _section(FilterGroupsConfig, "DAPO dynamic sampling (verl's "
-                                                                      "algorithm.filter_groups)")
+                                                                      "algorithm.filter_groups)",
+                                                 switch=("enable", "dynamic sampling"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +235,8 @@ class ActorConfig:
     log_prob_max_token_len_per_device: Optional[int] = _f(
         None, "tokens per device per packed log-prob chunk (null: as ppo_max_token_len_per_device)", ge=1)
     optim: OptimConfig = _section(OptimConfig, "actor optimizer")
-    lora: LoraConfig = _section(LoraConfig, "LoRA: train low-rank adapters on a frozen base (rank 0: off)")
+    lora: LoraConfig = _section(LoraConfig, "LoRA: train low-rank adapters on a frozen base (rank 0: off)",
+                                switch=("rank", "LoRA"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +289,8 @@ class OverlongBufferConfig:
 class RewardKwargsConfig:
     max_resp_len: Optional[int] = _f(None, "the length limit of the overlong penalty (null: "
                                            "data.max_response_length)", ge=1)
-    overlong_buffer_cfg: OverlongBufferConfig = _section(OverlongBufferConfig, "DAPO's overlong reward shaping")
+    overlong_buffer_cfg: OverlongBufferConfig = _section(OverlongBufferConfig, "DAPO's overlong reward shaping",
+                                                         switch=("enable", "the overlong penalty"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,9 +347,11 @@ class RewardConfig:
                                      "run as a bug)", gt=0.0)
     import_timeout_s: float = _f(60.0, "the plugin is first imported in a child process before the run starts; an "
                                        "import that takes longer (or exits the process) is a one-line error", gt=0.0)
-    model: RewardModelConfig = _section(RewardModelConfig, "a discriminative reward model (verl's reward_model)")
+    model: RewardModelConfig = _section(RewardModelConfig, "a discriminative reward model (verl's reward_model)",
+                                        switch=("path", "the reward model"))
     judge: RewardJudgeConfig = _section(RewardJudgeConfig, "a generative judge (an LLM that reads the response and "
-                                                           "answers with a verdict; verl's GenRM)")
+                                                           "answers with a verdict; verl's GenRM)",
+                                        switch=("path", "the judge"))
     combine: RewardCombineConfig = _section(RewardCombineConfig, "the step's reward = function_weight * "
                                             "reward.function + model_weight * reward model + judge_weight * judge "
                                             "(+ the overlong penalty)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 from collections.abc import Mapping
@@ -159,6 +160,53 @@ def validate(config) -> None:
         raise ConfigError(f"model.hidden_size={m.hidden_size} does not divide into model.num_heads={m.num_heads} heads; "
                           "set model.head_dim")
     _validate_lora(config)
+    check_switched_off(config)
+
+
+def switched_sections(config, prefix: str = "") -> list[tuple[str, str, str, object]]:
+    """Every section with an on/off switch (``_section(..., switch=(key, what))`` in the schema),
+    as ``(dotted section, switch key, what it turns on, the section's value)``."""
+    out = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not dataclasses.is_dataclass(value):
+            continue
+        if "switch" in f.metadata:
+            out.append((prefix + f.name, *f.metadata["switch"], value))
+        out.extend(switched_sections(value, prefix + f.name + "."))
+    return out
+
+
+def check_switched_off(config) -> None:
+    """A section whose feature is off (its switch null / false / 0) has every other key at its
+    default: a key set there would be ignored and the run would train without what was asked
+    (``reward.judge.prompt_template=...`` with no ``reward.judge.path``).
+
+    Raises:
+      ConfigError: one line naming the keys set, the switch and how to turn the feature on.
+    """
+    for section, switch, what, value in switched_sections(config):
+        on = getattr(value, switch)
+        if on:
+            continue
+        default = type(value)()
+        changed = [f"{section}.{f.name}={_shown(getattr(value, f.name))}" for f in dataclasses.fields(value)
+                   if f.name != switch and getattr(value, f.name) != getattr(default, f.name)]
+        if changed:
+            raise ConfigError(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} set, but "
+                              f"{section}.{switch}={_shown(on)} turns {what} off, so nothing would read "
+                              f"{'it' if len(changed) == 1 else 'them'}; accepted: set {section}.{switch} as well, "
+                              f"or leave {section}.* at the defaults")
+
+
+def _shown(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, tuple):
+        return "[" + ",".join(map(str, v)) + "]"
+    return repr(v) if isinstance(v, str) else str(v)
 
 
 def _validate_lora(config) -> None:
@@ -167,8 +215,6 @@ def _validate_lora(config) -> None:
         raise ConfigError("actor.lora.target_modules is empty; name at least one projection (e.g. [q_proj,v_proj])")
     if lora.rank > 0 and len(set(lora.target_modules)) != len(lora.target_modules):
         raise ConfigError(f"actor.lora.target_modules={list(lora.target_modules)} names a projection twice")
-    if lora.modules_to_save and lora.rank == 0:
-        raise ConfigError(f"actor.lora.modules_to_save={list(lora.modules_to_save)} needs LoRA: set actor.lora.rank > 0")
     if len(set(lora.modules_to_save)) != len(lora.modules_to_save):
         raise ConfigError(f"actor.lora.modules_to_save={list(lora.modules_to_save)} names a module twice")
 

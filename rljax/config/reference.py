@@ -121,12 +121,18 @@ def _cell(text: str) -> str:
     return " ".join(text.split())
 
 
+def _off_text(default) -> str:
+    """How the default of a section's switch reads in the sentence 'Off while ... is ...'."""
+    return "null" if default is None else "false" if default is False else _value_text(default)
+
+
 def _code(text: str) -> str:
     return "`" + text.replace("|", "\\|") + "`"
 
 
-def _sections() -> list[tuple[str, str]]:
-    """(dotted section, its doc) in schema order, nested sections after their parent's leaves."""
+def _sections() -> list[tuple[str, str, tuple | None]]:
+    """(dotted section, its doc, its switch ``(key, what)`` or None) in schema order, nested
+    sections after their parent's leaves."""
     out = []
 
     def walk(cls, prefix):
@@ -134,7 +140,7 @@ def _sections() -> list[tuple[str, str]]:
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-                out.append((prefix + f.name, f.metadata.get("doc", "")))
+                out.append((prefix + f.name, f.metadata.get("doc", ""), f.metadata.get("switch")))
                 walk(tp, prefix + f.name + ".")
 
     walk(Config, "")
@@ -162,11 +168,16 @@ def render() -> str:
         "in verl); `actor.ppo_micro_batch_size` counts trajectories over all devices.",
         "",
     ]
-    for section, doc in _sections():
+    for section, doc, switch in _sections():
         keys = [s for k, s in specs.items() if k.rsplit(".", 1)[0] == section]
         if not keys:
             continue
         lines += [f"## `{section}`", "", _cell(doc[:1].upper() + doc[1:]) + ".", ""]
+        if switch is not None:
+            key, what = switch
+            lines += [f"Off while `{section}.{key}` is {_off_text(specs[f'{section}.{key}'].default)}: then setting "
+                      f"any other key of this section is a usage error (nothing would read it; set "
+                      f"`{section}.{key}` to use {what}).", ""]
         lines += ["| key | type | default | bounds | verl | description |", "|---|---|---|---|---|---|"]
         for s in keys:
             verl = VERL_NAMES.get(s.key, "")

@@ -69,6 +69,8 @@ def _mistakes(tmp):
         ("mesh size", ["--mesh=dp0"], "positive"),
         ("override", ["overridewithoutequals"], "key=value"),
         ("removed key", ["rollout.calculate_log_probs=true"], "was removed"),
+        ("judge key without a judge", ["reward.judge.prompt_template=no placeholder"],
+         "reward.judge.prompt_template='no placeholder' is set, but reward.judge.path=null turns the judge off"),
         ("plugin signature", [f"reward.function={tmp}/wrong_sig.py:reward"], "must accept (response, answer"),
         ("plugin relative path", ["reward.function=no/such/reward.py:score"], "file 'no/such/reward.py' not found"),
         ("prompts too long", [*gsm, f"data.path={long_dir}", "data.max_prompt_length=8"],

@@ -127,7 +127,7 @@ def test_modules_to_save_config_is_validated(tmp_path):
         L.LoRAConfig(rank=2, modules_to_save=("q_proj",))
     with pytest.raises(ConfigError, match="actor.lora.modules_to_save.*accepted.*lm_head.*embed_tokens"):
         resolve("default", ["actor.lora.rank=4", "actor.lora.modules_to_save=[norm]"])
-    with pytest.raises(ConfigError, match=r"modules_to_save=\['lm_head'\] needs LoRA: set actor.lora.rank > 0"):
+    with pytest.raises(ConfigError, match=r"modules_to_save=\[lm_head\] is set, but actor.lora.rank=0 turns LoRA off"):
         resolve("default", ["actor.lora.modules_to_save=[lm_head]"])
     cfg, _ = resolve("default", ["actor.lora.rank=4", "actor.lora.modules_to_save=[lm_head]", "model.tie_embeddings=true"])
     with pytest.raises(ConfigError, match="needs untied embeddings, but model.name=tiny"):

@@ -1,0 +1,83 @@
+"""A section whose feature is off keeps its other keys at their defaults: ``reward.judge.*`` set
+without ``reward.judge.path`` (and the same for every section the schema gives a switch:
+``_section(..., switch=(key, what))``) is one ConfigError line from ``resolve``, naming the keys
+set and the switch, where before the run ignored them and trained (exit 0). The launcher's exit 2
+with nothing written: ``tests/launch/test_launch.py``'s "judge key without a judge"."""
+
+import dataclasses
+import typing
+
+import pytest
+
+from rljax.config import ConfigError, Config, resolve
+from rljax.config._validate import switched_sections
+
+#: The sections with a switch: a section given one later is listed here too (the test below
+#: fails until it is), so its off-state is exercised for every key.
+EXPECTED = {"algorithm.filter_groups": "enable", "actor.lora": "rank",
+            "reward.reward_kwargs.overlong_buffer_cfg": "enable", "reward.model": "path", "reward.judge": "path"}
+#: What turns each switch on at resolve time (the packages' own checks of the value come later).
+ON = {"enable": "true", "rank": "4", "path": "ref"}
+
+
+def _other_value(tp, default):
+    """A value of type ``tp`` other than ``default``, as a command-line string."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        tp = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return next(str(a) for a in args if a != default)
+    if origin is tuple:  # a list of names: the first one alone (the defaults hold more, or none)
+        first = typing.get_args(args[0])[0]
+        return f"[{first}]" if default != (first,) else f"[{typing.get_args(args[0])[1]}]"
+    if tp is bool:
+        return str(not default).lower()
+    if tp is int:
+        return str((default or 0) + 1)
+    if tp is float:
+        return str((default or 0.0) + 0.5)
+    return "x{response}:y" if default is None else default + "{response}!"
+
+
+def _cases():
+    for section, switch, _, value in switched_sections(Config()):
+        hints = typing.get_type_hints(type(value))
+        for f in dataclasses.fields(value):
+            if f.name != switch:
+                yield pytest.param(section, switch, f.name, _other_value(hints[f.name], getattr(value, f.name)),
+                                   id=f"{section}.{f.name}")
+
+
+def test_the_switched_sections_are_the_listed_ones():
+    assert {s: k for s, k, _, _ in switched_sections(Config())} == EXPECTED
+
+
+@pytest.mark.parametrize("section,switch,name,value", list(_cases()))
+def test_a_key_of_a_switched_off_section_is_a_usage_error(section, switch, name, value):
+    key = f"{section}.{name}"
+    if name == "parse":  # a path:function, checked by rljax.reward.check only when the judge is on
+        value = "judge.py:verdict"
+    with pytest.raises(ConfigError) as e:
+        resolve("default", [f"{key}={value}"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{key}=") and f"{section}.{switch}=" in msg, msg
+    # the same key with the feature on passes resolve and is applied (the package checks its value later)
+    cfg, _ = resolve("default", [f"{key}={value}", f"{section}.{switch}={ON[switch]}"])
+    default, _ = resolve("default", [])
+    for part in key.split("."):
+        cfg, default = getattr(cfg, part), getattr(default, part)
+    assert cfg != default, (key, cfg)
+
+
+def test_every_key_set_is_named_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        resolve("default", ["reward.judge.temperature=0.5", "reward.judge.response_length=4"])
+    assert str(e.value).startswith("reward.judge.temperature=0.5, reward.judge.response_length=4 are set, but "
+                                   "reward.judge.path=null turns the judge off"), e.value
+
+
+def test_presets_and_their_defaults_pass():
+    resolve("default", [])
+    resolve("tool_lookup", [])
+    resolve("default", ["reward.judge.path=ref", "reward.judge.temperature=0.5"])
