@@ -497,8 +497,14 @@ class AsyncTrainingConfig:
         "learner last took one, so at most queue_size batches are dropped per trained batch)")
     trigger_parameter_sync_step: int = _f(1, "learner updates per weight push to the rollout side "
                                              "(needs max_staleness >= this - 1)", ge=1)
-    partial_rollout: bool = _f(False, "let a weight push land mid-generation (trajectories then span versions: "
-                                      "min_version < max_version); false: pushes are installed between batches")
+    partial_rollout: Literal["false", "keep", "recompute", "true"] = _f(
+        "false", "what a weight push does to trajectories in generation. false: it is installed between batches (with "
+        "streaming: once no slot holds the old weights; no trajectory spans versions); keep: installed between "
+        "decode chunks, trajectories in flight keep their KV cache and sample their next tokens with the new "
+        "weights; recompute: as keep, but each single-turn trajectory in flight first re-prefills its context "
+        "(prompt + tokens so far) with the new weights (AReaL's interruptible generation; multi-turn sessions keep). "
+        "Tokens sampled before a push keep their version (token_version) and rollout_logp. true: the earlier "
+        "boolean spelling of keep")
     streaming: bool = _f(True, "streaming admission (verl fully-async's / AReaL's streaming rollout): the rollout "
                                "side keeps its decode slots full across batch boundaries, admitting the next "
                                "batches' prompts as slots free while their batch can still be trained within "

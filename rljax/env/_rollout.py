@@ -64,7 +64,7 @@ from rljax.env._protocol import Environment, Example, Step, Turn, env_metrics
 from rljax.loss import Role
 from rljax.reward import score_batch
 from rljax.rollout import trajectory_keys
-from rljax.rollout.driver import Request
+from rljax.rollout.driver import NO_VERSION, Request
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
 CONTINUATIONS = ("kv", "reprefill")
@@ -112,6 +112,7 @@ class _Session:
     resp: list = dataclasses.field(default_factory=list)
     action: list = dataclasses.field(default_factory=list)
     logp: list = dataclasses.field(default_factory=list)
+    versions: list = dataclasses.field(default_factory=list)  # weight version per response token (-1: observation)
     roles: list = dataclasses.field(default_factory=list)
     spans: list = dataclasses.field(default_factory=list)
     turns: int = 0
@@ -138,10 +139,12 @@ class _Limits:
     max_obs_tokens: int
 
 
-def _take_turn(s: _Session, ids, lps, lim: _Limits, tokenizer) -> Turn:
-    """Records a decoded turn in its session (cut to the session's response budget)."""
+def _take_turn(s: _Session, ids, lps, lim: _Limits, tokenizer, versions) -> Turn:
+    """Records a decoded turn (its tokens, log-probs and each token's weight version) in its
+    session (cut to the session's response budget)."""
     budget = lim.max_response_tokens - len(s.resp)
     ids, lps = [int(t) for t in ids[:budget]], [float(x) for x in lps[:budget]]
+    s.versions += [int(v) for v in versions[: len(ids)]]
     last = ids[-1] if ids else -1
     stopped = "tool" if last == lim.stop_id else ("eos" if last in lim.eos else "length")
     role = Role.AGENT_CALL if stopped == "tool" else Role.AGENT_ANSWER
@@ -179,6 +182,7 @@ def _take_step(s: _Session, turn: Turn, step: Step, lim: _Limits, tokenizer) -> 
     s.resp += obs
     s.action += [0] * len(obs)
     s.logp += [0.0] * len(obs)
+    s.versions += [NO_VERSION] * len(obs)
     s.roles += [int(Role.TOOL_RESULT)] * len(obs)
     s.context += obs
     s.obs += len(obs)
@@ -272,7 +276,8 @@ def _reprefill_loop(sampler, uids, n, sessions, turn_decode, lim: _Limits, token
         for j, r in enumerate(live):
             s = sessions[r]
             length = int(out.response_length[j])
-            turns.append(_take_turn(s, out.response_ids[j, :length], out.rollout_logp[j, :length], lim, tokenizer))
+            turns.append(_take_turn(s, out.response_ids[j, :length], out.rollout_logp[j, :length], lim, tokenizer,
+                                    out.token_version[j, :length]))
             s.min_version = min(s.min_version, int(out.min_version[j]))
             s.max_version = max(s.max_version, int(out.max_version[j]))
         te = time.perf_counter()
@@ -343,7 +348,7 @@ def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tok
                         sessions[r].queue_s = h.inserted_at - t0
                     gen_tokens += ev.length
                     rows.append(r)
-                    turns.append(_take_turn(sessions[r], ev.tokens, ev.logp, lim, tokenizer))
+                    turns.append(_take_turn(sessions[r], ev.tokens, ev.logp, lim, tokenizer, ev.versions))
             if rows:
                 now = time.perf_counter()
                 if one_by_one:  # each session's turn on its own worker
@@ -398,6 +403,7 @@ def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pa
     action = np.zeros((padded, T), bool)
     present = np.zeros((padded, T), bool)
     logp = np.zeros((padded, T), np.float32)
+    token_version = np.full((padded, T), NO_VERSION, np.int32)
     roles = np.full((padded, T), int(Role.PADDING), np.int8)
     length = np.zeros(padded, np.int32)
     plen = np.zeros(padded, np.int32)
@@ -406,6 +412,7 @@ def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pa
         prompt_ids[r, s_max - len(p):], prompt_mask[r, s_max - len(p):], plen[r] = p, True, len(p)
         k = len(s.resp)
         resp[r, :k], action[r, :k], present[r, :k], logp[r, :k], roles[r, :k] = s.resp, s.action, True, s.logp, s.roles
+        token_version[r, :k] = s.versions
         length[r] = k
     is_padding = np.arange(padded) >= total
 
@@ -421,7 +428,7 @@ def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pa
         truncated=col([s.truncated for s in sessions], bool, False),
         group_id=col([r // n for r in range(total)], np.int32),
         min_version=col([s.min_version for s in sessions], np.int32),
-        max_version=col([s.max_version for s in sessions], np.int32),
+        max_version=col([s.max_version for s in sessions], np.int32), token_version=token_version,
         is_padding=is_padding, queue_s=col([s.queue_s for s in sessions], np.float32), prefill_s=zeros,
         decode_s=col([s.decode_s for s in sessions], np.float32),
         uid=tuple(str(uids[r // n]) for r in range(total)) + ("",) * (padded - total),

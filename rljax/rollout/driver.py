@@ -83,6 +83,8 @@ import numpy as np
 from rljax.rollout.engine import COMPACT_PER_OCTAVE, compact_sizes
 
 EVENT_KINDS = ("finished", "turn_ended", "weights_changed")
+#: What a session in flight does at a weight install (``Driver(partial=...)``).
+PARTIAL_MODES = ("keep", "recompute")
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -93,15 +95,21 @@ def _collect(res_tokens, res_logp, out_tokens, out_logp, slots, rows):
     return res_tokens, res_logp
 
 
+#: ``token_version`` at positions that hold no sampled token (padding, observations).
+NO_VERSION = -1
+
+
 class Results:
     """Device buffers ``tokens [rows, width]`` int32 and ``logp [rows, width]`` float32 that
     finished single-turn sessions are gathered into (on device, one gather per round), read
-    once with :meth:`fetch`."""
+    once with :meth:`fetch`; and on the host ``versions [rows, width]`` int32: the weight
+    version each token was sampled with (:data:`NO_VERSION` after a row's last token)."""
 
     def __init__(self, rows: int, width: int, sharding=None):
         self.rows, self.width = int(rows), int(width)
         self.tokens = jax.device_put(np.zeros((self.rows, self.width), np.int32), sharding)
         self.logp = jax.device_put(np.zeros((self.rows, self.width), np.float32), sharding)
+        self.versions = np.full((self.rows, self.width), NO_VERSION, np.int32)
 
     def fetch(self) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens, logp)`` on the host."""
@@ -159,6 +167,10 @@ class Session:
     turns: int = 0  # turns started
     min_version: int = 0  # oldest weight version it decoded with (its prefill's included)
     max_version: int = 0  # newest
+    #: The current turn's version record: ``(first token index, version)`` spans in order; token
+    #: ``i`` was sampled with the version of the last span starting at or before ``i``.
+    spans: list = dataclasses.field(default_factory=list)
+    recomputed: int = 0  # times its context was re-prefilled at a weight install (partial_rollout=recompute)
     queued_at: float = 0.0  # perf_counter when submitted
     inserted_at: float = 0.0  # when it took a slot
     prefill_s: float = 0.0  # seconds of its prompt's prefill call
@@ -168,19 +180,36 @@ class Session:
     def row(self) -> int:
         return int(self.request.rows[self.index])
 
+    def token_versions(self, length: Optional[int] = None) -> np.ndarray:
+        """``int32 [length]``: the weight version of each token of its current (or last) turn."""
+        length = self.length if length is None else int(length)
+        out = np.full(length, NO_VERSION, np.int32)
+        for start, version in self.spans:
+            out[start:] = version
+        return out
+
+    def record_version(self, start: int, version: int) -> None:
+        """Tokens from index ``start`` on are sampled with ``version`` (the driver calls it)."""
+        while self.spans and self.spans[-1][0] >= start:
+            self.spans.pop()
+        if not self.spans or self.spans[-1][1] != version:
+            self.spans.append((int(start), int(version)))
+
 
 @dataclasses.dataclass(frozen=True)
 class Event:
     """What a round raised. ``kind``: ``"finished"`` (a single-turn session ended on EOS or its
     length; or a multi-turn session the client ended), ``"turn_ended"`` (a multi-turn session's
     turn ended: ``tokens`` / ``logp`` hold the turn on the host; the session is parked),
-    ``"weights_changed"`` (``version`` installed, ``previous`` before; no session)."""
+    ``"weights_changed"`` (``version`` installed, ``previous`` before; no session).
+    ``versions``: with ``turn_ended``, the weight version of each of the turn's tokens."""
 
     kind: str
     session: Optional[Session] = None
     length: int = 0
     tokens: Optional[np.ndarray] = None
     logp: Optional[np.ndarray] = None
+    versions: Optional[np.ndarray] = None
     version: int = 0
     previous: int = 0
 
@@ -197,14 +226,23 @@ class Driver:
       admit: ``admit(request) -> bool``, consulted before the request at the head of the queue
         is prefilled; ``False`` keeps it queued (streaming admission's staleness gate). Default:
         admit all.
+      partial: what a session in flight does at a weight install: ``"keep"`` (its cache and
+        tokens stay; its next tokens are sampled with the new weights) or ``"recompute"`` (its
+        context, prompt and tokens so far, is re-prefilled with the new weights into its slot
+        before it decodes on; prompts prefilled but not yet inserted are prefilled again).
+        Either way the tokens sampled before keep their version and log-prob. Multi-turn
+        (parked) sessions keep.
     """
 
     def __init__(self, engine, weights, decode, *, steps_per_sync: int = 16, refill_batch: int = 1,
                  compact: bool = True, compact_min_slots: int = 8, compact_per_octave: int = 4,
-                 admit: Callable[[Request], bool] | None = None):
+                 admit: Callable[[Request], bool] | None = None, partial: str = "keep"):
         if compact_per_octave not in COMPACT_PER_OCTAVE:
             raise ValueError(f"compact_per_octave is {compact_per_octave!r}; accepted: "
                              f"{', '.join(map(str, COMPACT_PER_OCTAVE))}")
+        if partial not in PARTIAL_MODES:
+            raise ValueError(f"partial is {partial!r}; accepted: {', '.join(PARTIAL_MODES)}")
+        self.partial = partial
         self.engine, self.weights, self.decode = engine, weights, decode
         self.steps_per_sync, self.refill_batch = int(steps_per_sync), int(refill_batch)
         self.compact, self.compact_min_slots = bool(compact), int(compact_min_slots)
@@ -228,6 +266,8 @@ class Driver:
         #: Totals: seconds in prefill and extend calls, seconds in decode chunks, chunks, steps.
         self.prefill_s = self.decode_s = 0.0
         self.chunks = self.total_steps = 0
+        #: ``partial="recompute"``: seconds re-prefilling contexts at installs, contexts re-prefilled, their tokens.
+        self.recompute_s, self.recomputed, self.recomputed_tokens = 0.0, 0, 0
         #: The last chunk: steps it ran and its seconds per step.
         self.last_steps, self.last_step_s = 0, 0.0
         #: Slot occupancy: tokens decoded (one per live slot and step) and slot-steps offered
@@ -320,6 +360,40 @@ class Driver:
         for s in self._slot:
             if s is not None:
                 s.max_version = version
+                if s.status == "decoding":  # its tokens from here on are sampled with the new weights
+                    s.record_version(s.length, version)
+        if self.partial == "recompute":
+            self._recompute()
+
+    def _recompute(self):
+        """``partial="recompute"``: every single-turn session decoding re-prefills its context
+        (prompt + the tokens whose keys / values its cache holds) with the installed weights into
+        its own slot; its last sampled token, not yet in the cache, is written by the next decode
+        step with them. Prompts prefilled with the old weights and not yet inserted are prefilled again."""
+        eng = self.engine
+        tp = time.perf_counter()
+        live = [s for s in self._slot if s is not None and s.status == "decoding" and not s.request.park]
+        if live:
+            out_tokens = np.asarray(jax.device_get(self.state.out_tokens))
+            for i in range(0, len(live), eng.prefill_batch_size):
+                part = live[i : i + eng.prefill_batch_size]
+                contexts = [np.concatenate([np.asarray(s.request.prompt, np.int32).reshape(-1),
+                                            out_tokens[s.slot, : s.length - 1]]) for s in part]
+                self.state = eng.reprefill_many(self.params, self.state, slots=[s.slot for s in part],
+                                                contexts=contexts)
+                for s, c in zip(part, contexts):
+                    s.recomputed += 1
+                    self.recomputed_tokens += len(c)
+                self.recomputed += len(part)
+            jax.block_until_ready(self.state.cache.k[0])
+        for entry in self._ready:
+            if entry[4] != self.version:  # prefilled with the old weights, not yet inserted: again
+                entry[0] = eng.prefill_batch(self.params, [entry[2].prompt])
+                entry[1], entry[4] = 0, self.version
+                jax.block_until_ready(entry[0].logits)
+        took = time.perf_counter() - tp
+        self.recompute_s += took
+        self.prefill_s += took
 
     def _extend(self):
         eng, todo, self._resumed = self.engine, self._resumed, []
@@ -332,6 +406,7 @@ class Driver:
             for s, _, _ in part:
                 s.status, s.turns, s.length = "decoding", s.turns + 1, 1
                 s.max_version = max(s.max_version, self.version)
+                s.spans = [(0, int(self.version))]
         self.prefill_s += time.perf_counter() - tp
 
     def _fill(self):
@@ -363,6 +438,9 @@ class Driver:
                 s = req.sessions[i]
                 s.slot, s.status, s.turns, s.length = slot, "decoding", 1, 1
                 s.min_version, s.max_version = min(pversion, self.version), self.version
+                # token 0 is sampled from the prefill's logits, the next ones by decode steps
+                s.spans = [(0, int(pversion))]
+                s.record_version(1, int(self.version))
                 s.inserted_at, s.prefill_s = now, took
                 self._slot[slot] = s
                 group[1].append(prow)
@@ -438,9 +516,10 @@ class Driver:
             if s.request.park:
                 s.status = "parked"
                 events.append(Event("turn_ended", s, length=s.length, tokens=out_tokens[i, : s.length],
-                                    logp=out_logp[i, : s.length]))
+                                    logp=out_logp[i, : s.length], versions=s.token_versions()))
             else:
                 res = s.request.results
+                res.versions[s.row, : s.length] = s.token_versions()
                 g = gathers.setdefault(id(res), (res, [], []))
                 g[1].append(i)
                 g[2].append(s.row)
@@ -464,4 +543,5 @@ def results_for(engine, rows: int, width: int) -> Results:
     return Results(rows, width, engine.replicated())
 
 
-__all__ = ["Driver", "Event", "EVENT_KINDS", "Request", "Results", "Session", "results_for"]
+__all__ = ["Driver", "Event", "EVENT_KINDS", "NO_VERSION", "PARTIAL_MODES", "Request", "Results", "Session",
+           "results_for"]

@@ -790,6 +790,51 @@ class RljaxEngine(engine_api.Engine):
                                         jnp.asarray(slot_ids), jnp.asarray(keys))
         return state, logits
 
+    def reprefill_many(self, params, decode_state: DecodeState, *, slots, contexts) -> DecodeState:
+        """Recomputes live slots' KV caches with ``params`` (a partial rollout's ``recompute`` at a
+        weight install, AReaL's interruptible generation): ``contexts[i]`` (the slot's prompt and
+        the tokens its cache holds, ``decode_state.index[slots[i]]`` ids) is prefilled in one call
+        (rows and length bucketed as :meth:`prefill_batch`, up to the cache length) and copied over
+        the slot's cache from index 0. Nothing is sampled: the slot's pending token (sampled, not
+        yet in the cache), its length, key and outputs stay; its next decode step writes the
+        pending token with ``params`` and samples on. At most ``prefill_batch_size`` slots a call.
+        """
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        r, s = slots.size, self._num_slots
+        if isinstance(contexts, (str, bytes)) or len(contexts) != r or not 1 <= r <= self.prefill_batch_size:
+            raise ValueError(f"reprefill_many: slots and contexts must have the same length in "
+                             f"[1, prefill_batch_size={self.prefill_batch_size}], got {r} and "
+                             f"{len(contexts) if not isinstance(contexts, (str, bytes)) else 'a string'}")
+        if slots.min() < 0 or slots.max() >= s or len(set(slots.tolist())) != r:
+            raise ValueError(f"reprefill_many: slots must be distinct and in [0, {s}), got {slots.tolist()}")
+        rows = [np.asarray(c, np.int32).reshape(-1) for c in contexts]
+        index, active, keys = jax.device_get((decode_state.index, decode_state.active, decode_state.keys))
+        for slot, arr in zip(slots, rows):
+            if not active[slot]:
+                raise ValueError(f"reprefill_many: slot {int(slot)} holds no trajectory; insert a prompt first")
+            if arr.size != index[slot]:
+                raise ValueError(f"reprefill_many: slot {int(slot)} caches {int(index[slot])} tokens; its context has "
+                                 f"{arr.size} (give the prompt and every generated token but the last)")
+        t = _bucket(max(a.size for a in rows), 8, self.max_len)
+        bp = _bucket(r, 1, max(self.prefill_batch_size, 1))
+        ids = np.zeros((bp, t), np.int32)
+        lengths = np.ones((bp,), np.int32)
+        for i, arr in enumerate(rows):
+            ids[i, : arr.size] = arr
+            lengths[i] = arr.size
+        kv, logits = self._prefill_fn(params, jnp.asarray(ids), jnp.asarray(lengths))
+        self.stats["reprefill_calls"] += 1
+        self.stats["reprefill_slots"] += r
+        self.stats["reprefill_tokens"] += int(sum(a.size for a in rows))
+        prefix = Prefix(kv=kv, logits=logits, lengths=jnp.asarray(lengths), keys=jnp.zeros((bp, 2), jnp.uint32))
+        pad = s - r  # fixed shapes, as insert_many: out-of-range slots are dropped
+        row_ids = np.concatenate([np.arange(r), np.zeros(pad, np.int64)]).astype(np.int32)
+        slot_ids = np.concatenate([slots, np.full(pad, s)]).astype(np.int32)
+        slot_keys = np.concatenate([keys[slots], np.zeros((pad, 2), np.uint32)]).astype(np.uint32)
+        state, _ = self._insert_fn(decode_state, prefix, jnp.asarray(row_ids), jnp.asarray(slot_ids),
+                                   jnp.asarray(slot_keys), jnp.int32(r))
+        return state
+
     def compact(self, decode_state: DecodeState, slots, *, min_slots: int = 1, per_octave: int = 1) -> DecodeState:
         """A smaller decode state holding only ``slots`` (distinct), for decoding fewer rows.
 

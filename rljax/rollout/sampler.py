@@ -19,10 +19,12 @@ rows fit a smaller decode state (four sizes an octave: ..., 32, 40, 48, 56, 64, 
 move into it (``compact``), so rows that ended on EOS stop costing a step each.
 
 Versions. Every trajectory records the weight versions it was generated with:
-``min_version`` (the version of its prompt's prefill) and ``max_version`` (the version
-of its last decode chunk). New weights are installed only between decode chunks -- from
-``on_chunk`` (called between chunks, e.g. by an async trainer) or from another thread
-(picked up at the next chunk boundary) -- and apply to every slot from then on.
+``token_version`` (per token), ``min_version`` (the version of its prompt's prefill) and
+``max_version`` (the version of its last decode chunk). New weights are installed only
+between decode chunks -- from ``on_chunk`` (called between chunks, e.g. by an async trainer)
+or from another thread (picked up at the next chunk boundary) -- and apply to every slot from
+then on; ``partial_rollout`` says whether a trajectory in flight keeps its cache (``keep``)
+or re-prefills its context with the new weights first (``recompute``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rljax.rollout.driver import Driver, Request, results_for
+from rljax.rollout.driver import NO_VERSION, PARTIAL_MODES, Driver, Request, results_for
 from rljax.rollout.engine import COMPACT_PER_OCTAVE, RljaxEngine, compact_sizes
 from rljax.rollout.sampling import DecodeParams, trajectory_keys
 from rljax.rollout.stream import RolloutStream
@@ -92,6 +94,9 @@ class Sampler:
         4 (default: multiples of 8 with at most three significant bits, 8, 16, 24, ..., 64,
         80, 96, ...), 2 (8, 16, 24, 32, 48, 64, 96, ...) or 1 (powers of two: fewer compiles,
         more rows computed that ended).
+      partial_rollout: at a weight install, a trajectory in flight keeps its KV cache and
+        decodes on with the new weights (``"keep"``, default) or its context is re-prefilled
+        with them first (``"recompute"``); see :class:`~rljax.rollout.driver.Driver`.
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class Sampler:
         compact: bool = True,
         compact_min_slots: int = 8,
         compact_per_octave: int = 4,
+        partial_rollout: str = "keep",
     ):
         if not isinstance(engine, RljaxEngine):
             raise ValueError(f"engine must be a RljaxEngine, got {type(engine).__name__}")
@@ -122,6 +128,9 @@ class Sampler:
         if compact_per_octave not in COMPACT_PER_OCTAVE or isinstance(compact_per_octave, bool):
             raise ValueError(f"compact_per_octave is {compact_per_octave!r}; accepted: "
                              f"{', '.join(map(str, COMPACT_PER_OCTAVE))}")
+        if partial_rollout not in PARTIAL_MODES:
+            raise ValueError(f"partial_rollout is {partial_rollout!r}; accepted: {', '.join(PARTIAL_MODES)}")
+        self.partial_rollout = partial_rollout
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation is {truncation!r}; accepted: {', '.join(TRUNCATION_MODES)}")
         self.engine = engine
@@ -326,7 +335,7 @@ class Sampler:
         )
         return self.assemble(
             prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s, decode_s,
-            stats, pad_to_multiple,
+            stats, pad_to_multiple, token_version=results.versions,
         )
 
     def driver(self, decode: DecodeParams, *, admit=None) -> Driver:
@@ -335,7 +344,7 @@ class Sampler:
         scheduler :meth:`generate` and multi-turn episodes (:func:`rljax.env.run_episodes`) drive."""
         return Driver(self.engine, self, decode, steps_per_sync=self.steps_per_sync, refill_batch=self.refill_batch,
                       compact=self.compact, compact_min_slots=self.compact_min_slots,
-                      compact_per_octave=self.compact_per_octave, admit=admit)
+                      compact_per_octave=self.compact_per_octave, admit=admit, partial=self.partial_rollout)
 
     def stream(self, decode: DecodeParams, *, n: int, admit=None, pad_to_multiple: int = 1):
         """A :class:`~rljax.rollout.stream.RolloutStream`: one driver kept across many batches
@@ -344,9 +353,10 @@ class Sampler:
         return RolloutStream(self, decode, n=n, admit=admit, pad_to_multiple=pad_to_multiple)
 
     def assemble(self, prompts, n, uids, decode, tokens, logp, length, min_version, max_version, queue_s, prefill_s,
-                 decode_s, stats, pad_to_multiple) -> Trajectories:
+                 decode_s, stats, pad_to_multiple, *, token_version) -> Trajectories:
         """The :class:`Trajectories` of ``prompts x n`` finished sessions (rows ``prompt * n +
-        session``) from their tokens, log-probs, lengths, versions and timings."""
+        session``) from their tokens, log-probs, lengths, versions (``token_version [rows, T]``:
+        :attr:`Results.versions <rljax.rollout.driver.Results>`) and timings."""
         total, t_max = tokens.shape
         padded = -(-total // pad_to_multiple) * pad_to_multiple
         extra = padded - total
@@ -382,6 +392,8 @@ class Sampler:
             group_id=pad_rows((np.arange(total) // n).astype(np.int32)),
             min_version=pad_rows(min_version.astype(np.int32)),
             max_version=pad_rows(max_version.astype(np.int32)),
+            token_version=pad_rows(np.where(response_mask[:total], token_version, NO_VERSION).astype(np.int32),
+                                   NO_VERSION),
             is_padding=is_padding,
             queue_s=pad_rows(queue_s),
             prefill_s=pad_rows(prefill_s),

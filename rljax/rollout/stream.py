@@ -165,6 +165,7 @@ class RolloutStream:
         prefill_s = np.array([s.prefill_s for s in sessions], np.float32)
         decode_s = np.array([s.finished_at - s.inserted_at for s in sessions], np.float32)
         tokens, logp = batch.results.fetch()
+        token_version = batch.results.versions
         batch.results = None
         m0, m1 = batch.marks, self._marks()
         slot_steps = m1["slot_steps"] - m0["slot_steps"]
@@ -177,7 +178,8 @@ class RolloutStream:
             version_start=int(m0["version"]), version_end=int(max_version.max()),
             slot_occupancy=(m1["live"] - m0["live"]) / slot_steps if slot_steps else float("nan"))
         return self.sampler.assemble(batch.prompts, self.n, batch.uids, self.decode, tokens, logp, length, min_version,
-                                     max_version, queue_s, prefill_s, decode_s, stats, self.pad_to_multiple)
+                                     max_version, queue_s, prefill_s, decode_s, stats, self.pad_to_multiple,
+                                     token_version=token_version)
 
 
 __all__ = ["RolloutStream", "StreamBatch"]

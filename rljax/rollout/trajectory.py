@@ -69,6 +69,11 @@ class Trajectories:
       group_id ``[B]`` int32: the prompt's index in the call (dense, ``num_groups`` values).
       min_version, max_version ``[B]`` int32: weight versions the trajectory was
         generated with (its prefix's prefill included).
+      token_version ``[B,T]`` int32: the weight version each response token was sampled with
+        (token 0: its prompt's prefill; a weight install between decode chunks applies from
+        the next token on); ``-1`` (``rljax.rollout.driver.NO_VERSION``) where no token was
+        sampled: padding, padding rows, tool observations. ``min_version`` is its minimum
+        over the row's sampled tokens.
       is_padding ``[B]`` bool: rows added by ``pad_to_multiple``; all their masks are 0.
       queue_s, prefill_s, decode_s ``[B]`` float32: seconds from the ``generate`` call
         to the row's insert into a slot, of its prompt's prefill call, and from insert
@@ -107,6 +112,7 @@ class Trajectories:
     stats: RolloutStats = flax.struct.field(pytree_node=False)
     num_groups: int = flax.struct.field(pytree_node=False)
     pad_id: int = flax.struct.field(pytree_node=False, default=0)
+    token_version: np.ndarray = None  # [B,T] int32 (documented above; last: it was added after the host fields)
 
     @property
     def batch_size(self) -> int:
@@ -120,6 +126,13 @@ class Trajectories:
     def arrays(self) -> dict[str, np.ndarray]:
         """The array fields as a dict (what a jitted train step should take)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("pytree_node", True)}
+
+    def version_spans(self, row: int) -> list[list[int]]:
+        """Row ``row``'s ``token_version`` as spans ``[[first token index, version], ...]`` (a new span
+        where the version changes; positions with no sampled token skipped): the trace's compact form."""
+        tv = np.asarray(self.token_version[row])
+        idx = np.flatnonzero(tv >= 0)
+        return [[int(i), int(tv[i])] for j, i in enumerate(idx) if j == 0 or tv[i] != tv[idx[j - 1]]]
 
     def sequences(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ids [B,S+T], attention_mask [B,S+T])``: prompt and response concatenated."""

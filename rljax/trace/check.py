@@ -540,6 +540,36 @@ def check_versions(run: Run) -> Result:
     return PASS, name, f"{len(syncs)} sync(s), {pairs} followed by a traced rollout with the synced version"
 
 
+def check_token_versions(run: Run) -> Result:
+    """Every traced trajectory's per-token weight versions (``token_versions``: spans ``[first token,
+    version]`` of ``Trajectories.token_version``) tie to its row versions: they start at token 0, never
+    go down along the row (a push applies from the next token on, under partial_rollout keep and
+    recompute alike), their minimum is ``min_version`` (staleness is measured from it) and none is
+    above ``max_version``."""
+    name = "token versions tie to min_version"
+    seen = 0
+    for r in run.by_stage("rollout_sessions"):
+        for t in r.get("trajectories", []):
+            spans = t.get("token_versions")
+            if spans is None:
+                continue
+            seen += 1
+            where = f"step {r.get('step')} {t.get('key')}"
+            if not spans:
+                return FAIL, name, f"{where}: no sampled token has a version"
+            starts, versions = [s[0] for s in spans], [s[1] for s in spans]
+            if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+                return FAIL, name, f"{where}: spans {spans} do not start at token 0 in order"
+            if any(b < a for a, b in zip(versions, versions[1:])):
+                return FAIL, name, f"{where}: token versions go down along the row: {spans}"
+            if min(versions) != t.get("min_version") or max(versions) > t.get("max_version", max(versions)):
+                return FAIL, name, (f"{where}: token versions {min(versions)}..{max(versions)}, row versions "
+                                    f"{t.get('min_version')}..{t.get('max_version')}")
+    if not seen:
+        return NA, name, "no traced trajectory records token_versions (a trace written before per-token versions)"
+    return PASS, name, f"{seen} traced trajectories: token versions non-decreasing, their minimum min_version"
+
+
 def check_cleanup(run: Run) -> Result:
     name = "nothing left in the buffer after cleanup"
     recs = run.by_stage("cleanup")
@@ -799,7 +829,7 @@ def check_files_whole(run: Run) -> Result:
 CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_files_whole, check_config, check_group_consistency, check_sessions, check_response_len, check_producers,
     check_behaviour_logp, check_masks, check_invariants, check_timestamps, check_padding, check_minibatch,
-    check_actor_dp, check_versions, check_cleanup,
+    check_actor_dp, check_versions, check_token_versions, check_cleanup,
     check_alerts, check_updates, check_summary, check_async_staleness, check_async_future, check_async_drops,
     check_rollout_unique, check_filtered_groups)
 

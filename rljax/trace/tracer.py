@@ -49,8 +49,8 @@ from rljax.trace.ledger import LedgerInput, write_ledgers
 log = logging.getLogger("rljax.trace")
 
 #: ``[B, T]`` fields (response positions): their trailing dim is the response length.
-RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "old_logp", "entropy", "ref_logp",
-                   "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
+RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "token_version", "old_logp", "entropy",
+                   "ref_logp", "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
 #: ``[B, S+T]`` fields of the learner layout.
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
 #: Masks: their own mask sums are reported.

@@ -7,8 +7,9 @@
   :class:`~rljax.rollout.queue.TrajectoryQueue` with its rows' ``min_version`` /
   ``max_version``. Before it starts a batch it waits for admission (the batch must be
   trainable within ``async_training.max_staleness``) and installs the newest pushed
-  weights; with ``async_training.partial_rollout`` it also installs pushes between decode
-  chunks (the rollout stage's ``on_chunk``), so a trajectory may span versions.
+  weights; with ``async_training.partial_rollout=keep|recompute`` it also installs pushes
+  between decode chunks (the rollout stage's ``on_chunk``), so a trajectory may span versions
+  (each token's in ``token_version``; ``recompute`` re-prefills the contexts in flight first).
 * **Streaming producer** (``async_training.streaming``, the default where it applies:
   :func:`streams`): :class:`StreamingProducer` keeps one rollout driver for the run and admits
   prompts of later batches into the slots a batch's tail frees, each only if its batch can
@@ -77,6 +78,26 @@ def producer_stages(cfg) -> tuple[str, ...]:
     if cfg.reward.model.path is not None:
         return ("dataset_item", "rollout_sessions")
     return ("dataset_item", "rollout_sessions", "reward")
+
+
+def partial_mode(cfg) -> str:
+    """``async_training.partial_rollout`` as ``"false"``, ``"keep"`` or ``"recompute"`` (``true`` is
+    the earlier boolean spelling of ``keep``)."""
+    mode = cfg.async_training.partial_rollout
+    return "keep" if mode == "true" else mode
+
+
+def version_span_max(traj) -> int:
+    """The largest spread of weight versions within one real row's sampled tokens
+    (max - min of ``token_version`` over the row's tokens; ``async/version_span_max``)."""
+    tv = np.asarray(traj.token_version)
+    real = (tv >= 0) & ~np.asarray(traj.is_padding)[:, None]
+    if not real.any():
+        return 0
+    hi = np.where(real, tv, np.iinfo(np.int32).min).max(axis=1)
+    lo = np.where(real, tv, np.iinfo(np.int32).max).min(axis=1)
+    rows = real.any(axis=1)
+    return int((hi - lo)[rows].max())
 
 
 def staleness_facts(learner_version: int, min_version: np.ndarray, max_version: np.ndarray) -> dict:
@@ -151,7 +172,7 @@ class Producer:
         self._thread: Optional[threading.Thread] = None
         self.next_index = first_index
         sampler = services.rollout.sampler
-        on_chunk = (lambda info: weights.install(sampler)) if services.cfg.async_training.partial_rollout else None
+        on_chunk = (lambda info: weights.install(sampler)) if partial_mode(services.cfg) != "false" else None
         sync = {s.name: s for s in S.sync_stages(services, on_chunk=on_chunk)}  # multi-turn ones with env.*
 
         def item(b):  # the synchronous prompts; the rollout version is the sampler's (not the learner's)
@@ -167,6 +188,7 @@ class Producer:
         return {"enqueue": {"batch_index": int(b["step"]), "queue_depth_before": len(self.queue),
                             "min_version": int(np.asarray(traj.min_version)[real].min()),
                             "max_version": int(np.asarray(traj.max_version)[real].max()),
+                            "version_span_max": version_span_max(traj),
                             "sampler_version": int(self.services.rollout.sampler.version)}}
 
     def latest_version(self) -> int:
@@ -256,8 +278,9 @@ class StreamingProducer(Producer):
 
     Each round (under the sampler lock, so validation can pause it between rounds):
 
-    1. **Weights.** A pushed version is installed at once with ``partial_rollout`` (the
-       sessions in flight decode on with it: their tokens span versions); without it a push
+    1. **Weights.** A pushed version is installed at once with ``partial_rollout=keep|recompute``
+       (the sessions in flight decode on with it, ``recompute`` after re-prefilling their
+       contexts with it: their tokens span versions); with ``false`` a push
        holds admission until no session holds the old weights, then is installed (no
        trajectory spans versions; the slots drain once per push).
     2. **Draw.** When every queued session of the submitted batches holds a slot, the next
@@ -279,7 +302,7 @@ class StreamingProducer(Producer):
 
     def __init__(self, services, queue: TrajectoryQueue, weights: WeightPush, *, first_index: int):
         super().__init__(services, queue, weights, first_index=first_index)
-        self.partial = bool(services.cfg.async_training.partial_rollout)
+        self.partial = partial_mode(services.cfg) != "false"
         self.stream = None
         self._drawn: dict[int, _Drawn] = {}
         self._done: Optional[tuple] = None  # (drawn, batch, trajectories) of the batch being completed
@@ -483,7 +506,8 @@ class AsyncSchedule:
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
                  "generated_rows": st.put_rows, "streaming": self.streaming,
-                 "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0))}
+                 "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0)),
+                 "version_span_max": int(produced.batch["enqueue"].get("version_span_max", 0))}
         return {"step": step, "queue_item": facts}, produced, (data_after, item.index + 1)
 
     def _metrics(self, facts: dict) -> dict:
@@ -495,6 +519,7 @@ class AsyncSchedule:
                 "async/queue_depth": facts["queue_depth"], "async/learner_wait_s": facts["learner_wait_s"],
                 "async/rollout_wait_s": facts["rollout_wait_s"], "async/min_version": facts["min_version"],
                 "async/max_version": facts["max_version"], "async/spanning_rows": facts["spanning_rows"],
+                "async/version_span_max": facts.get("version_span_max", 0),
                 "async/batch_index": facts["batch_index"], "async/weight_pushes": self.weights.pushes,
                 "async/staleness_hist": facts["staleness_hist"],
                 "rollout/admitted_ahead": facts.get("admitted_ahead", 0)}

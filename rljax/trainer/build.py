@@ -275,7 +275,9 @@ def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -
                          max_prefill_length=context, max_decode_length=d.max_response_length,
                          mesh=sampler_mesh(r.tp, rollout_devices(cfg, mesh)),
                          prefill_batch_size=min(d.train_batch_size, 64))
-    return Rollout(sampler=Sampler(engine, sampler_weights(params), version=0, truncation="error"), decode=decode,
+    partial = "recompute" if cfg.async_training.partial_rollout == "recompute" else "keep"
+    return Rollout(sampler=Sampler(engine, sampler_weights(params), version=0, truncation="error",
+                                   partial_rollout=partial), decode=decode,
                    val_decode=val_decode, tokenizer=tokenizer, env=env,
                    prompts=train_iterator(cfg, tokenize, data_dir=data_dir, chat_template=chat),
                    val_prompts=_held_out(cfg, tokenize, data_dir, chat),

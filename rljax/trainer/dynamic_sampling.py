@@ -284,7 +284,7 @@ def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
                  session=np.asarray(traj.session, np.int32), index=np.asarray(traj.index, np.int32))
     pad_rows = max(counts) * n - traj.batch_size
     for k, v in local.items():
-        fill = traj.pad_id if k == "prompt_ids" else 0
+        fill = traj.pad_id if k == "prompt_ids" else (-1 if k == "token_version" else 0)  # NO_VERSION
         widths = [(0, pad_rows)] + [(0, 0)] * (v.ndim - 1)
         if k in ("prompt_ids", "prompt_mask"):
             widths[1] = (width - v.shape[1], 0)

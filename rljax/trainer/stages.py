@@ -347,6 +347,7 @@ def rollout_facts(ev, v: GroupView, *, n: int) -> dict:
         insert = t_submit + float(traj.queue_s[i])
         trajs.append({"key": key_of[int(i)], "session": int(traj.session[i]), "index": int(traj.index[i]),
                       "min_version": int(traj.min_version[i]), "max_version": int(traj.max_version[i]),
+                      "token_versions": traj.version_spans(int(i)),
                       "status": "truncated" if traj.truncated[i] else "eos",
                       "t_insert": round(insert, 6), "t_finish": round(insert + float(traj.decode_s[i]), 6)})
     episode = _episode_facts(traj, rows, trajs) if getattr(traj, "num_turns", None) is not None else None

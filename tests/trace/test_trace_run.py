@@ -15,7 +15,7 @@ from test_launch import SMALL  # one small configuration for all end-to-end runs
 CHECKS = ("record files whole", "timestamps ordered", "whole-batch invariants", "config provenance", "consistent across every stage", "sessions per uid",
           "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
           "mini-batch metadata", "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
-          "trace summary saved", "no uid generated twice")
+          "trace summary saved", "no uid generated twice", "token versions tie to min_version")
 NOT_APPLICABLE = ("response_mask.sum()",  # no tool observations in the embedded task
                   "no dropped group trained")  # algorithm.filter_groups is off
 
@@ -302,6 +302,22 @@ def _stages_out_of_order(run, recs):
     r["t_start"] = _stage(recs, "dataset_item")[0]["t_start"] - 1.0
 
 
+def _token_versions(recs):
+    return [t for r in _stage(recs, "rollout_sessions") for t in r["trajectories"]]
+
+
+def _token_version_goes_down(run, recs):
+    t = _token_versions(recs)[0]
+    t["token_versions"] = [[0, t["min_version"]], [2, t["min_version"] + 1], [4, t["min_version"]]]
+    t["max_version"] = t["min_version"] + 1
+
+
+def _token_version_not_min(run, recs):
+    t = _token_versions(recs)[-1]
+    t["token_versions"] = [[0, t["min_version"] + 1]]
+    t["max_version"] = t["min_version"] + 1
+
+
 def _no_summary(run, recs):
     os.remove(run / "trace_summary.json")
 
@@ -329,6 +345,8 @@ def _observation_mismatch(run, recs):
     (_inserted_before_submit, "timestamps ordered"),
     (_stages_out_of_order, "timestamps ordered"),
     (_no_summary, "trace summary saved"),
+    (_token_version_goes_down, "token versions tie to min_version"),
+    (_token_version_not_min, "token versions tie to min_version"),
     # the rollout's mask sum no longer matches its length, nor the update's loss mask
     (_observation_mismatch, ("response_mask.sum()", "loss_mask consumed by the update")),
     (_learner_mask_differs, "loss_mask consumed by the update"),

@@ -51,7 +51,7 @@ def test_streaming_tau0_equals_sync_step_for_step(tmp_path, streaming):
 def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tmp_path):
     run = tmp_path / "run"
     args = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
-            "async_training.partial_rollout=true", "trainer.total_steps=5", "trainer.test_freq=2"]
+            "async_training.partial_rollout=recompute", "trainer.total_steps=5", "trainer.test_freq=2"]
     r = launch(*args, "--run-dir", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     # validation pauses the streaming producer between its rounds (steps 2 and 4, and the final one)
@@ -62,10 +62,14 @@ def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tm
     assert all(x["async/staleness_max"] <= 1 for x in rows)
     assert rows[-1]["async/dropped_stale"] == 0, "the gate admitted prompts that could not be trained within tau"
     assert all(0 < x["rollout/slot_occupancy"] <= 1 for x in rows)
+    # pushes land while rows of later batches decode: their token versions step up (recompute re-prefills them)
+    assert max(x["async/version_span_max"] for x in rows) >= 1, [x["async/version_span_max"] for x in rows]
+    assert max(x["async/spanning_rows"] for x in rows) >= 1
     chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(run)], cwd=REPO, env=launch_env(),
                          capture_output=True, text=True, timeout=300)
     assert chk.returncode == 0, chk.stdout
-    for name in ("trained staleness within tau", "no uid generated twice", "stage and trajectory timestamps ordered"):
+    for name in ("trained staleness within tau", "no uid generated twice", "stage and trajectory timestamps ordered",
+                 "token versions tie to min_version"):
         assert f"PASS  {name}" in chk.stdout, chk.stdout
 
 
