@@ -12,6 +12,7 @@ with the prompt ending at column ``S`` and the response starting there. Padding 
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import flax
 import numpy as np
@@ -124,12 +125,17 @@ class Trajectories:
         return tuple(f"{u}_{s}_{i}" for u, s, i in zip(self.uid, self.session, self.index))
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The array fields as a dict (what a jitted train step should take)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("pytree_node", True)}
+        """The array fields that are set, as a dict (what a jitted train step should take; a
+        trajectory built by hand may leave ``token_version`` unset)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata.get("pytree_node", True) and getattr(self, f.name) is not None}
 
-    def version_spans(self, row: int) -> list[list[int]]:
+    def version_spans(self, row: int) -> Optional[list[list[int]]]:
         """Row ``row``'s ``token_version`` as spans ``[[first token index, version], ...]`` (a new span
-        where the version changes; positions with no sampled token skipped): the trace's compact form."""
+        where the version changes; positions with no sampled token skipped): the trace's compact form
+        (``None`` when ``token_version`` is unset)."""
+        if self.token_version is None:
+            return None
         tv = np.asarray(self.token_version[row])
         idx = np.flatnonzero(tv >= 0)
         return [[int(i), int(tv[i])] for j, i in enumerate(idx) if j == 0 or tv[i] != tv[idx[j - 1]]]

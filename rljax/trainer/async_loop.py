@@ -90,6 +90,8 @@ def partial_mode(cfg) -> str:
 def version_span_max(traj) -> int:
     """The largest spread of weight versions within one real row's sampled tokens
     (max - min of ``token_version`` over the row's tokens; ``async/version_span_max``)."""
+    if getattr(traj, "token_version", None) is None:
+        return 0
     tv = np.asarray(traj.token_version)
     real = (tv >= 0) & ~np.asarray(traj.is_padding)[:, None]
     if not real.any():
