@@ -319,6 +319,8 @@ class Trainer:
             if "dp_token_imbalance" in step.stats:
                 out["perf/dp_token_imbalance"] = step.stats["dp_token_imbalance"]  # of the packed learner rows
             out["perf/learner_padding_frac"] = step.stats["padding_frac"]
+            if jax.process_count() > 1 and "gathered_bytes" in step.stats:  # the plan's all-gather: [B] spans only
+                out["perf/packing_gather_bytes"] = step.stats["gathered_bytes"]
             out["perf/learner_compiles"] = step.compiles + getattr(self.services.learner.actor.forward, "compiles", 0)
         for key, timing in (("actor", "timing_s/update_actor"), ("rollout", "timing_s/gen")):
             flops = metrics.get(f"perf/model_flops/{key}")

@@ -39,6 +39,7 @@ the permutation lives only in the gather indices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -158,9 +159,26 @@ class PackConfig:
         return max(1, self.max_token_len_per_device * self.sp // self.row_len)
 
 
-def real_columns(attention_mask: np.ndarray) -> list[np.ndarray]:
-    """Per row of a ``[B, S+T]`` mask, the indices of its real tokens."""
-    return [np.flatnonzero(row) for row in np.asarray(attention_mask, bool)]
+def row_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a ``[B, S+T]`` learner mask, its real tokens as one span: ``(first column,
+    count)`` ``[B]`` int32 (``(0, 0)`` for an empty row). The learner layout (left-padded prompt,
+    then the response from column ``S``) always has one span; a ``ValueError`` otherwise."""
+    mask = np.asarray(attention_mask, bool)
+    count = mask.sum(axis=1)
+    first = np.where(count > 0, mask.argmax(axis=1), 0)
+    last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
+    check_spans(first, count, last)
+    return first.astype(np.int32), count.astype(np.int32)
+
+
+def check_spans(first, count, last) -> None:
+    """A ``ValueError`` naming the first row whose real tokens (``first``..``last`` column,
+    ``count`` of them) are not one span."""
+    first, count, last = (np.asarray(x, np.int64) for x in (first, count, last))
+    gaps = np.flatnonzero((count > 0) & (last - first + 1 != count))
+    if gaps.size:
+        raise ValueError(f"row {int(gaps[0])} of the learner batch has gaps in its attention mask ({gaps.size} row(s)): "
+                         "packing needs each row's real tokens in one span (left-padded prompt, right-padded response)")
 
 
 def _micro_batches(members: np.ndarray, lengths: np.ndarray, cfg: PackConfig) -> list[list[list[int]]]:
@@ -187,10 +205,124 @@ def _order_rows(rows: list[list[int]], lengths: np.ndarray, num_rows: int, cfg: 
     return [rows[i] for g in range(cfg.dp) for i in np.flatnonzero(group == g)]
 
 
+def plan(first: np.ndarray, count: np.ndarray, width: int, response_len: int, orders: Sequence[np.ndarray], *,
+         mini_batch_size: int, cfg: PackConfig, shape: Optional[tuple[int, int, int]] = None) -> tuple[dict, dict]:
+    """The packing of a ``[B, width]`` learner batch from its rows' spans alone (:func:`row_spans`;
+    no token is read, so several processes plan from all-gathered ``[B]`` spans). Returns
+    ``(index, stats)``: ``source [M, U, R, L]`` int32 (the flat index into the ``[B * width]``
+    batch of each packed slot's token, -1: empty), ``segment_ids``, ``traj_index`` and ``gather``
+    (see :func:`pack`), and :func:`pack`'s ``stats``; :func:`take_rows` (host) or
+    :func:`take_rows_on_mesh` (devices) turn ``source`` into ``tokens``, ``positions``, ``targets``."""
+    first = np.asarray(first, np.int64)
+    lengths = np.asarray(count, np.int64)
+    b = lengths.size
+    s = width - response_len
+    if s < 1:
+        raise ValueError(f"response_len={response_len} leaves no prompt column in a row of {width}")
+    if b % mini_batch_size:
+        raise ValueError(f"batch of {b} trajectories does not divide into mini-batches of {mini_batch_size}")
+
+    mini = []  # per mini-batch: list of micro-batches (lists of rows)
+    for order in orders:
+        order = np.asarray(order)
+        if sorted(order.tolist()) != list(range(b)):
+            raise ValueError(f"each order must be a permutation of range({b})")
+        for m in range(0, b, mini_batch_size):
+            mini.append(_micro_batches(order[m:m + mini_batch_size], lengths, cfg))
+    u, r_rows, bm = _shape(mini, cfg, mini_batch_size, shape)
+    big_m, el = len(mini), cfg.row_len
+    source = np.full((big_m, u, r_rows, el), -1, np.int32)
+    segment_ids = np.zeros((big_m, u, r_rows, el), np.int32)
+    traj_index = np.full((big_m, u, bm), b, np.int32)
+    gather = np.zeros((big_m, u, bm, response_len), np.int32)
+    ratios = []
+    for mi, micro_batches in enumerate(mini):
+        for ui, rows in enumerate(micro_batches):
+            rows = _order_rows(rows, lengths, r_rows, cfg)
+            slot = 0
+            shard = np.zeros(cfg.dp, np.int64)
+            for ri, row in enumerate(rows):
+                off = 0
+                for seg, t in enumerate(row, start=1):
+                    n, c0 = int(lengths[t]), int(first[t])
+                    source[mi, ui, ri, off:off + n] = t * width + c0 + np.arange(n)
+                    segment_ids[mi, ui, ri, off:off + n] = seg
+                    # response token j is predicted at padded column s-1+j
+                    where = np.full(width, -1, np.int64)
+                    where[c0:c0 + n] = ri * el + off + np.arange(n)
+                    traj_index[mi, ui, slot] = t
+                    gather[mi, ui, slot] = np.maximum(where[s - 1: s - 1 + response_len], 0)
+                    slot += 1
+                    off += n
+                shard[ri // (r_rows // cfg.dp)] += off
+            ratios.append(imbalance(shard))
+    stats = {
+        "real_tokens": int(lengths.sum()) * len(orders),
+        "packed_tokens": int(big_m * u * r_rows * el),
+        "padded_tokens": int(len(orders) * b * width),
+        "dp_token_imbalance": float(np.mean(ratios)),
+        "shape": (u, r_rows, bm),
+    }
+    return {"source": source, "segment_ids": segment_ids, "traj_index": traj_index, "gather": gather}, stats
+
+
+def _shape(mini: list, cfg: PackConfig, mini_batch_size: int, shape) -> tuple[int, int, int]:
+    """``(U, R, Bm)`` of a plan's mini-batches: the buckets of what they need, or ``shape``."""
+    need_u = max(len(mb) for mb in mini)
+    need_r = max(len(rows) for mb in mini for rows in mb)
+    need_b = max(sum(len(r) for r in rows) for mb in mini for rows in mb)
+    if shape is not None:
+        if shape[0] < need_u or shape[1] < need_r or shape[1] % cfg.dp or shape[2] < need_b:
+            raise ValueError(f"packing shape {shape} is smaller than this batch needs ({need_u}, {need_r}, {need_b}) "
+                             f"or its rows do not divide by dp={cfg.dp}")
+        return tuple(shape)
+    per = cfg.dp * cfg.rows_per_device if cfg.use_dynamic_bsz else None
+    return bucket(need_u), per if per else cfg.dp * bucket(-(-need_r // cfg.dp)), min(bucket(need_b), mini_batch_size)
+
+
+def _take(xp, input_ids, positions, source):
+    """``tokens, positions, targets`` of the packed slots ``source`` (flat indices into the
+    ``[B, W]`` batch, -1 empty): the token, its position, and the next column's token (0 past a
+    row's last column), as the padded layout has them; 0 on empty slots."""
+    width = input_ids.shape[1]
+    live = source >= 0
+    src = xp.where(live, source, 0)
+    ids, pos = input_ids.reshape(-1), positions.reshape(-1)
+    nxt = live & (src % width != width - 1)
+    return {"tokens": xp.where(live, xp.take(ids, src), 0).astype(xp.int32),
+            "positions": xp.where(live, xp.take(pos, src), 0).astype(xp.int32),
+            "targets": xp.where(nxt, xp.take(ids, xp.where(nxt, src + 1, 0)), 0).astype(xp.int32)}
+
+
+def take_rows(input_ids: np.ndarray, positions: np.ndarray, index: dict) -> dict:
+    """The packed arrays (:func:`pack`'s) of a :func:`plan` from host token arrays."""
+    rows = _take(np, np.asarray(input_ids), np.asarray(positions), index["source"])
+    return {**rows, "segment_ids": index["segment_ids"], "traj_index": index["traj_index"], "gather": index["gather"]}
+
+
+@functools.partial(jax.jit, static_argnames=("out_sharding",))
+def _take_on_mesh(input_ids, positions, source, out_sharding=None):
+    rows = _take(jnp, input_ids, positions, source)
+    if out_sharding is not None:
+        rows = {k: jax.lax.with_sharding_constraint(v, out_sharding) for k, v in rows.items()}
+    return rows
+
+
+def take_rows_on_mesh(input_ids: jax.Array, positions: jax.Array, index: dict, mesh) -> dict:
+    """The packed arrays of a :func:`plan` as global arrays on ``mesh`` (:func:`place_packed`'s
+    layout), the tokens taken on the devices from the learner batch where it lies: no host,
+    and no process, holds the batch's tokens; only the index arrays travel from the host."""
+    placed = place_packed(index, mesh)
+    sharding = None if mesh is None else placed["segment_ids"].sharding
+    rows = _take_on_mesh(input_ids, positions, placed.pop("source"), out_sharding=sharding)
+    return {**rows, **placed}
+
+
 def pack(input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarray, response_len: int,
          orders: Sequence[np.ndarray], *, mini_batch_size: int, cfg: PackConfig,
          shape: Optional[tuple[int, int, int]] = None) -> tuple[dict, dict]:
-    """Packs a padded learner batch into micro-batches of rows.
+    """Packs a padded learner batch into micro-batches of rows (host NumPy: :func:`plan` from
+    the rows' spans, then :func:`take_rows`).
 
     Args:
       input_ids, attention_mask, positions: ``[B, S+T]`` host arrays of the padded learner
@@ -215,75 +347,10 @@ def pack(input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarra
       shard tokens) and ``shape`` ``(U, R, Bm)``.
     """
     input_ids = np.asarray(input_ids)
-    attention_mask = np.asarray(attention_mask, bool)
-    positions = np.asarray(positions)
-    b, width = input_ids.shape
-    s = width - response_len
-    if s < 1:
-        raise ValueError(f"response_len={response_len} leaves no prompt column in a row of {width}")
-    cols = real_columns(attention_mask)
-    lengths = np.array([c.size for c in cols], np.int64)
-    if b % mini_batch_size:
-        raise ValueError(f"batch of {b} trajectories does not divide into mini-batches of {mini_batch_size}")
-
-    plan = []  # per mini-batch: list of micro-batches (lists of rows)
-    for order in orders:
-        order = np.asarray(order)
-        if sorted(order.tolist()) != list(range(b)):
-            raise ValueError(f"each order must be a permutation of range({b})")
-        for m in range(0, b, mini_batch_size):
-            plan.append(_micro_batches(order[m:m + mini_batch_size], lengths, cfg))
-    need_u = max(len(mb) for mb in plan)
-    need_r = max(len(rows) for mb in plan for rows in mb)
-    need_b = max(sum(len(r) for r in rows) for mb in plan for rows in mb)
-    per = cfg.dp * cfg.rows_per_device if cfg.use_dynamic_bsz else None
-    u = bucket(need_u)
-    r_rows = per if per else cfg.dp * bucket(-(-need_r // cfg.dp))
-    bm = min(bucket(need_b), mini_batch_size)
-    if shape is not None:
-        if shape[0] < need_u or shape[1] < need_r or shape[1] % cfg.dp or shape[2] < need_b:
-            raise ValueError(f"packing shape {shape} is smaller than this batch needs ({need_u}, {need_r}, {need_b}) "
-                             f"or its rows do not divide by dp={cfg.dp}")
-        u, r_rows, bm = shape
-    big_m, el = len(plan), cfg.row_len
-    out = {k: np.zeros((big_m, u, r_rows, el), np.int32) for k in ROW_FIELDS}
-    traj_index = np.full((big_m, u, bm), b, np.int32)
-    gather = np.zeros((big_m, u, bm, response_len), np.int32)
-    next_ids = np.concatenate([input_ids[:, 1:], np.zeros((b, 1), input_ids.dtype)], axis=1)
-    ratios = []
-    for mi, micro_batches in enumerate(plan):
-        for ui, rows in enumerate(micro_batches):
-            rows = _order_rows(rows, lengths, r_rows, cfg)
-            slot = 0
-            shard = np.zeros(cfg.dp, np.int64)
-            for ri, row in enumerate(rows):
-                off = 0
-                for seg, t in enumerate(row, start=1):
-                    c = cols[t]
-                    n = c.size
-                    sl = np.s_[mi, ui, ri, off:off + n]
-                    out["tokens"][sl] = input_ids[t, c]
-                    out["positions"][sl] = positions[t, c]
-                    out["segment_ids"][sl] = seg
-                    out["targets"][sl] = next_ids[t, c]
-                    # response token j is predicted at padded column s-1+j
-                    where = np.full(width, -1, np.int64)
-                    where[c] = ri * el + off + np.arange(n)
-                    pred = where[s - 1: s - 1 + response_len]
-                    traj_index[mi, ui, slot] = t
-                    gather[mi, ui, slot] = np.maximum(pred, 0)
-                    slot += 1
-                    off += n
-                shard[ri // (r_rows // cfg.dp)] += off
-            ratios.append(imbalance(shard))
-    stats = {
-        "real_tokens": int(lengths.sum()) * len(orders),
-        "packed_tokens": int(big_m * u * r_rows * el),
-        "padded_tokens": int(len(orders) * b * width),
-        "dp_token_imbalance": float(np.mean(ratios)),
-        "shape": (u, r_rows, bm),
-    }
-    return {**out, "traj_index": traj_index, "gather": gather}, stats
+    first, count = row_spans(attention_mask)
+    index, stats = plan(first, count, input_ids.shape[1], response_len, orders, mini_batch_size=mini_batch_size,
+                        cfg=cfg, shape=shape)
+    return take_rows(input_ids, positions, index), stats
 
 
 def epoch_orders(key: jax.Array, batch_size: int, epochs: int, shuffle: bool = True) -> list[np.ndarray]:
@@ -328,8 +395,8 @@ def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *,
 
 
 def place_packed(arrays: dict, mesh) -> dict:
-    """Packed arrays -> global arrays on ``mesh``: rows ``[..., R, L]`` with ``R`` on ``dp``
-    and ``L`` on ``sp``; index arrays replicated (they are small)."""
+    """Packed arrays -> global arrays on ``mesh``: rows ``[..., R, L]`` (and :func:`plan`'s
+    ``source``) with ``R`` on ``dp`` and ``L`` on ``sp``; index arrays replicated (they are small)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     if mesh is None:
@@ -337,7 +404,7 @@ def place_packed(arrays: dict, mesh) -> dict:
     out = {}
     for k, v in arrays.items():
         lead = (None,) * (v.ndim - 2)
-        spec = PartitionSpec(*lead, "dp", "sp") if k in ROW_FIELDS else PartitionSpec()
+        spec = PartitionSpec(*lead, "dp", "sp") if k in ROW_FIELDS or k == "source" else PartitionSpec()
         sharding = NamedSharding(mesh, spec)
         out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
     return out

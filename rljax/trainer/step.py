@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -446,13 +447,16 @@ class PackedTrainStep:
     """The packed actor update behind the padded step's signature: ``(state, batch, key) ->
     (state, metrics)`` for a ``[B, S+T]`` learner batch.
 
-    Each call reads the batch's token fields back to the host, draws the epoch orders the
-    padded step would draw from ``key`` (:func:`rljax.trainer.packing.epoch_orders`), packs
-    them (:func:`rljax.trainer.packing.pack`) and runs the packed step; numbers equal the
-    padded step's to float tolerance. ``stats`` holds the last call's packing statistics
+    Each call reads every row's real-token span back to the host (:func:`host_spans`: three
+    ``[B]`` int arrays, all-gathered with several processes; never the tokens), draws the
+    epoch orders the padded step would draw from ``key``
+    (:func:`rljax.trainer.packing.epoch_orders`), plans the packing from the spans
+    (:func:`rljax.trainer.packing.plan`), takes the packed rows' tokens on the devices
+    (:func:`rljax.trainer.packing.take_rows_on_mesh`) and runs the packed step; numbers equal
+    the padded step's to float tolerance. ``stats`` holds the last call's packing statistics
     (``dp_token_imbalance``, ``padding_frac``: the fraction of processed token slots that
-    are padding) and ``compiles`` the number of distinct packed shapes seen so far (each
-    is one compiled program).
+    are padding, ``gathered_bytes``: what this process all-gathered to plan) and ``compiles``
+    the number of distinct packed shapes seen so far (each is one compiled program).
     """
 
     def __init__(self, graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig, pack_cfg,
@@ -467,15 +471,15 @@ class PackedTrainStep:
         return len(self.shapes)
 
     def _packed(self, batch: dict, key):
-        host = jax.device_get({k: batch[k] for k in _TOKEN_FIELDS}) if jax.process_count() == 1 else \
-            _gather_host({k: batch[k] for k in _TOKEN_FIELDS})
-        b = host["input_ids"].shape[0]
+        first, count, nbytes = host_spans(batch["attention_mask"])
+        b, width = batch["input_ids"].shape
         orders = packing.epoch_orders(key, b, self.cfg.ppo_epochs, self.cfg.shuffle)
-        arrays, stats = packing.pack(host["input_ids"], host["attention_mask"], host["positions"], self.response_len,
-                                     orders, mini_batch_size=self.cfg.ppo_mini_batch_size, cfg=self.pack_cfg)
+        index, stats = packing.plan(first, count, width, self.response_len, orders,
+                                    mini_batch_size=self.cfg.ppo_mini_batch_size, cfg=self.pack_cfg)
         self.shapes.add(stats["shape"])
-        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1))
-        return packing.place_packed(arrays, self.mesh)
+        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1),
+                          gathered_bytes=nbytes)
+        return packing.take_rows_on_mesh(batch["input_ids"], batch["positions"], index, self.mesh)
 
     def __call__(self, state, batch: dict, key):
         packed = self._packed(batch, key)
@@ -507,13 +511,14 @@ class PackedLogprob:
         return len(self.shapes)
 
     def _packed(self, inputs: dict):
-        host = jax.device_get({k: inputs[k] for k in _TOKEN_FIELDS}) if jax.process_count() == 1 else \
-            _gather_host({k: inputs[k] for k in _TOKEN_FIELDS})
-        arrays, stats = packing.pack_logprob_batch(host["input_ids"], host["attention_mask"], host["positions"],
-                                                   self.response_len, cfg=self.pack_cfg)
+        first, count, nbytes = host_spans(inputs["attention_mask"])
+        b, width = inputs["input_ids"].shape
+        index, stats = packing.plan(first, count, width, self.response_len, [np.arange(b)], mini_batch_size=b,
+                                    cfg=self.pack_cfg)
         self.shapes.add(stats["shape"])
-        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1))
-        return packing.place_packed(arrays, self.mesh), host["input_ids"].shape[0]
+        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1),
+                          gathered_bytes=nbytes)
+        return packing.take_rows_on_mesh(inputs["input_ids"], inputs["positions"], index, self.mesh), b
 
     def __call__(self, params, inputs: dict):
         packed, b = self._packed(inputs)
@@ -530,7 +535,30 @@ def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
-def _gather_host(tree):
-    from jax.experimental import multihost_utils
+@jax.jit
+def _spans(attention_mask):
+    """Per row: first real column, real columns, and the last real column (device side)."""
+    mask = attention_mask.astype(bool)
+    count = mask.sum(axis=1, dtype=jnp.int32)
+    first = jnp.where(count > 0, jnp.argmax(mask, axis=1), 0).astype(jnp.int32)
+    last = (mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)
+    return first, count, last
 
-    return multihost_utils.process_allgather(tree, tiled=True)
+
+def host_spans(attention_mask) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(first, count, gathered bytes)``: every row's real-token span (:func:`rljax.trainer.packing.row_spans`)
+    of the learner batch's mask, on the host of every process: computed where the rows lie and,
+    with several processes, all-gathered as three ``[B]`` int32 arrays (the bytes this process
+    received; 0 on one process). The packing plan needs nothing else: no token array leaves
+    its devices for the host. A ``ValueError`` when a row's real tokens are not one span."""
+    spans = _spans(attention_mask)
+    if jax.process_count() == 1:
+        first, count, last = (np.asarray(x) for x in jax.device_get(spans))
+        nbytes = 0
+    else:
+        from jax.experimental import multihost_utils
+
+        first, count, last = (np.asarray(x) for x in multihost_utils.process_allgather(spans, tiled=True))
+        nbytes = int(first.nbytes + count.nbytes + last.nbytes)
+    packing.check_spans(first, count, last)
+    return first, count, nbytes

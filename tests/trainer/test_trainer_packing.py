@@ -104,6 +104,51 @@ def test_pack_rejects_budget_below_a_row():
         P.PackConfig(row_len=15, sp=2, micro_batch_size=2)
 
 
+@pytest.mark.parametrize("spec", ["dp8", "dp2,tp2,sp2"])
+def test_plan_reads_spans_only_and_tokens_are_taken_on_the_mesh(batch, devices, spec):
+    """The packing plan needs every row's real-token span, not its tokens: the spans read back from
+    the batch where it lies (``host_spans``: three [B] int arrays; several processes all-gather
+    just those) give the plan of the host packing, and the packed rows taken on the devices from
+    the global batch equal the host packing's arrays, laid out with rows on dp and columns on sp."""
+    from rljax.sharding import place_batch
+    from rljax.trainer.step import host_spans
+
+    mesh = make_mesh(spec)
+    ids, attn, pos = _host(batch)
+    glob = place_batch({"input_ids": ids, "attention_mask": attn, "positions": pos}, mesh)
+    first, count, nbytes = host_spans(glob["attention_mask"])
+    assert nbytes == 0  # one process: nothing all-gathered
+    np.testing.assert_array_equal(first, S - attn[:, :S].sum(axis=1))
+    np.testing.assert_array_equal(count, attn.sum(axis=1))
+    sizes = dict(mesh.shape)
+    cfg = P.PackConfig(row_len=32, dp=sizes["dp"], sp=sizes["sp"], use_dynamic_bsz=True,
+                       max_token_len_per_device=32 // sizes["sp"], balance=True)
+    orders = [np.random.default_rng(1).permutation(8), np.arange(8)]
+    want, stats = P.pack(ids, attn, pos, T, orders, mini_batch_size=4, cfg=cfg)
+    index, planned = P.plan(first, count, S + T, T, orders, mini_batch_size=4, cfg=cfg)
+    assert planned == stats
+    got = P.take_rows_on_mesh(glob["input_ids"], glob["positions"], index, mesh)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(np.asarray(got[k]), v, err_msg=k)
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, "dp", "sp"))
+    for k in P.ROW_FIELDS:
+        assert got[k].sharding.is_equivalent_to(rows, 4), (k, got[k].sharding)
+
+
+def test_packing_refuses_a_row_with_gaps(batch):
+    ids, attn, pos = _host(batch)
+    attn = attn.copy()
+    attn[3, S + 1] = False  # a hole in row 3's response
+    attn[3, S + 2] = True
+    with pytest.raises(ValueError, match="row 3 of the learner batch has gaps in its attention mask"):
+        P.pack(ids, attn, pos, T, [np.arange(8)], mini_batch_size=8, cfg=P.PackConfig(row_len=32, micro_batch_size=8))
+    from rljax.trainer.step import host_spans
+
+    with pytest.raises(ValueError, match="row 3 of the learner batch has gaps"):
+        host_spans(jnp.asarray(attn))
+
+
 # ------------------------------------------------------------------ numbers
 
 
