@@ -55,9 +55,13 @@ class EnvRuntime:
 
 
 def episode_metrics(traj) -> dict[str, Any]:
-    """``env/*`` metrics of a rollout (real rows)."""
+    """``env/*`` metrics of a rollout (real rows): of episode trajectories, or of every process's
+    episode facts (:class:`rljax.trainer.distribute.EpisodeRows`: ``policy_tokens`` per row
+    instead of ``response_mask``)."""
     real = ~np.asarray(traj.is_padding)
     ep = traj.episode_stats
+    policy = getattr(traj, "policy_tokens", None)
+    policy = np.asarray(traj.response_mask).sum(axis=1) if policy is None else np.asarray(policy)
     return {"env/num_turns/mean": float(traj.num_turns[real].mean()),
             "env/num_turns/max": int(traj.num_turns[real].max()),
             "env/obs_tokens/mean": float(traj.obs_tokens[real].mean()),
@@ -65,5 +69,5 @@ def episode_metrics(traj) -> dict[str, Any]:
             "env/tool_call_rate": float((traj.tool_calls[real] > 0).mean()),
             "env/tool_errors": int(ep.get("tool_errors", 0)),
             "env/tool_timeouts": int(ep.get("tool_timeouts", 0)),
-            "env/policy_tokens/mean": float(np.asarray(traj.response_mask)[real].sum(axis=1).mean()),
+            "env/policy_tokens/mean": float(policy[real].mean()),
             "timing_s/env": float(ep.get("env_s", 0.0))}

@@ -111,6 +111,28 @@ def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = No
     return Share(p, P, starts[p], starts[p] + per, n, num_prompts, direct, starts)
 
 
+def whole_batch_reason(cfg) -> Optional[str]:
+    """Why every process of a run of ``cfg`` still generates the whole batch, or ``None`` (each
+    generates its share): a multi-turn run (``env.function``) with dynamic sampling (the kept-row
+    exchange moves single-turn rows only) or with a generative judge (its verdicts are not merged
+    across processes)."""
+    if cfg.env.function is None:
+        return None
+    if cfg.algorithm.filter_groups.enable:
+        return "multi-turn with algorithm.filter_groups: every process runs every episode (the kept-row exchange " \
+               "moves single-turn rows only)"
+    if cfg.reward.judge.path is not None:
+        return "multi-turn with reward.judge.path: every process runs and judges every episode (the verdict " \
+               "reports are not merged across processes)"
+    return None
+
+
+def share_kwargs(cfg) -> dict:
+    """:func:`rollout_share`'s ``processes`` / ``process`` for a run of ``cfg``: JAX's (none), or one
+    process when :func:`whole_batch_reason` says every process generates the whole batch."""
+    return {"processes": 1, "process": 0} if whole_batch_reason(cfg) else {}
+
+
 def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = False) -> None:
     """``trainer.mode=async``: each process's rollout thread enqueues only its own rows and never
     communicates, so the learner batch must be assembled from process-local rows
@@ -128,7 +150,7 @@ def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = Fal
 
 def check_judge_share(share: Share, judge_path) -> None:
     """``reward.judge.path`` runs on one process (or a multi-turn run, where every process has every
-    row): each process would judge its own rows and the verdict reports are not merged yet; a
+    row: :func:`whole_batch_reason`): each process would judge its own rows and the verdict reports are not merged yet; a
     one-line ``ValueError`` otherwise (the launcher exits 2 on it before the run starts)."""
     if judge_path is not None and share.processes > 1:
         raise ValueError(f"reward.judge.path runs on one process, not {share.processes} (each process would judge its "
@@ -206,6 +228,8 @@ class RolloutRows:
     min_version: np.ndarray
     max_version: np.ndarray
 
+    episodes: Optional["EpisodeRows"] = None  # multi-turn runs: every process's episodes
+
     @property
     def batch_size(self) -> int:
         return len(self.uid)
@@ -222,8 +246,39 @@ class RolloutRows:
         return out
 
 
+@dataclasses.dataclass
+class EpisodeRows:
+    """The per-row episode facts of every process's multi-turn rows (batch order) and the step's
+    summed tool counters: what :func:`rljax.env.episode_metrics` reads (no token arrays)."""
+
+    is_padding: np.ndarray
+    num_turns: np.ndarray
+    obs_tokens: np.ndarray
+    tool_calls: np.ndarray
+    policy_tokens: np.ndarray  # response_mask's sum per row
+    episode_stats: dict  # tool_calls, tool_errors, tool_timeouts summed; env_s: the slowest process's
+
+
+#: ``episode_stats`` counters summed over processes (``env_s`` takes the maximum).
+_EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts")
+
+
+def gather_episodes(traj, share: Share) -> EpisodeRows:
+    """:class:`EpisodeRows` of the step from this process's episodes (a small all-gather)."""
+    local = {"is_padding": np.asarray(traj.is_padding, bool), "num_turns": np.asarray(traj.num_turns, np.int64),
+             "obs_tokens": np.asarray(traj.obs_tokens, np.int64), "tool_calls": np.asarray(traj.tool_calls, np.int64),
+             "policy_tokens": np.asarray(traj.response_mask).sum(axis=1).astype(np.int64)}
+    ep = traj.episode_stats
+    counts = np.array([float(ep.get(k, 0)) for k in _EPISODE_COUNTS] + [float(ep.get("env_s", 0.0))], np.float64)
+    every = per_process(counts) if share.processes > 1 else counts[None]
+    stats = {k: int(every[:, i].sum()) for i, k in enumerate(_EPISODE_COUNTS)}
+    stats["env_s"] = float(every[:, -1].max())
+    return EpisodeRows(**{k: np.asarray(v) for k, v in allgather(local, share).items()}, episode_stats=stats)
+
+
 def gather_rows(traj, share: Share) -> RolloutRows:
-    """:class:`RolloutRows` of the step from this process's trajectories (a small all-gather)."""
+    """:class:`RolloutRows` of the step from this process's trajectories (a small all-gather; with
+    multi-turn episodes their :class:`EpisodeRows` too)."""
     local = {"session": np.asarray(traj.session, np.int32),
              "process": np.full(traj.batch_size, share.process, np.int32),
              "is_padding": np.asarray(traj.is_padding, bool),
@@ -233,7 +288,9 @@ def gather_rows(traj, share: Share) -> RolloutRows:
              "min_version": np.asarray(traj.min_version, np.int64),
              "max_version": np.asarray(traj.max_version, np.int64)}
     glob = allgather(local, share)
-    return RolloutRows(uid=tuple(allgather_strings(traj.uid, share)), **{k: np.asarray(v) for k, v in glob.items()})
+    episodes = gather_episodes(traj, share) if getattr(traj, "num_turns", None) is not None else None
+    return RolloutRows(uid=tuple(allgather_strings(traj.uid, share)), **{k: np.asarray(v) for k, v in glob.items()},
+                       episodes=episodes)
 
 
 def merge_reward_reports(report, share: Share):
@@ -250,6 +307,41 @@ def merge_reward_reports(report, share: Share):
     first = next((firsts[q] for q in np.argsort(share.starts, kind="stable") if firsts[q]), None)
     return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids), first, int(total[3]),
                         int(total[4]))
+
+
+def block(num_prompts: int, share: Share) -> tuple[int, int]:
+    """This process's prompts ``[lo, hi)`` of a list of ``num_prompts`` prompt groups whose size
+    need not divide by the process count (validation batches, ``data.val_batch_size``; the last
+    may be shorter): contiguous blocks in process-index order, sizes differing by at most one
+    (a process may get none when there are fewer prompts than processes)."""
+    p, n = share.process, share.processes
+    return p * num_prompts // n, (p + 1) * num_prompts // n
+
+
+def allgather_blocks(tree: Mapping[str, np.ndarray], share: Share) -> dict:
+    """``{name: [R_p, ...]}`` NumPy leaves of every process (``R_p`` may differ, 0 included) ->
+    ``[sum R_p, ...]`` concatenated in process-index order (the order of :func:`block`). Each
+    process's rows are padded to the longest share for the all-gather, then cut back."""
+    tree = {k: np.asarray(v) for k, v in tree.items()}
+    if share.processes == 1:
+        return tree
+    counts = per_process(np.array([len(next(iter(tree.values())))], np.int64))[:, 0]
+    width = int(counts.max())
+    padded = {k: np.concatenate([v, np.zeros((width - len(v),) + v.shape[1:], v.dtype)]) for k, v in tree.items()}
+    from jax.experimental import multihost_utils
+
+    stacked = {k: np.asarray(v) for k, v in multihost_utils.process_allgather(padded, tiled=False).items()}
+    return {k: np.concatenate([v[q, : counts[q]] for q in range(share.processes)]) for k, v in stacked.items()}
+
+
+def allgather_texts(texts, share: Share) -> list[str]:
+    """Lists of strings of every process (any lengths), concatenated in process-index order."""
+    texts = [str(t) for t in texts]
+    if share.processes == 1:
+        return texts
+    width = int(per_process(np.array([max((len(t.encode()) for t in texts), default=0)], np.int64)).max())
+    out = allgather_blocks({"t": _encode(texts, width)}, share)["t"]
+    return [bytes(row).rstrip(b"\0").decode() for row in out]
 
 
 def local_rows(x, share: Share) -> np.ndarray:

@@ -15,6 +15,7 @@ resume and ``N`` more steps give the same numbers as ``2N`` steps.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -27,10 +28,12 @@ import numpy as np
 from rljax.config import Config, to_dict
 from rljax.env import episode_scores
 from rljax.models.lora import check_base
+from rljax.reward import RewardError
 from rljax.trace import Tracer, plot_report
 from rljax.trace.loggers import open_run_logs
 from rljax.trace.mfu import mfu
 from rljax.trace.samples import TrainSamples, sample_rows
+from rljax.trainer import distribute
 from rljax.trainer.async_loop import AsyncSchedule
 from rljax.trainer.build import build
 from rljax.trainer.checkpoint import CheckpointError, Checkpointer
@@ -334,49 +337,77 @@ class Trainer:
         return freq > 0 and self.progress.step % freq == 0
 
     def validate(self) -> float:
-        """Mean reward on the held-out split with ``rollout.val_kwargs`` decoding (greedy by default)."""
+        """Mean reward on the held-out split with ``rollout.val_kwargs`` decoding (greedy by default).
+
+        With several processes each validates its block of every held-out batch (whole prompt
+        groups, the one-process uids ``val-{batch}-{index}``, so the same random streams): the
+        per-row scores, tool use and reward error counts are all-gathered (no tokens) and every
+        metric is computed over the union in batch order, as one process computes it; the
+        generations log (``trainer.log_val_generations``) is written by process 0 from every
+        process's rows, the first ones in batch order, as one process writes it."""
         t = time.perf_counter()
-        scores = []
-        env_rows: list = []
         with self.schedule.paused():  # async: the rollout thread pauses; the newest pushed weights validate
-            samples, reports = self._validate_batches(scores, env_rows)
+            rows, samples = self._validate_batches()
         self.out.samples.write("val", self.progress.step, samples)
         self._time("testing", t)
-        errors, scored = sum(r.errors for r in reports), sum(r.num_scored for r in reports)
+        errors, scored = int(rows["errors"].sum()), int(rows["scored"].sum())
         # held-out reward failures, counted like the training ones
         self.progress.val_env = {"val/reward/errors": float(errors), "val/reward/error_fraction": errors / max(scored, 1)}
-        if env_rows:  # held-out tool use, logged beside val/score/mean
-            called, turns = (np.concatenate(x) for x in zip(*env_rows))
-            self.progress.val_env.update({"val/env/tool_call_rate": float(called.mean()),
-                                 "val/env/num_turns/mean": float(turns.mean())})
-        return float(np.mean(scores)) if scores else float("nan")
+        real = ~rows["is_padding"]
+        if "num_turns" in rows:  # held-out tool use, logged beside val/score/mean
+            self.progress.val_env.update({"val/env/tool_call_rate": float(rows["tool_called"][real].mean()),
+                                          "val/env/num_turns/mean": float(rows["num_turns"][real].mean())})
+        scores = rows["scores"][real]
+        return float(np.mean(scores.tolist())) if scores.size else float("nan")
 
-    def _validate_batches(self, scores, env_rows) -> tuple[list[dict], list]:
-        """Scores the held-out split into ``scores``; returns the first ``trainer.log_val_generations``
-        samples and each batch's reward report."""
-        samples, keep = [], self.cfg.trainer.log_val_generations
-        reports = []
-        s, r = self.services, self.services.rollout
-        for i, prompts in enumerate(r.val_prompts()):
-            uids = [f"val-{i}-{j}" for j in range(len(prompts))]
-            if r.env is not None:  # multi-turn: episodes, scored by their final reward
+    def _validate_batches(self) -> tuple[dict, list[dict]]:
+        """Generates and scores this process's share of every held-out batch; returns the per-row
+        facts of every process's rows (``scores``, ``is_padding``, multi-turn ``tool_called`` and
+        ``num_turns``; per process and batch ``errors`` and ``scored``) and the first
+        ``trainer.log_val_generations`` sample records, both in batch order."""
+        keep, bound = self.cfg.trainer.log_val_generations, self.cfg.reward.max_error_fraction
+        s, r, n = self.services, self.services.rollout, self.cfg.rollout.val_kwargs.n
+        share = r.share
+        local_bound = bound if share.processes == 1 else 1.0  # the bound applies to the whole batch, below
+        parts: list[dict] = []
+        samples: list[dict] = []
+        for i, batch in enumerate(r.val_prompts()):
+            lo, hi = distribute.block(len(batch), share)
+            prompts, uids = batch[lo:hi], [f"val-{i}-{j}" for j in range(lo, hi)]
+            local = {"scores": np.zeros(0, np.float64), "is_padding": np.zeros(0, bool)}
+            if r.env is not None:
+                local.update(tool_called=np.zeros(0, bool), num_turns=np.zeros(0, np.int64))
+            counts = np.zeros(2, np.int64)  # reward errors, rows scored
+            mine: list[dict] = []
+            if prompts:  # fewer prompts than processes: this process has none of this batch
+                if r.env is not None:  # multi-turn: episodes, scored by their final reward
 
-                traj = r.env.run(r.sampler, prompts, uids, n=self.cfg.rollout.val_kwargs.n, decode=r.val_decode,
-                                 tokenizer=r.tokenizer)
-                got, report = episode_scores(traj, s.reward.fn, prompts,
-                                             max_error_fraction=self.cfg.reward.max_error_fraction)
-                real = ~np.asarray(traj.is_padding)
-                env_rows.append((traj.tool_calls[real] > 0, traj.num_turns[real]))
-            else:
-                traj = r.sampler.generate([p.ids for p in prompts], uids=uids, n=self.cfg.rollout.val_kwargs.n,
-                                          decode=r.val_decode)
-                got, report = score(s, traj, prompts, max_error_fraction=self.cfg.reward.max_error_fraction)
-            reports.append(report)
-            scores.extend(got[~traj.is_padding].tolist())
-            if len(samples) < keep:
-                samples += sample_rows(traj, prompts, got, decode=r.tokenizer.decode, step=self.progress.step, split="val",
-                                       limit=keep - len(samples))
-        return samples, reports
+                    traj = r.env.run(r.sampler, prompts, uids, n=n, decode=r.val_decode, tokenizer=r.tokenizer)
+                    got, report = episode_scores(traj, s.reward.fn, prompts, max_error_fraction=local_bound)
+                    local.update(tool_called=np.asarray(traj.tool_calls) > 0, num_turns=np.asarray(traj.num_turns))
+                else:
+                    traj = r.sampler.generate([p.ids for p in prompts], uids=uids, n=n, decode=r.val_decode)
+                    got, report = score(s, traj, prompts, max_error_fraction=local_bound)
+                local.update(scores=np.asarray(got, np.float64), is_padding=np.asarray(traj.is_padding, bool))
+                counts[:] = (report.errors, report.num_scored)
+                if len(samples) < keep:  # this process's first rows; the batch's first are chosen below
+                    mine = sample_rows(traj, prompts, got, decode=r.tokenizer.decode, step=self.progress.step,
+                                       split="val", limit=keep - len(samples))
+            part = distribute.allgather_blocks(local, share)
+            part.update(distribute.allgather_blocks({"errors": counts[None, :1], "scored": counts[None, 1:]}, share))
+            if share.processes > 1:
+                errors, scored = int(part["errors"].sum()), int(part["scored"].sum())
+                if scored and errors / scored > bound:
+                    raise RewardError(f"held-out reward failed for {errors}/{scored} rows ({errors / scored:.1%}) over "
+                                      f"{share.processes} processes, more than reward.max_error_fraction={bound}")
+                if len(samples) < keep:
+                    mine = [json.loads(x) for x in distribute.allgather_texts([json.dumps(m) for m in mine], share)]
+            samples += mine[: keep - len(samples)]
+            parts.append(part)
+        rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else \
+            {"scores": np.zeros(0), "is_padding": np.zeros(0, bool), "errors": np.zeros(0, np.int64),
+             "scored": np.zeros(0, np.int64)}
+        return rows, samples
 
     def run(self) -> RunSummary:
         """Trains to ``trainer.total_steps``. Any stop (an exception in a stage, the reward error

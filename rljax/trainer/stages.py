@@ -70,7 +70,7 @@ from rljax.env import episode_metrics, episode_scores
 from rljax.models import abstract_params, flops, load_hf_reward_model, reward_scores
 from rljax.models.lora import disable
 from rljax.reward import RewardError, overlong_metrics, overlong_penalty as reward_overlong_penalty, score_batch
-from rljax.sharding import place_batch, to_host
+from rljax.sharding import to_host
 from rljax.trace import faults
 from rljax.trace.facts import GroupView, message_count, number, padding_abs_sum
 from rljax.trace.fields import host_rows
@@ -588,17 +588,19 @@ def overlong_shaping(s: Services, traj, scores: np.ndarray) -> np.ndarray:
 
 
 def episode_reward(s: Services, b) -> dict:
-    """The ``reward`` stage of a multi-turn run: each session's final reward (every process runs
-    every episode, so the scores are whole-batch)."""
-    scores, report = episode_scores(b["trajectories"], s.reward.fn, b["prompts"],
-                                    max_error_fraction=s.cfg.reward.max_error_fraction)
+    """The ``reward`` stage of a multi-turn run: each session's final reward, of this process's
+    episodes (with several processes the ``reward.max_error_fraction`` bound applies to the whole
+    batch, in ``gather_rollout``, as in :func:`reward`)."""
+    share = s.rollout.share
+    bound = s.cfg.reward.max_error_fraction if share.processes == 1 else 1.0
+    scores, report = episode_scores(b["trajectories"], s.reward.fn, b["prompts"], max_error_fraction=bound)
     traj = b["trajectories"]
     if "rm_scores" in b or "judge_scores" in b:  # reward.model / reward.judge: of prompt + whole episode, combined
         return dict(combine(s, b, traj, scores), reward_report=report)
     scores = overlong_shaping(s, traj, scores).astype(np.float32)
     scored = {"digest": response_digest(traj), "scores": scores.copy()}  # the trace's reward tie, as in reward()
     faults.reward_scores(scores, traj, seed=s.cfg.trainer.seed, step=b["step"], groups=s.cfg.trace.groups)
-    return {"scores": place_batch({"scores": scores}, s.mesh)["scores"], "reward_report": report,
+    return {"scores": assemble({"scores": scores}, s.mesh, share)["scores"], "reward_report": report,
             "scored_rows": scored}
 
 
@@ -812,8 +814,8 @@ def step_metrics(s: Services, b) -> dict:
     penalty = overlong_penalty(s, rows)
     if penalty is not None and s.cfg.reward.reward_kwargs.overlong_buffer_cfg.log:
         m.update(overlong_metrics(penalty, real))
-    if getattr(traj, "num_turns", None) is not None:
-        m.update(episode_metrics(traj))
+    if getattr(traj, "num_turns", None) is not None:  # several processes: of every process's episodes
+        m.update(episode_metrics(rows.episodes if "rollout_rows" in b else traj))
     m.update(_model_flops(s, rows, real))
     m.update(_update_metrics(b, actor))
     return {"metrics": m}

@@ -1,0 +1,118 @@
+"""Every rollout split across processes: a 2-process run (2 x 2 CPU devices) of the multi-turn tool
+task, validating before and after training, against the one-process run on 4 devices.
+
+Each process runs its share of the training episodes (whole prompt groups) and of every
+held-out batch; the union of the processes' trajectories is the one-process rollout, none twice;
+the validation metrics and the generations log equal the one-process run's; the packed learner
+plans from all-gathered row spans only (``perf/packing_gather_bytes``: three ``[B]`` int32
+arrays, not the batch's tokens)."""
+
+import glob
+import json
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from launching import REPO, launch, launch_env, metrics
+
+#: The tool task at a small size: 8 prompts x 4 sessions a step, 14 held-out prompts in batches of
+#: 6 (6, 6, 2: blocks of 3 / 3 and 1 / 1 prompts), two sampled sessions each (the uids' random
+#: streams matter), validated before and after training, every held-out row logged, the learner
+#: packed (actor.use_remove_padding=true) on dp4.
+ARGS = ["--mesh=dp4", "--config", "tool_lookup", "data.train_batch_size=8", "rollout.n=4",
+        "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64", "data.embedded.num_test=14",
+        "data.val_batch_size=6", "rollout.val_kwargs.n=2", "rollout.val_kwargs.temperature=1.0",
+        "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.log_val_generations=100",
+        "trainer.total_steps=2", "trace.rollout_dump=true", "actor.use_remove_padding=true"]
+
+#: Not compared: timings, throughput, memory, per-process engine facts (as tests/test_launch.py).
+_SKIP = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/rollout_tokens_per_s", "perf/mfu",
+         "trace/", "memory/", "comm_s/", "perf/step_time_by_process", "perf/slowest_process",
+         "perf/step_time_max_over_min", "perf/batch_bytes", "invariants/", "rollout/slot_occupancy")
+
+
+def _trained_rows(run_dir):
+    """``{(step, uid, session): (prompt ids, response ids)}`` of every process's rollout dumps, the
+    rows' sampling log-probs, and how many times each key was generated."""
+    rows, logp, seen = {}, {}, {}
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "rollouts", "process*", "step*.npz"))):
+        step, z = int(os.path.basename(path)[4:-4]), np.load(path)
+        for i, (uid, session) in enumerate(zip(z["uid"], z["session"])):
+            if z["is_padding"][i]:
+                continue
+            key = (step, str(uid), int(session))
+            seen[key] = seen.get(key, 0) + 1
+            n = int(z["response_length"][i])
+            rows[key] = (z["prompt_ids"][i].tolist(), z["response_ids"][i][:n].tolist())
+            logp[key] = z["rollout_logp"][i][:n]
+    return rows, logp, seen
+
+
+def _val_generations(run_dir):
+    path = os.path.join(str(run_dir), "generations.jsonl")
+    return [json.loads(x) for x in open(path) if x.strip() and json.loads(x)["split"] == "val"]
+
+
+@pytest.mark.slow
+def test_two_processes_split_validation_and_episodes_like_one(tmp_path):
+    one = tmp_path / "one"
+    out = launch("--run-dir", str(one), *ARGS)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2",
+                          "--run-dir", str(tmp_path / "two"), *ARGS],
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=1200)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    topo = json.loads((tmp_path / "two" / "topology.json").read_text())
+    assert topo["process_count"] == 2 and topo["rollout_share"]["prompts_by_process"] == {"0": [0, 4], "1": [4, 8]}
+    assert "note" not in topo["rollout_share"], topo["rollout_share"]  # no "every process runs every episode"
+    assert "rollout across 2 processes: 4 prompt groups each" in two.stdout
+
+    # Training episodes: each process ran its own groups; the union is the one-process rollout.
+    ref, ref_logp, ref_seen = _trained_rows(one)
+    got, got_logp, seen = _trained_rows(tmp_path / "two")
+    assert len(ref) == 2 * 8 * 4 and set(ref_seen.values()) == {1}
+    assert set(seen.values()) == {1}, [k for k, c in seen.items() if c > 1][:4]
+    assert got.keys() == ref.keys()
+    assert all(got[k] == ref[k] for k in ref), [k for k in ref if got[k] != ref[k]][:4]
+    for k in ref:
+        np.testing.assert_allclose(got_logp[k], ref_logp[k], rtol=1e-5, atol=1e-6, err_msg=str(k))
+    for p in (0, 1):
+        uids = set(np.load(tmp_path / "two" / "rollouts" / f"process{p}" / "step2.npz")["uid"].tolist())
+        assert uids == {f"2-{i}" for i in range(4 * p, 4 * p + 4)}, (p, uids)
+
+    # Validation: the held-out rows logged by process 0 are every process's, the one-process rows.
+    val_one, val_two = _val_generations(one), _val_generations(tmp_path / "two")
+    assert len(val_one) == 2 * 14 * 2  # before training and after the last step, every row once
+    assert [(r["step"], r["uid"], r["session"]) for r in val_two] == [(r["step"], r["uid"], r["session"])
+                                                                      for r in val_one]
+    assert val_two == val_one
+
+    # Every metric of every record (validation's, the episodes', the learner's) as one process.
+    a, b = metrics(one), metrics(tmp_path / "two")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    compared = 0
+    for ra, rb in zip(a, b):
+        for key, va in ra.items():
+            if key.startswith(_SKIP) or not isinstance(va, (int, float)):
+                continue
+            assert key in rb, (ra["step"], key)
+            assert math.isclose(va, rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key, va, rb[key])
+            compared += 1
+    assert compared > 60
+    for key in ("val/score/mean", "val/env/tool_call_rate", "val/env/num_turns/mean", "env/tool_calls",
+                "env/num_turns/mean", "perf/learner_padding_frac"):
+        assert sum(key in r for r in b) >= 1, key
+    assert sum("val/score/mean" in r for r in b) == 2
+    # The packed learner planned from the rows' spans: 3 x [32] int32 all-gathered a pass, no tokens.
+    gathered = [r["perf/packing_gather_bytes"] for r in b if "perf/packing_gather_bytes" in r]
+    assert gathered == [3 * 32 * 4] * 2, gathered
+    assert not any("perf/packing_gather_bytes" in r for r in a)
+
+    from rljax.trace.check import run_checks
+
+    results = run_checks(str(tmp_path / "two"))
+    assert not [r for r in results if r[0] == "FAIL"], results
+    assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
