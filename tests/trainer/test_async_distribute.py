@@ -103,12 +103,14 @@ def test_no_file_is_not_applicable(tmp_path):
     assert check_rollout_unique(Run(str(tmp_path)))[0] == NA
 
 
-def test_a_batch_that_does_not_split_over_the_processes_is_a_usage_error(tmp_path, capsys):
+@pytest.mark.parametrize("task", [[], ["--config", "tool_lookup"]], ids=["single-turn", "multi-turn"])
+def test_a_batch_that_does_not_split_over_the_processes_is_a_usage_error(tmp_path, capsys, task):
+    """Multi-turn episodes split over the processes like single-turn rollouts, so the same rule."""
     from rljax.launch import main
 
     run_dir = tmp_path / "run"
     rc = main(["--coordinator", "127.0.0.1:1", "--num-processes", "3", "--process-id", "0", "--run-dir", str(run_dir),
-               "data.train_batch_size=8", "actor.ppo_mini_batch_size=4"])
+               *task, "data.train_batch_size=8", "actor.ppo_mini_batch_size=4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "data.train_batch_size=8 prompts do not split over --num-processes=3" in err[0]
