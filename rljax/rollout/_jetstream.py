@@ -42,6 +42,12 @@ class _LazyTokenUtils(types.ModuleType):
     """
 
     def __getattr__(self, name):
+        # Dunder reads are Python's machinery asking what kind of module this is, not a use of
+        # token_utils: inspect.getmodule (torch registering its custom ops, traceback
+        # formatting) reads ``__file__`` of every module in sys.modules, and loading
+        # TensorFlow there would cost every process that imports torch after JetStream.
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
         real = _real_token_utils()
         return getattr(real, name)
 

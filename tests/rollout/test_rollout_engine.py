@@ -107,6 +107,17 @@ def test_importing_rollout_data_types_does_not_import_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_reading_every_module_file_after_the_engine_api_does_not_import_tensorflow():
+    """inspect.getmodule reads ``__file__`` of every module in sys.modules (torch does it when
+    it registers its custom ops; so does traceback formatting): JetStream's lazy token_utils
+    must not load TensorFlow for it."""
+    code = ("import inspect, sys; from rljax.rollout._jetstream import jetstream_api; jetstream_api(); "
+            "inspect.getmodule(inspect.currentframe()); "
+            "[hasattr(m, '__file__') for m in list(sys.modules.values())]; "
+            "assert 'tensorflow' not in sys.modules, 'tf'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 @pytest.mark.slow  # the engine path is in the default run (test_prefill_insert_generate_loop_...)
 def test_live_length_decode_gives_todays_greedy_tokens():
     """Decode attention that stops at the longest live slot (blocks of 4 here, so most
