@@ -2,6 +2,8 @@
 ``python -m rljax.trace check`` checks pass on it, and each check fails on a run whose files
 were broken in the matching way (exit status 1)."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -30,6 +32,23 @@ def run_dir(small_dp8_run):
 def trace_cli(*args):
     return subprocess.run([sys.executable, "-m", "rljax.trace", *map(str, args)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
+
+
+def trace_main(*args):
+    """``python -m rljax.trace ARGS`` run in this process (its ``main``: the same argument
+    parsing, printed lines and exit status), for the tests of what a check finds in a run's
+    files: a process per call spent ~1.5 s starting Python and importing rljax, 20 of them in
+    the broken-run family. The CLI as a process: test_check_passes_on_the_default_run,
+    test_summary_prints_the_tables, test_usage_errors_exit_2."""
+    from rljax.trace.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's usage errors
+            rc = e.code
+    return subprocess.CompletedProcess(["rljax.trace", *args], rc, out.getvalue(), err.getvalue())
 
 
 def _records(run):
@@ -118,7 +137,7 @@ def test_dfx_bytes_comm_step_time_and_device_ratio(run_dir):
     ratio = json.loads((run_dir / "topology.json").read_text())["placement"]["device_ratio"]
     assert ratio == {"rollout": 8, "learner": 8, "ratio": "1:1", "shared": True,
                      "note": "colocated: the same devices take turns"}, ratio
-    out = trace_cli("summary", run_dir).stdout
+    out = trace_main("summary", run_dir).stdout
     assert "rollout:learner devices 8:8 = 1:1" in out and "== bytes per batch field" in out
     assert "trajectories.response_ids" in out
 
@@ -145,12 +164,12 @@ def test_warnings_are_warn_not_pass_and_strict_fails_them(run_dir, tmp_path):
     s = json.loads((run / "trace_summary.json").read_text())
     s["alerts"] = {"kl_spike": {"count": 2, "severity": "warning", "first_step": 2, "message": "actor/ppo_kl=3 > 10 x"}}
     (run / "trace_summary.json").write_text(json.dumps(s))
-    out = trace_cli("check", run)
+    out = trace_main("check", run)
     warn = [line for line in out.stdout.splitlines() if line.startswith("WARN")]
     assert out.returncode == 0 and len(warn) == 1 and "kl_spike x2" in warn[0], out.stdout
     assert not any(line.startswith("PASS") and "error-severity alerts" in line for line in out.stdout.splitlines())
     assert "1 warned, 0 failed" in out.stdout.splitlines()[-1]
-    strict = trace_cli("check", "--strict", run)
+    strict = trace_main("check", "--strict", run)
     assert strict.returncode == 1 and strict.stdout.splitlines()[-1].startswith("result: FAILED"), strict.stdout
 
 
@@ -159,7 +178,7 @@ def test_cut_last_line_is_reported_as_truncated(run_dir, tmp_path):
     run = _copy(run_dir, tmp_path)
     text = (run / "trace.jsonl").read_text()
     (run / "trace.jsonl").write_text(text[:-40])  # the last record cut mid-way (no newline)
-    out = trace_cli("check", run)
+    out = trace_main("check", run)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL")]
     assert any("record files whole" in f and "trace.jsonl line" in f and "is truncated" in f for f in failed), failed
@@ -173,7 +192,7 @@ def test_mode_comes_from_the_resolved_config(run_dir, tmp_path):
     assert "  mode: sync  # from: default" in cfg
     (run / "config.resolved.yaml").write_text(cfg.replace("  mode: sync  # from: default", "  mode: async  # from: cli"))
     os.remove(run / "trace.jsonl")
-    out = trace_cli("check", run)
+    out = trace_main("check", run)
     lines = out.stdout.splitlines()
     assert out.returncode == 1
     for name in ("trained staleness within tau", "no future weight version trained", "every dropped row counted"):
@@ -203,7 +222,7 @@ def _broken(run_dir, tmp_path, edit):
     recs = _records(run)
     edit(run, recs)
     _write(run, recs)
-    out = trace_cli("check", run)
+    out = trace_main("check", run)
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL")]
     return out.returncode, failed
 
