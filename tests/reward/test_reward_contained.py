@@ -14,22 +14,23 @@ def _cfg(*overrides):
     return resolve("default", list(overrides))[0]
 
 
-@pytest.mark.parametrize("body, why", [
-    ("import os\nos._exit(3)\n", "ended the process with exit code 3"),
-    ("import time\ntime.sleep(600)\n", "did not finish within 3 s (reward.import_timeout_s)"),
+@pytest.mark.parametrize("body, why, timeout", [
+    ("import os\nos._exit(3)\n", "ended the process with exit code 3", 30),
+    # the hang waits out the whole timeout twice (check, then the launch): 1 s, not more
+    ("import time\ntime.sleep(600)\n", "did not finish within 1 s (reward.import_timeout_s)", 1),
 ])
-def test_a_plugin_that_exits_or_hangs_at_import_is_one_line(tmp_path, body, why):
+def test_a_plugin_that_exits_or_hangs_at_import_is_one_line(tmp_path, body, why, timeout):
     """Issue 28 (4): os._exit(3) at import ended the launcher with exit 3 and no output; a hang
     at import hung it forever."""
     plugin = tmp_path / "bad.py"
     plugin.write_text(body + "def reward(response, answer, **kw):\n    return 1.0\n")
-    cfg = _cfg(f"reward.function={plugin}:reward", "reward.import_timeout_s=3")
+    cfg = _cfg(f"reward.function={plugin}:reward", f"reward.import_timeout_s={timeout}")
     t0 = time.monotonic()
     with pytest.raises(ConfigError) as e:
         check(cfg)
     assert why in str(e.value) and "\n" not in str(e.value) and time.monotonic() - t0 < 60
-    out = launch("--run-dir", str(tmp_path / "run"), f"reward.function={plugin}:reward", "reward.import_timeout_s=3",
-                 timeout=120)
+    out = launch("--run-dir", str(tmp_path / "run"), f"reward.function={plugin}:reward",
+                 f"reward.import_timeout_s={timeout}", timeout=120)
     assert out.returncode == 2 and why in out.stderr and out.stderr.count("\n") == 1, out.stderr[-2000:]
     assert not (tmp_path / "run").exists()
 
