@@ -109,7 +109,10 @@ def test_update_moves_towards_higher_advantage(model):
     assert float(delta) > 0
 
 
-@pytest.mark.parametrize("spec,micro", [("dp2,tp2,sp2", 4), ("dp8", 8)])
+# dp2,tp2,sp2 (every axis sharded) in the default run; dp8 with the slow tests (the default run
+# still runs the dp8 model forward and gradient against one device, test_models.py
+# test_mesh_invariance[dp8], and the whole dp8 step in test_launch.py test_smoke_dp8's run).
+@pytest.mark.parametrize("spec,micro", [("dp2,tp2,sp2", 4), pytest.param("dp8", 8, marks=pytest.mark.slow)])
 def test_mesh_gives_the_same_update(model, devices, spec, micro):
     graphdef, params = model
     batch = _batch(4, 8, graphdef, params)
