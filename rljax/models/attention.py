@@ -231,9 +231,11 @@ def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size:
     ``q.k`` and ``p.v`` are batched dots over ``(slot, head)`` that read the cache in place
     (the ``[S,M,K,D]`` layout needs a transposed copy of every block it reads). Per step it
     reads either the whole cache in place or, when the longest live query (over ``live [S]``
-    when given) needs less than half of it, only the blocks of ``block_size`` up to that
-    query, in a loop (each block a strided copy). Equals :func:`dense_attention` over the
-    whole cache to float rounding; the softmax is float32.
+    when given) needs less than half of it, only the keys up to that query, in a loop: the
+    whole blocks of ``block_size`` below it, then the rest in blocks of ``block_size // 8``
+    (each block a strided copy; on CPU the reads are bound by memory bandwidth, so the finer
+    tail reads up to ``7/8`` of a block less). Equals :func:`dense_attention` over the whole
+    cache to float rounding; the softmax is float32.
     """
     s, tn, n, d = q.shape
     kh, m = cache_k.shape[1], cache_k.shape[2]
@@ -259,32 +261,41 @@ def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size:
         return l_run, acc
 
     block = min(block_size, m)
+    tail = max(block // 8, 1)
     bound = q_index if live is None else jnp.where(live[:, None], q_index, 0)
-    num_blocks = (jnp.max(bound) + block) // block
+    end = jnp.max(bound) + 1  # keys [0, end) are read
+    whole_blocks = end // block
+    tail_start = whole_blocks * block
+    tail_blocks = (end - tail_start + tail - 1) // tail
 
     def blocked(_):
         base = jnp.zeros((s, kh, g * tn), jnp.float32)
 
-        def body(i, carry):
-            m_run, l_run, acc = carry
-            start = i * block  # < m / 2: blocks never reach the end of the cache here
-            kc = jax.lax.dynamic_slice_in_dim(cache_k, start, block, axis=2)
-            vc = jax.lax.dynamic_slice_in_dim(cache_v, start, block, axis=2)
-            sc, k_index = scores(kc, start)
-            sc = jnp.where(k_index[None, None, None, :] <= q_idx[..., None], sc, -jnp.inf)
-            m_new = jnp.maximum(m_run, sc.max(-1))
-            p = jnp.exp(sc - m_new[..., None])
-            corr = jnp.exp(m_run - m_new)
-            pv = jnp.einsum("skqm,skmd->skqd", p.astype(q.dtype), cast(vc), preferred_element_type=jnp.float32)
-            return m_new, l_run * corr + p.sum(-1), acc * corr[..., None] + pv
+        def body(size, first):
+            def step(i, carry):
+                m_run, l_run, acc = carry
+                start = first + i * size  # < m / 2: blocks never reach the end of the cache here
+                kc = jax.lax.dynamic_slice_in_dim(cache_k, start, size, axis=2)
+                vc = jax.lax.dynamic_slice_in_dim(cache_v, start, size, axis=2)
+                sc, k_index = scores(kc, start)
+                sc = jnp.where(k_index[None, None, None, :] <= q_idx[..., None], sc, -jnp.inf)
+                m_new = jnp.maximum(m_run, sc.max(-1))
+                p = jnp.exp(sc - m_new[..., None])
+                corr = jnp.exp(m_run - m_new)
+                pv = jnp.einsum("skqm,skmd->skqd", p.astype(q.dtype), cast(vc), preferred_element_type=jnp.float32)
+                return m_new, l_run * corr + p.sum(-1), acc * corr[..., None] + pv
 
-        _, l_run, acc = jax.lax.fori_loop(0, num_blocks, body, (base + _NEG, base, jnp.zeros((s, kh, g * tn, d), jnp.float32)))
+            return step
+
+        carry = (base + _NEG, base, jnp.zeros((s, kh, g * tn, d), jnp.float32))
+        carry = jax.lax.fori_loop(0, whole_blocks, body(block, 0), carry)
+        _, l_run, acc = jax.lax.fori_loop(0, tail_blocks, body(tail, tail_start), carry)
         return l_run, acc
 
     if m <= block:
         l_run, acc = whole(None)
     else:  # a block is copied, then read: worth it while the live blocks are under half the cache
-        l_run, acc = jax.lax.cond(2 * num_blocks * block < m, blocked, whole, None)
+        l_run, acc = jax.lax.cond(2 * (tail_start + tail_blocks * tail) < m, blocked, whole, None)
     out = jnp.where(l_run[..., None] > 0, acc / jnp.maximum(l_run, 1e-30)[..., None], 0.0)
     out = out.reshape(s, kh, g, tn, d).transpose(0, 3, 1, 2, 4)  # [S,Tn,K,G,D]
     return out.reshape(s, tn, n, d).astype(q.dtype)

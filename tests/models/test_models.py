@@ -466,7 +466,8 @@ def test_live_decode_attention_equals_dense_over_the_whole_cache():
 
 def test_slot_cache_attention_equals_dense_whole_cache_or_live_blocks():
     """The engine's per-layer ``[S,K,M,D]`` cache: read whole in place, or (live blocks under half
-    the cache) block by block. Both equal dense attention."""
+    the cache) block by block, the last keys in blocks of ``block_size // 8``. Both equal dense
+    attention."""
     s, m, n, kh, d, tn = 4, 21, 4, 2, 8, 2
     ks = jax.random.split(jax.random.key(4), 3)
     ck = jax.random.normal(ks[0], (s, kh, m, d))
@@ -481,8 +482,18 @@ def test_slot_cache_attention_equals_dense_whole_cache_or_live_blocks():
         dense = models.dense_attention(q, sm(ck), sm(cv), q_index, k_index, jnp.ones((s, m), bool))
         for block in (2, 4, 5, 256):
             assert rel_err(attend(q, ck, cv, q_index, block_size=block), dense) < 1e-6, (index, block)
+    # a longer cache, blocks of 16 then tail blocks of 2; the live keys end on a tail block's end,
+    # on a block boundary, inside the first block, inside a tail block
+    m = 70
+    ck = jax.random.normal(ks[0], (s, kh, m, d))
+    cv = jax.random.normal(ks[1], (s, kh, m, d))
+    k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
+    for index in ([0, 18, 9, 4], [30, 2, 14, 7], [5, 12, 1, 3], [30, 31, 20, 0]):
+        q_index = jnp.array(index)[:, None] + jnp.arange(tn)
+        dense = models.dense_attention(q, sm(ck), sm(cv), q_index, k_index, jnp.ones((s, m), bool))
+        assert rel_err(attend(q, ck, cv, q_index, block_size=16), dense) < 1e-6, index
     mask = jnp.array([True, False, True, False])  # only live slots bound the blocks read
-    q_index = jnp.array([[3], [20], [2], [20]])
+    q_index = jnp.array([[3], [60], [2], [60]])
     out = attend(q[:, :1], ck, cv, q_index, live=mask, block_size=4)
     dense = models.dense_attention(q[:, :1], sm(ck), sm(cv), q_index, k_index, jnp.ones((s, m), bool))
     assert rel_err(out[mask], dense[mask]) < 1e-6 and bool(jnp.all(jnp.isfinite(out)))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rljax.rollout import DecodeParams, sample_tokens, trajectory_key, trajectory_keys, truncate_logits
+from rljax.rollout.sampling import first_argmax
 
 
 def _logits(seed=0, rows=4, vocab=16):
@@ -68,6 +69,23 @@ def test_greedy_is_argmax_and_records_untempered_logp():
     tok, logp = sample_tokens(x, keys, temperature=0.0, top_k=0, top_p=1.0)
     np.testing.assert_array_equal(tok, jnp.argmax(x, -1))
     np.testing.assert_allclose(logp, jnp.max(jax.nn.log_softmax(x), -1), rtol=0, atol=1e-6)
+
+
+def test_first_argmax_is_jnp_argmax_with_ties_infinities_and_nans():
+    """The sampler's two-reduction argmax picks what ``jnp.argmax`` picks: the first maximum,
+    the first NaN of a row holding one (also after a larger finite value), index 0 of an all
+    ``-inf`` row."""
+    x = np.array(_logits(rows=9, vocab=64))
+    x[1, [7, 40]] = 1e9  # a tie: the first
+    x[2] = -np.inf
+    x[3, [5, 9]] = np.inf
+    x[4, [30, 12]] = np.nan
+    x[5, 3], x[5, 50] = 1e30, np.nan  # the NaN wins, as in jnp.argmax
+    x[6] = np.nan
+    x[7, 63] = 1e9  # the last column
+    got, want = jax.jit(first_argmax)(jnp.asarray(x)), jnp.argmax(jnp.asarray(x), -1)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == jnp.int32 and list(np.asarray(got)[1:8]) == [7, 0, 5, 12, 50, 0, 63]
 
 
 def test_samples_follow_the_tempered_truncated_distribution():
