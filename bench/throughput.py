@@ -12,7 +12,9 @@ Columns: median wall time of the compiled step, temporary bytes of the compiled 
 (``memory_analysis()``), the fraction of processed token slots that are padding, and the
 number of distinct programs a run of ``--plan-steps`` batches from the same distribution
 would compile (the packed shapes are bucketed). Decode: tokens/s of the engine's
-device-side decode loop with every slot at 10%, 50% and 100% of the cache capacity,
+device-side decode loop (``generate_chunk`` with the layer weights sliced once, as the rollout
+driver decodes; ``--slice-per-chunk``: sliced by every chunk, as this bench timed before
+2 Dec 2026) with every slot at 10%, 50% and 100% of the cache capacity,
 attending over the whole cache (``dense``) or up to the live length (``live``), timed in
 interleaved rounds, per wall second and per second of this process's CPU time, and whether
 both sampled the same greedy tokens from one random cache.
@@ -211,6 +213,8 @@ def decode_rows(config, args):
         eng = RljaxEngine(config, num_slots=s, max_prefill_length=args.max_prompt,
                           max_decode_length=args.max_response, decode_attention=mode)
         p = eng.load_params(params)
+        # as the rollout driver decodes: each layer's weights sliced once per weight version, not per chunk
+        layers = None if args.slice_per_chunk else eng.decode_layers(p)
         for fill in (0.1, 0.5, 1.0):
             index = min(int(fill * cap), cap - args.decode_steps - 1)
             state = eng.init_decode_state(DecodeParams(temperature=0.0, max_new_tokens=args.max_response, eos_ids=()))
@@ -221,10 +225,10 @@ def decode_rows(config, args):
                                   done=jnp.zeros((s,), bool), step=jnp.ones((s,), jnp.int32))
             box = [state]
 
-            def run(box=box, index=index, eng=eng, p=p):
+            def run(box=box, index=index, eng=eng, p=p, layers=layers):
                 st = box[0].replace(index=jnp.full((s,), index, jnp.int32), step=jnp.ones((s,), jnp.int32),
                                     done=jnp.zeros((s,), bool), tokens=jnp.arange(s, dtype=jnp.int32))
-                box[0], steps = eng.generate_chunk(p, st, num_steps=args.decode_steps)
+                box[0], steps = eng.generate_chunk(p, st, num_steps=args.decode_steps, layers=layers)
                 return box[0].out_tokens
 
             for _ in range(2):  # compile, and compile again if the donated state comes back in another layout
@@ -262,6 +266,9 @@ def main():
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--skip-update", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--slice-per-chunk", action="store_true",
+                    help="decode chunks slice the layer weights themselves, every chunk (the driver slices once per "
+                         "weight version; before 2 Dec the bench timed this)")
     ap.add_argument("--half-budget", action="store_true", help="also packed+budget+balance at --token-budget / 2")
     ap.add_argument("--skip-logprob", action="store_true", help="no old-log-prob pass rows")
     args = ap.parse_args()
