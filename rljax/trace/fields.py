@@ -16,6 +16,19 @@ import jax
 import numpy as np
 
 
+# The batch data contract's field kinds (docs/concepts/batch-contract.md): how a summary reads a field.
+#: ``[B, T]`` fields (response positions): their trailing dim is the response length.
+RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "token_version", "old_logp", "entropy",
+                   "ref_logp", "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
+#: ``[B, S+T]`` fields of the learner layout.
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
+#: Masks: their own mask sums are reported.
+MASK_FIELDS = ("prompt_mask", "response_mask", "loss_mask", "sampler_loss_mask", "attention_mask")
+#: Fields whose traced rows' values are summarised (row means under the mask).
+VALUE_FIELDS = ("scores", "rm_scores", "judge_scores", "function_scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
+                "token_level_rewards", "rollout_is_weights")
+
+
 def _is_device_array(x) -> bool:
     return isinstance(x, jax.Array)
 

@@ -40,7 +40,7 @@ from rljax.sharding import to_host
 from rljax.trace import alerts as A
 from rljax.trace._io import append_lines, write_atomic
 from rljax.trace.facts import GroupView
-from rljax.trace.fields import host_rows, summarize
+from rljax.trace.fields import MASK_FIELDS, RESPONSE_FIELDS, SEQUENCE_FIELDS, VALUE_FIELDS, host_rows, summarize
 from rljax.trace.groups import choose_groups  # noqa: F401 -- re-exported (rljax.trace.choose_groups)
 from rljax.config import load_resolved, to_flat_dict
 from rljax.trace import faults, invariants as I
@@ -48,16 +48,6 @@ from rljax.trace.ledger import LedgerInput, write_ledgers
 
 log = logging.getLogger("rljax.trace")
 
-#: ``[B, T]`` fields (response positions): their trailing dim is the response length.
-RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "token_version", "old_logp", "entropy",
-                   "ref_logp", "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
-#: ``[B, S+T]`` fields of the learner layout.
-SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
-#: Masks: their own mask sums are reported.
-MASK_FIELDS = ("prompt_mask", "response_mask", "loss_mask", "sampler_loss_mask", "attention_mask")
-#: Fields whose traced rows' values are summarised (row means under the mask).
-VALUE_FIELDS = ("scores", "rm_scores", "judge_scores", "function_scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
-                "token_level_rewards", "rollout_is_weights")
 #: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
 KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
               "data.filter_overlong_prompts", "data.truncation", "algorithm.adv_estimator",
@@ -303,7 +293,7 @@ class Tracer:
         loss_mask = fields.get("loss_mask")
         row_sum_mask = loss_mask if loss_mask is not None and loss_mask.shape[0] == B else None
         scored = fields.get("scored_rows")
-        adv = next((ev for ev in events if ev.stage == "advantages" and "scores" in ev.reads), None)
+        adv = next((ev for ev in events if "scores" in ev.reads and "advantages" in ev.writes), None)  # scores -> advantages
         scores = adv.reads["scores"] if scored is not None and adv is not None else None
         on_device = scores is not None and tuple(scores.shape) == (B,) and not isinstance(scores, np.ndarray)
         roles = getattr(traj, "roles", None)
@@ -393,10 +383,10 @@ class Tracer:
         out["perf/batch_bytes"] = total
         comm = {}
         for ev in events:
-            if ev.stage == "weight_sync" and ev.writes.get("weight_sync_s") is not None:
+            if ev.writes.get("weight_sync_s") is not None:  # the weight push the stage timed
                 comm["weight_push"] = float(ev.writes["weight_sync_s"])
-            if ev.stage == "gather_rollout":
-                comm["gather_rollout"] = ev.t_end - ev.t_start
+            if ev.comm:  # a stage that is one communication (Stage.comm): all of its time
+                comm[ev.stage] = ev.t_end - ev.t_start
         step_s = float(metrics.get("timing_s/step") or (time.perf_counter() - self._t0))
         t = time.perf_counter()
         by_process = _gather_step_times(step_s)

@@ -78,6 +78,8 @@ class Stage:
       reads: the batch fields the stage may read (optional ones included).
       writes: the batch fields it may write (a subset each step).
       facts: ``facts(event, view) -> dict`` for the trace (see the module docstring), or None.
+      comm: the stage is one communication the run issues (the rollout gather): the trace
+        counts its whole time as ``comm_s/<name>``.
     """
 
     name: str
@@ -87,6 +89,7 @@ class Stage:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     facts: Optional[Callable[..., dict]] = None
+    comm: bool = False
 
     def __post_init__(self):
         for what in ("reads", "writes"):
@@ -113,6 +116,7 @@ class StageEvent:
     t_start: float  # time.perf_counter()
     t_end: float
     facts: Optional[Callable[..., dict]] = None  # the stage's facts(event, view) for the trace
+    comm: bool = False  # the stage is one communication (Stage.comm)
 
 
 @dataclasses.dataclass
@@ -250,7 +254,7 @@ class StepRunner:
             batch.update(out)
             event = StageEvent(step=step, stage=stage.name, reads={k: batch[k] for k in view.read}, writes=out,
                                producers={k: producers[k] for k in (*view.read, *out)}, aliases=aliases,
-                               t_start=t_start, t_end=t_end, facts=stage.facts)
+                               t_start=t_start, t_end=t_end, facts=stage.facts, comm=stage.comm)
             emit(event)
             del event, view, out
         return state

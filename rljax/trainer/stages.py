@@ -202,10 +202,10 @@ def actor_reads(s: Services) -> tuple[str, ...]:
 
 
 def stage(s: Services, name: str, fn: Callable, timing: str, *, updates_state: bool = False,
-          facts: Optional[Callable] = None, reads: Optional[tuple] = None) -> Stage:
+          facts: Optional[Callable] = None, reads: Optional[tuple] = None, comm: bool = False) -> Stage:
     """The stage ``name`` over ``fn(s, [state,] batch)``, with its declared fields and facts."""
     return Stage(name, functools.partial(fn, s), timing, updates_state=updates_state,
-                 reads=READS[name] if reads is None else reads, writes=WRITES[name], facts=facts)
+                 reads=READS[name] if reads is None else reads, writes=WRITES[name], facts=facts, comm=comm)
 
 
 def sync_stages(s: Services, *, on_chunk: Optional[Callable] = None) -> list[Stage]:
@@ -231,7 +231,7 @@ def sync_stages(s: Services, *, on_chunk: Optional[Callable] = None) -> list[Sta
                             facts=reward_judge_facts))
     stages.append(stage(s, "reward", reward_fn, "reward", facts=reward_facts))
     if s.rollout.share.processes > 1:  # the whole batch's row facts and reward report, on the learner side
-        stages.append(stage(s, "gather_rollout", gather_rollout, "gather_rollout"))
+        stages.append(stage(s, "gather_rollout", gather_rollout, "gather_rollout", comm=True))
     if not cfg.algorithm.bypass_mode and not learner.old_logp_in_update:
         stages.append(stage(s, "old_log_prob", old_log_prob, "old_log_prob", updates_state=True))
     if learner.ref_params is not None or learner.ref_is_base:

@@ -3,6 +3,7 @@ provoked, the shard-reading field summaries, deterministic group choice."""
 
 import functools
 import json
+import time
 import types
 
 import jax
@@ -47,11 +48,13 @@ class _Traj(types.SimpleNamespace):
         return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
 
 
-def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, bypass=False, in_update=False, bugs=()):
+def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, bypass=False, in_update=False, bugs=(),
+            gather=False):
     """Synthetic stages of one step (the runner's real protocol, no model): each produces the
     fields the trainer's stage of the same name produces. ``bugs`` provokes one defect each.
     ``in_update``: no old_log_prob stage, the update writes its own old_logp
-    (``actor.skip_old_log_prob``)."""
+    (``actor.skip_old_log_prob``). ``gather``: a communication stage after the reward (as
+    ``gather_rollout`` on several processes), declared ``comm=True`` by its ``Stage``."""
     from rljax.config import derive
     from rljax.trainer import stages as ST
     from rljax.trainer.runner import Stage
@@ -132,6 +135,8 @@ def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, by
               stage("rollout_sessions", lambda b: {"trajectories": traj}, functools.partial(ST.rollout_facts, n=N)),
               stage("trajectory_fields", trajectory_fields, ST.trajectory_fields_facts),
               stage("reward", reward, ST.reward_facts)]
+    if gather:
+        stages.append(Stage("gather_rollout", lambda b: (time.sleep(0.01), {})[1], comm=True))
     if (not bypass or "bypass" in bugs) and not in_update:
         stages.append(stage("old_log_prob", old_log_prob))
     stages += [stage("advantages", advantages, functools.partial(ST.advantages_facts, estimator="grpo"),
@@ -145,7 +150,7 @@ def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, by
 
 
 def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metrics=None, memory=None, pad=0,
-          leak=False, bugs=(), steps=1, in_update=None):
+          leak=False, bugs=(), steps=1, in_update=None, gather=False):
     from rljax.config import write_resolved
     from rljax.trainer.runner import StepRunner
 
@@ -166,12 +171,24 @@ def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metric
     rows = B + pad
     in_update = in_update if in_update is not None else cfg.actor.skip_old_log_prob != "false"
     stages, kept = _stages(tmp_path, traj, mesh, cfg, old_logp_shape=old_logp_shape or (rows, T), attention=attention,
-                           metrics=metrics, bypass=cfg.algorithm.bypass_mode, in_update=in_update, bugs=bugs)
+                           metrics=metrics, bypass=cfg.algorithm.bypass_mode, in_update=in_update, bugs=bugs,
+                           gather=gather)
     runner = StepRunner(stages, [tracer])
     out = {}
     for step in range(1, steps + 1):
         out, _ = runner.run(step, {"step": step})
     return tracer, out
+
+
+def test_communication_is_what_the_stages_declare(tmp_path):
+    """comm_s/*: the weight push a stage times in its weight_sync_s field, and the whole time of a
+    stage declared as one communication (Stage(comm=True): gather_rollout on several processes);
+    the tracer names no stage for it."""
+    _, out = _step(tmp_path / "gather", gather=True)
+    assert out["comm_s/gather_rollout"] >= 0.01 and out["comm_s/weight_push"] == 0.0, out
+    assert out["timing_s/comm"] == pytest.approx(out["comm_s/gather_rollout"] + out["comm_s/weight_push"])
+    _, out = _step(tmp_path / "plain")
+    assert not any(k.startswith("comm_s/gather") for k in out) and "comm_s/weight_push" in out
 
 
 def _records(tmp_path):
