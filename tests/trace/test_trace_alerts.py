@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.config import resolve
+from rljax.rollout.trajectory import Trajectories
 from rljax.sharding import batch_shardings, make_mesh
 from rljax.trace import Tracer, choose_groups, faults
 from rljax.trace import alerts as A
@@ -33,6 +34,7 @@ def _traj(pad=0, leak=False):
         prompt_ids=rng.integers(1, 9, (rows, S)).astype(np.int32), prompt_mask=~is_padding[:, None].repeat(S, 1),
         response_ids=rng.integers(1, 9, (rows, T)).astype(np.int32), response_mask=response_mask,
         loss_mask=response_mask.copy(), rollout_logp=-np.ones((rows, T), np.float32) * response_mask,
+        token_version=np.where(response_mask, 0, -1).astype(np.int32),  # every token sampled at version 0
         prompt_length=np.where(is_padding, 0, S).astype(np.int32), response_length=resp_len.astype(np.int32),
         truncated=resp_len == T, group_id=np.where(is_padding, 0, np.arange(rows) // N),
         min_version=np.zeros(rows, np.int32), max_version=np.zeros(rows, np.int32), is_padding=is_padding,
@@ -46,6 +48,8 @@ def _traj(pad=0, leak=False):
 class _Traj(types.SimpleNamespace):
     def arrays(self):
         return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
+
+    version_spans = Trajectories.version_spans  # the sampler's spans of token_version
 
 
 def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, bypass=False, in_update=False, bugs=(),
