@@ -65,8 +65,9 @@ def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None):
 
 def _section(cls, doc: str, *, switch: Optional[tuple[str, str]] = None):
     """A nested section. ``switch=(key, what)``: the section's feature (``what``, e.g. "the judge")
-    is off while its field ``key`` is null / false / 0, and then none of its other keys may differ
-    from their defaults (a usage error, :func:`rljax.config._validate.check_switched_off`)."""
+    is off while its field ``key`` (or, dotted, the key of that full name elsewhere) is null /
+    false / 0, and then none of its other keys may differ from their defaults (a usage error,
+    :func:`rljax.config._validate.check_switched_off`)."""
     meta = {"doc": doc} if switch is None else {"doc": doc, "switch": switch}
     return dataclasses.field(default_factory=cls, metadata=meta)
 
@@ -162,7 +163,8 @@ class AlgorithmConfig:
     kl_penalty: Literal[KL_LOSS_TYPES] = _f(
         "kl", "KL estimator of the in-reward penalty"
     )
-    kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward controller")
+    kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward controller",
+                                        switch=("algorithm.use_kl_in_reward", "the KL penalty in the reward"))
     gamma: float = _f(1.0, "discount factor (gae, reinforce_plus_plus)", ge=0.0, le=1.0)
     lam: float = _f(1.0, "GAE lambda", ge=0.0, le=1.0)
     bypass_mode: bool = _f(

@@ -165,14 +165,15 @@ def validate(config) -> None:
 
 def switched_sections(config, prefix: str = "") -> list[tuple[str, str, str, object]]:
     """Every section with an on/off switch (``_section(..., switch=(key, what))`` in the schema),
-    as ``(dotted section, switch key, what it turns on, the section's value)``."""
+    as ``(dotted section, the switch's full key, what it turns on, the section's value)``."""
     out = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if not dataclasses.is_dataclass(value):
             continue
         if "switch" in f.metadata:
-            out.append((prefix + f.name, *f.metadata["switch"], value))
+            key, what = f.metadata["switch"]
+            out.append((prefix + f.name, key if "." in key else f"{prefix}{f.name}.{key}", what, value))
         out.extend(switched_sections(value, prefix + f.name + "."))
     return out
 
@@ -186,16 +187,18 @@ def check_switched_off(config) -> None:
       ConfigError: one line naming the keys set, the switch and how to turn the feature on.
     """
     for section, switch, what, value in switched_sections(config):
-        on = getattr(value, switch)
+        on = config
+        for part in switch.split("."):
+            on = getattr(on, part)
         if on:
             continue
         default = type(value)()
         changed = [f"{section}.{f.name}={_shown(getattr(value, f.name))}" for f in dataclasses.fields(value)
-                   if f.name != switch and getattr(value, f.name) != getattr(default, f.name)]
+                   if f"{section}.{f.name}" != switch and getattr(value, f.name) != getattr(default, f.name)]
         if changed:
             raise ConfigError(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} set, but "
-                              f"{section}.{switch}={_shown(on)} turns {what} off, so nothing would read "
-                              f"{'it' if len(changed) == 1 else 'them'}; accepted: set {section}.{switch} as well, "
+                              f"{switch}={_shown(on)} turns {what} off, so nothing would read "
+                              f"{'it' if len(changed) == 1 else 'them'}; accepted: set {switch} as well, "
                               f"or leave {section}.* at the defaults")
 
 

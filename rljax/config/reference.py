@@ -175,9 +175,10 @@ def render() -> str:
         lines += [f"## `{section}`", "", _cell(doc[:1].upper() + doc[1:]) + ".", ""]
         if switch is not None:
             key, what = switch
-            lines += [f"Off while `{section}.{key}` is {_off_text(specs[f'{section}.{key}'].default)}: then setting "
+            key = key if "." in key else f"{section}.{key}"
+            lines += [f"Off while `{key}` is {_off_text(specs[key].default)}: then setting "
                       f"any other key of this section is a usage error (nothing would read it; set "
-                      f"`{section}.{key}` to use {what}).", ""]
+                      f"`{key}` to use {what}).", ""]
         lines += ["| key | type | default | bounds | verl | description |", "|---|---|---|---|---|---|"]
         for s in keys:
             verl = VERL_NAMES.get(s.key, "")

@@ -96,6 +96,7 @@ def test_yaml_scalar_semantics_of_overrides():
             "actor.optim.betas=[0.9,0.95]",
             "actor.grad_clip=null",
             "model.remat=true",
+            "algorithm.use_kl_in_reward=true",  # kl_ctrl.* are read only with it
             "algorithm.kl_ctrl.kl_coef=0",  # int into a float field
             "model.name=qwen2.5-0.5b",
             "model.tokenizer=char",

@@ -14,10 +14,12 @@ from rljax.config._validate import switched_sections
 
 #: The sections with a switch: a section given one later is listed here too (the test below
 #: fails until it is), so its off-state is exercised for every key.
-EXPECTED = {"algorithm.filter_groups": "enable", "actor.lora": "rank",
-            "reward.reward_kwargs.overlong_buffer_cfg": "enable", "reward.model": "path", "reward.judge": "path"}
+EXPECTED = {"algorithm.filter_groups": "algorithm.filter_groups.enable", "actor.lora": "actor.lora.rank",
+            "reward.reward_kwargs.overlong_buffer_cfg": "reward.reward_kwargs.overlong_buffer_cfg.enable",
+            "reward.model": "reward.model.path", "reward.judge": "reward.judge.path",
+            "algorithm.kl_ctrl": "algorithm.use_kl_in_reward"}
 #: What turns each switch on at resolve time (the packages' own checks of the value come later).
-ON = {"enable": "true", "rank": "4", "path": "ref"}
+ON = {"enable": "true", "rank": "4", "path": "ref", "use_kl_in_reward": "true"}
 
 
 def _other_value(tp, default):
@@ -44,7 +46,7 @@ def _cases():
     for section, switch, _, value in switched_sections(Config()):
         hints = typing.get_type_hints(type(value))
         for f in dataclasses.fields(value):
-            if f.name != switch:
+            if f"{section}.{f.name}" != switch:
                 yield pytest.param(section, switch, f.name, _other_value(hints[f.name], getattr(value, f.name)),
                                    id=f"{section}.{f.name}")
 
@@ -61,9 +63,9 @@ def test_a_key_of_a_switched_off_section_is_a_usage_error(section, switch, name,
     with pytest.raises(ConfigError) as e:
         resolve("default", [f"{key}={value}"])
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"{key}=") and f"{section}.{switch}=" in msg, msg
+    assert "\n" not in msg and msg.startswith(f"{key}=") and f"{switch}=" in msg, msg
     # the same key with the feature on passes resolve and is applied (the package checks its value later)
-    cfg, _ = resolve("default", [f"{key}={value}", f"{section}.{switch}={ON[switch]}"])
+    cfg, _ = resolve("default", [f"{key}={value}", f"{switch}={ON[switch.rsplit('.', 1)[1]]}"])
     default, _ = resolve("default", [])
     for part in key.split("."):
         cfg, default = getattr(cfg, part), getattr(default, part)
