@@ -56,8 +56,13 @@ FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 REWARD_BUILTINS = ("auto", "embedded", "gsm8k", "exact_match")
 
 
-def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None):
+def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None, needs: tuple[str, ...] = ()):
+    """A leaf key. ``needs``: full keys of which at least one must be set (not null / false / 0)
+    for the run to read this one; set to a non-default without them it is a usage error
+    (:func:`rljax.config._validate.check_switched_off`)."""
     meta = {"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le}
+    if needs:
+        meta["needs"] = tuple(needs)
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -327,9 +332,11 @@ class RewardJudgeConfig:
 class RewardCombineConfig:
     function_weight: float = _f(1.0, "with reward.model.path or reward.judge.path: weight of reward.function's score "
                                      "in the step's reward (0: the learned rewards alone; the rule reward is still "
-                                     "logged and validated)")
-    model_weight: float = _f(1.0, "with reward.model.path: weight of the reward model's score in the step's reward")
-    judge_weight: float = _f(1.0, "with reward.judge.path: weight of the judge's parsed verdict in the step's reward")
+                                     "logged and validated)", needs=("reward.model.path", "reward.judge.path"))
+    model_weight: float = _f(1.0, "with reward.model.path: weight of the reward model's score in the step's reward",
+                             needs=("reward.model.path",))
+    judge_weight: float = _f(1.0, "with reward.judge.path: weight of the judge's parsed verdict in the step's reward",
+                             needs=("reward.judge.path",))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -180,16 +180,14 @@ def switched_sections(config, prefix: str = "") -> list[tuple[str, str, str, obj
 
 def check_switched_off(config) -> None:
     """A section whose feature is off (its switch null / false / 0) has every other key at its
-    default: a key set there would be ignored and the run would train without what was asked
+    default, and a key that needs another (``needs``) keeps its default without it: a key set there would be ignored and the run would train without what was asked
     (``reward.judge.prompt_template=...`` with no ``reward.judge.path``).
 
     Raises:
       ConfigError: one line naming the keys set, the switch and how to turn the feature on.
     """
     for section, switch, what, value in switched_sections(config):
-        on = config
-        for part in switch.split("."):
-            on = getattr(on, part)
+        on = _get(config, switch)
         if on:
             continue
         default = type(value)()
@@ -200,6 +198,30 @@ def check_switched_off(config) -> None:
                               f"{switch}={_shown(on)} turns {what} off, so nothing would read "
                               f"{'it' if len(changed) == 1 else 'them'}; accepted: set {switch} as well, "
                               f"or leave {section}.* at the defaults")
+    for key, needs, value, default in needing_keys(config):
+        if value != default and not any(_get(config, k) for k in needs):
+            off = " and ".join(f"{k}={_shown(_get(config, k))}" for k in needs)
+            raise ConfigError(f"{key}={_shown(value)} is set, but {off}, so nothing would read it; accepted: set "
+                              f"{' or '.join(needs)} as well, or leave {key} at its default {_shown(default)}")
+
+
+def needing_keys(config, prefix: str = "") -> list[tuple[str, tuple, object, object]]:
+    """Every leaf key read only when another is set (``_f(..., needs=(...))`` in the schema), as
+    ``(full key, the keys it needs, its value, its default)``."""
+    out = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.extend(needing_keys(value, prefix + f.name + "."))
+        elif "needs" in f.metadata:
+            out.append((prefix + f.name, f.metadata["needs"], value, getattr(type(config)(), f.name)))
+    return out
+
+
+def _get(config, key: str):
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
 
 
 def _shown(v) -> str:

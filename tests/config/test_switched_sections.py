@@ -1,4 +1,5 @@
-"""A section whose feature is off keeps its other keys at their defaults: ``reward.judge.*`` set
+"""A section whose feature is off keeps its other keys at their defaults (and a key that needs
+another, ``reward.combine.model_weight`` without ``reward.model.path``, its default): ``reward.judge.*`` set
 without ``reward.judge.path`` (and the same for every section the schema gives a switch:
 ``_section(..., switch=(key, what))``) is one ConfigError line from ``resolve``, naming the keys
 set and the switch, where before the run ignored them and trained (exit 0). The launcher's exit 2
@@ -83,3 +84,35 @@ def test_presets_and_their_defaults_pass():
     resolve("default", [])
     resolve("tool_lookup", [])
     resolve("default", ["reward.judge.path=ref", "reward.judge.temperature=0.5"])
+
+
+#: The keys read only when another is set (``_f(..., needs=...)``): at least one of these.
+EXPECTED_NEEDS = {"reward.combine.function_weight": ("reward.model.path", "reward.judge.path"),
+                  "reward.combine.model_weight": ("reward.model.path",),
+                  "reward.combine.judge_weight": ("reward.judge.path",)}
+
+
+def test_the_needing_keys_are_the_listed_ones():
+    from rljax.config._validate import needing_keys
+
+    assert {k: n for k, n, _, _ in needing_keys(Config())} == EXPECTED_NEEDS
+
+
+@pytest.mark.parametrize("key", sorted(EXPECTED_NEEDS))
+def test_a_key_without_what_it_needs_is_a_usage_error(key, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        resolve("default", [f"{key}=0.5"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{key}=0.5 is set, but ") and all(f"{k}=null" in msg
+                                                                                 for k in EXPECTED_NEEDS[key]), msg
+    for need in EXPECTED_NEEDS[key]:  # any one of them turns it on
+        path = "ref" if need == "reward.judge.path" else str(tmp_path)
+        cfg, _ = resolve("default", [f"{key}=0.5", f"{need}={path}"])
+        section, name = key.rsplit(".", 1)
+        assert getattr(_section(cfg, section), name) == 0.5
+
+
+def _section(cfg, dotted):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
