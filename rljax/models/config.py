@@ -44,9 +44,9 @@ class ModelConfig:
     in the backward pass: 25% fewer update temporaries at 31.6M, see the README). ``attn_block_size``: attention over more keys than this runs blockwise
     (flash-style, never materialising ``[T, T]`` scores); ``None`` always uses dense.
     ``decode_block_size``: the KV-cache block of live-length decode attention (a decode
-    step reads the cache up to the longest live slot, rounded up to this; the engine's
-    per-layer cache copies each block it reads, and reads the whole cache in place once the
-    live blocks reach half of it). 64: 0.89x the sampler's time of 256 at 31.6M, 8 x 8,
+    step reads the cache up to the longest live slot, rounded up to this, or with the engine's
+    per-layer cache up to ``decode_block_size // 8``; that cache copies each block it reads,
+    and reads the whole cache in place once the live blocks reach half of it). 64: 0.89x the sampler's time of 256 at 31.6M, 8 x 8,
     256 tokens, one core, same tokens.
     """
 
