@@ -97,10 +97,12 @@ class QueueStats:
     learner_wait_s: float = 0.0
     rollout_wait_s: float = 0.0
     dropped_uids: list = dataclasses.field(default_factory=list)  # (reason, uid) of every dropped group
+    dropped_batches: list = dataclasses.field(default_factory=list)  # [reason, batch index] of every dropped batch
 
     def snapshot(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("dropped_uids")
+        d.pop("dropped_batches")
         return d
 
 
@@ -263,6 +265,7 @@ class TrajectoryQueue:
             self.stats.dropped_overflow_batches += 1
             self._overflow_since_get += 1
         self.stats.dropped_uids.extend((reason, u) for u in dict.fromkeys(u for u in item.uids if u))
+        self.stats.dropped_batches.append([reason, int(item.index)])
 
     # ------------------------------------------------------------------ learner side
 

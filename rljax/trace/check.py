@@ -56,8 +56,11 @@ class Run:
             self.groups[(r["step"], r["uid"])][r["stage"]] = r
         self.topology = self._json("topology.json")
         self.summary = self._json(SUMMARY_FILE)
+        # the newest launch's record: every launch (a --resume too) rewrites config.resolved.yaml, whose
+        # provenance chain then starts from the earlier launch's file
         cfg = next((r.get("config") for r in self.records if r["stage"] == "config_resolve"), None) or {}
-        self.config_record = cfg
+        self.config_record = next((r["config"] for r in reversed(self.records)
+                                   if r["stage"] == "config_resolve" and (r.get("config") or {}).get("sources")), cfg)
         # The resolved configuration is the authority on what the run was (mode, sizes); the
         # trace's copy of the key fields stands in only when the file is missing or unreadable.
         resolved = self.resolved()
@@ -742,6 +745,111 @@ def check_async_drops(run: Run) -> Result:
                         f"and counted; {a['trained_batches']} of {put} queued batch(es) trained")
 
 
+def _rollout_steps(recs: list) -> tuple[dict, list, list]:
+    """``rollout_uids.jsonl`` read in file order: ``(the record of each step that stands, the resume
+    markers, the steps recorded twice with no resume between)``. A resume marker
+    ``{"resume": {"restored_step": c}}`` (written by ``--resume``) supersedes the records of steps
+    after ``c`` written before it: their updates were lost with the process that trained them."""
+    by_step: dict[int, dict] = {}
+    resumes, twice = [], []
+    for rec in recs:
+        if isinstance(rec.get("resume"), dict):
+            c = int(rec["resume"].get("restored_step", -1))
+            resumes.append(rec["resume"])
+            by_step = {k: v for k, v in by_step.items() if k <= c}
+            continue
+        step = int(rec["step"])
+        if step in by_step:
+            twice.append(step)
+        by_step[step] = rec
+    return by_step, resumes, twice
+
+
+def _cursors(num_examples: int, batch: int, batches: int) -> list[tuple[int, int]]:
+    """The data iterator's ``(epoch, position)`` after each of the first ``batches`` training batches
+    of the data order (``rljax.data.PromptIterator`` with ``drop_last``, as ``train_iterator`` builds it)."""
+    from rljax.data import PromptIterator  # the data package (~1 s to import) only for an async run's records
+
+    it = PromptIterator(range(num_examples), batch, seed=0, shuffle=False, drop_last=True)
+    out = []
+    for _ in range(batches):
+        it.next_positions()
+        st = it.state()
+        out.append((st["epoch"], st["position"]))
+    return out
+
+
+def check_every_prompt_trained_once(run: Run) -> Result:
+    """Across kills and resumes, every prompt of the data order was trained exactly once, from
+    ``rollout_uids.jsonl`` with its resume markers applied (:func:`_rollout_steps`): the steps that
+    stand are 1..N, each recorded once; each trained ``data.train_batch_size`` prompts of its own
+    batch (uids ``{batch}-{i}``), no uid twice; asynchronous runs: the batches trained and the
+    batches the staleness gate or a full queue dropped (``dropped_batches``: counted, not replayed)
+    are 1..max once each, and the data position after each trained batch's draw is the data
+    order's position after that many batches (so a resume restarted at the oldest untrained batch's
+    prompts, not at a later data position)."""
+    name = "every prompt trained once"
+    f = run.files["rollout_uids.jsonl"]
+    if not os.path.exists(f.path):
+        return NA, name, "no rollout_uids.jsonl in the run directory"
+    if run.config_values.get("algorithm.filter_groups.enable"):
+        return NA, name, "algorithm.filter_groups draws several batches a step ('no dropped group trained')"
+    by_step, resumes, twice = _rollout_steps(f.records)
+    if twice:
+        return FAIL, name, f"step {twice[0]} recorded twice with no resume between: its prompts were trained twice"
+    if not by_step:
+        return FAIL, name, "rollout_uids.jsonl has no records"
+    steps = sorted(by_step)
+    if steps != list(range(1, steps[-1] + 1)):
+        missing = sorted(set(range(1, steps[-1] + 1)) - set(steps))
+        return FAIL, name, f"step(s) {missing[:5]} have no record: their prompts were lost"
+    want = run.config_values.get("data.train_batch_size")
+    seen_uids: dict[str, int] = {}
+    trained: dict[int, int] = {}  # batch -> step
+    dropped: dict[int, str] = {}  # batch -> reason
+    cursors = []
+    for step in steps:
+        rec = by_step[step]
+        batch = int(rec.get("batch_index", step))
+        if batch in trained:
+            return FAIL, name, f"batch {batch} trained at steps {trained[batch]} and {step}"
+        trained[batch] = step
+        uids = [u for us in rec["by_process"].values() for u in us]
+        if want is not None and len(set(uids)) != want:
+            return FAIL, name, f"step {step}: {len(set(uids))} prompt uid(s) trained, data.train_batch_size is {want}"
+        for u in uids:
+            if not str(u).startswith(f"{batch}-"):
+                return FAIL, name, f"step {step}: uid {u} is not a prompt of batch {batch}"
+            if u in seen_uids:
+                return FAIL, name, f"uid {u} trained at steps {seen_uids[u]} and {step}"
+            seen_uids[u] = step
+        for reason, index in rec.get("dropped_batches", []):
+            dropped.setdefault(int(index), reason)
+        if "data_after" in rec:
+            cursors.append((batch, step, rec["data_after"]))
+    both = sorted(set(trained) & set(dropped))
+    if both:
+        return FAIL, name, f"batch {both[0]} was dropped ({dropped[both[0]]}) and trained at step {trained[both[0]]}"
+    if any("batch_index" in by_step[s] for s in steps):
+        top = max(max(trained), max(dropped, default=0))
+        gaps = sorted(set(range(1, top + 1)) - set(trained) - set(dropped))
+        if gaps:
+            return FAIL, name, f"batch(es) {gaps[:5]} neither trained nor counted as dropped: their prompts were lost"
+    if cursors and want:
+        n = cursors[0][2].get("num_examples")
+        expected = _cursors(int(n), int(want), max(b for b, _, _ in cursors)) if n else None
+        for batch, step, cur in cursors:
+            if expected is not None and (cur.get("epoch"), cur.get("position")) != expected[batch - 1]:
+                return FAIL, name, (f"step {step}: batch {batch} drew its prompts ending at data position "
+                                    f"{cur.get('epoch')}/{cur.get('position')} (epoch/position); the data order's "
+                                    f"batch {batch} ends at {expected[batch - 1][0]}/{expected[batch - 1][1]}")
+    restored = ", ".join(str(r.get("restored_step")) for r in resumes)
+    return PASS, name, (f"{len(steps)} step(s), {len(seen_uids)} prompts once each"
+                        + (f", {len(dropped)} batch(es) dropped and counted" if dropped else "")
+                        + (f", data positions of {len(cursors)} batch(es) checked" if cursors else "")
+                        + (f"; {len(resumes)} resume(s) from step(s) {restored}" if resumes else ""))
+
+
 def check_rollout_unique(run: Run) -> Result:
     """No trajectory generated twice, none missing: in every step's ``rollout_uids.jsonl`` record (the uids
     every process's rows carried, gathered by the learner), each prompt uid (whose ``rollout.n`` sessions one
@@ -750,9 +858,7 @@ def check_rollout_unique(run: Run) -> Result:
     f = run.files["rollout_uids.jsonl"]
     if not os.path.exists(f.path):
         return NA, name, "no rollout_uids.jsonl in the run directory"
-    by_step: dict[int, dict] = {}
-    for rec in f.records:
-        by_step[int(rec["step"])] = rec  # a resumed run writes its re-run steps again: the last counts
+    by_step = _rollout_steps(f.records)[0]  # a resumed run writes its re-run steps again: the last counts
     totals: dict[str, int] = {}
     want = run.config_values.get("data.train_batch_size")
     for step, rec in sorted(by_step.items()):
@@ -783,12 +889,7 @@ def check_filtered_groups(run: Run) -> Result:
     path = os.path.join(run.dir, "rollout_uids.jsonl")
     if not os.path.exists(path):
         return FAIL, name, "no rollout_uids.jsonl in the run directory"
-    by_step: dict[int, dict] = {}
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                rec = json.loads(line)
-                by_step[int(rec["step"])] = rec
+    by_step = _rollout_steps(run.files["rollout_uids.jsonl"].records)[0]
     traced: dict[int, set] = {}
     for r in run.records:
         if r.get("stage") == "actor_minibatch" and "uid" in r:
@@ -831,7 +932,7 @@ CHECKS: tuple[Callable[[Run], Result], ...] = (
     check_behaviour_logp, check_masks, check_invariants, check_timestamps, check_padding, check_minibatch,
     check_actor_dp, check_versions, check_token_versions, check_cleanup,
     check_alerts, check_updates, check_summary, check_async_staleness, check_async_future, check_async_drops,
-    check_rollout_unique, check_filtered_groups)
+    check_rollout_unique, check_every_prompt_trained_once, check_filtered_groups)
 
 
 def exit_code(results: list[Result], *, strict: bool = False) -> int:

@@ -417,8 +417,12 @@ class Tracer:
         r["processes"] = max(len(by), r.get("processes", 0))
         if self.enabled:
             rec = {"step": int(step), "by_process": by}
-            if "batch_index" in item:
-                rec["batch_index"] = item["batch_index"]
+            if "batch_index" in item:  # trainer.mode=async: the producer's batch, those dropped before it, and the
+                rec["batch_index"] = item["batch_index"]  # data position after its draw ("every prompt trained once")
+                rec["dropped_batches"] = item.get("dropped_batches", [])
+                if item.get("data_after") is not None:
+                    rec["data_after"] = {k: int(item["data_after"][k]) for k in ("epoch", "position", "num_examples")
+                                         if k in item["data_after"]}
             if "dynamic_sampling" in fields:  # algorithm.filter_groups: the uids generated, not trained, and why
                 rec["dropped"] = fields["dynamic_sampling"]["dropped"]
             append_lines(os.path.join(self.run_dir, ROLLOUT_FILE), json.dumps(rec, separators=(",", ":")) + "\n")

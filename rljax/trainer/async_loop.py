@@ -429,6 +429,7 @@ class AsyncSchedule:
                                                                             first_index=state.produced)
         self.runner = StepRunner(self._learner_stages(stages), observers=observers)
         self._rollout_wait_prev = 0.0
+        self._dropped_seen = 0  # the queue's dropped batches already reported (rollout_uids.jsonl)
         self._global_facts: Optional[dict] = None
 
     def _learner_stages(self, stages) -> list[Stage]:
@@ -503,13 +504,17 @@ class AsyncSchedule:
         st = self.queue.stats
         rollout_wait = st.rollout_wait_s - self._rollout_wait_prev
         self._rollout_wait_prev = st.rollout_wait_s
+        # the batches dropped since the last one trained, and the data position after this batch's draw:
+        # rollout_uids.jsonl records both, so trace check proves every prompt of the data order trained once
+        dropped, self._dropped_seen = st.dropped_batches[self._dropped_seen:], len(st.dropped_batches)
         facts = {"batch_index": item.index, "learner_version": version, "max_staleness": self.queue.max_staleness,
                  **staleness_facts(version, np.asarray(item.min_version), np.asarray(item.max_version)),
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
                  "generated_rows": st.put_rows, "streaming": self.streaming,
                  "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0)),
-                 "version_span_max": int(produced.batch["enqueue"].get("version_span_max", 0))}
+                 "version_span_max": int(produced.batch["enqueue"].get("version_span_max", 0)),
+                 "dropped_batches": [list(d) for d in dropped], "data_after": dict(data_after)}
         return {"step": step, "queue_item": facts}, produced, (data_after, item.index + 1)
 
     def _metrics(self, facts: dict) -> dict:

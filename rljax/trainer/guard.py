@@ -10,7 +10,9 @@
 * :func:`wait_for_save`: a stop waits (bounded) for the in-flight checkpoint to commit and
   says so if it gives up.
 * :func:`cut_jsonl`: on resume, ``metrics.jsonl``, ``trace.jsonl`` and
-  ``rollout_uids.jsonl`` are cut back to the restored step so every step appears once.
+  ``rollout_uids.jsonl`` are cut back to the restored step so every step appears once;
+  :func:`mark_resume`: ``rollout_uids.jsonl`` also gets a resume marker line (``trace check``:
+  "every prompt trained once" reads it).
 """
 
 from __future__ import annotations
@@ -152,6 +154,25 @@ def wait_for_save(checkpointer, timeout_s: float, echo: Callable[[str], None] = 
 
 #: The per-step records of a run directory, cut back to the restored step on resume.
 RUN_RECORDS = ("metrics.jsonl", "trace.jsonl", "rollout_uids.jsonl", "generations.jsonl")
+#: The record files that also get a resume marker (:func:`mark_resume`).
+MARKED_RECORDS = ("rollout_uids.jsonl",)
+
+
+def mark_resume(path: str, step: int, superseded: int) -> bool:
+    """On resume from step ``step`` (``-1``: from scratch), after :func:`cut_jsonl` removed the
+    ``superseded`` records of later steps: appends ``{"resume": {"restored_step": step,
+    "superseded": superseded}}`` to ``path`` (``rollout_uids.jsonl``), so the file says where
+    each launch took over; readers (``rljax.trace.check``) drop any record of a step after
+    ``restored_step`` written before the marker (none after the cut). Nothing when ``path`` does
+    not exist. Returns whether it wrote."""
+    if not os.path.exists(path):
+        return False
+    line = json.dumps({"resume": {"restored_step": int(step), "superseded": int(superseded)}}, separators=(",", ":"))
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return True
 
 
 def cut_jsonl(path: str, step: int) -> int:

@@ -38,7 +38,7 @@ from rljax.trainer.async_loop import AsyncSchedule
 from rljax.trainer.build import build
 from rljax.trainer.checkpoint import CheckpointError, Checkpointer
 from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, RUN_RECORDS, StopRequested,
-                                 StopSignals, cut_jsonl, wait_for_save)
+                                 StopSignals, MARKED_RECORDS, cut_jsonl, mark_resume, wait_for_save)
 from rljax.trainer.packing import AutoPacking
 from rljax.trainer.stages import actor_batch, model_inputs, score
 from rljax.trainer.state import checkpoint_meta, checkpoint_tree, from_checkpoint
@@ -242,6 +242,8 @@ class Trainer:
             return
         for name in RUN_RECORDS:
             dropped = cut_jsonl(os.path.join(self.run_dir, name), step)
+            if name in MARKED_RECORDS:
+                mark_resume(os.path.join(self.run_dir, name), step, dropped)
             if dropped:
                 self.echo(f"resume: removed {dropped} {name} record(s) after step {max(step, 0)} (they are run again)")
 

@@ -71,7 +71,7 @@ def _records_once(run):
     steps = _steps(run)
     assert steps == sorted(set(steps)), steps
     with open(os.path.join(run, "rollout_uids.jsonl")) as fh:
-        uid_steps = [json.loads(l)["step"] for l in fh]
+        uid_steps = [r["step"] for r in map(json.loads, fh) if "resume" not in r]  # markers: guard.mark_resume
     assert uid_steps == sorted(set(uid_steps)) == steps, (uid_steps, steps)
     with open(os.path.join(run, "trace.jsonl")) as fh:
         keys = [(r["step"], r["uid"], r["stage"]) for r in map(json.loads, fh)]

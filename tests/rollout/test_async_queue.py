@@ -32,6 +32,8 @@ def test_stale_rows_dropped_at_head_and_counted():
     assert got.index == 3 and got.staleness == 0
     assert q.stats.dropped_stale == 5 and q.stats.dropped_stale_batches == 2
     assert q.stats.dropped_uids == [("stale", "1-0"), ("stale", "2-0")]
+    assert q.stats.dropped_batches == [["stale", 1], ["stale", 2]]  # rollout_uids.jsonl's dropped_batches
+    assert "dropped_batches" not in q.stats.snapshot()
 
 
 def test_future_version_is_an_error_naming_the_uid():
@@ -74,6 +76,7 @@ def test_drop_stalest_drops_the_oldest_queued_batch():
     q.put(item(3, 2, rows=2, uid="c"))
     assert len(q) == 2 and q.stats.max_depth == 2
     assert q.stats.dropped_overflow == 3 and q.stats.dropped_uids == [("overflow", "b")]
+    assert q.stats.dropped_batches == [["overflow", 2]]
     assert [q.get(2).index, q.get(2).index] == [1, 3]
 
 

@@ -17,7 +17,8 @@ from test_launch import SMALL  # one small configuration for all end-to-end runs
 CHECKS = ("record files whole", "timestamps ordered", "whole-batch invariants", "config provenance", "consistent across every stage", "sessions per uid",
           "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
           "mini-batch metadata", "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
-          "trace summary saved", "no uid generated twice", "token versions tie to min_version")
+          "trace summary saved", "no uid generated twice", "token versions tie to min_version",
+          "every prompt trained once")
 NOT_APPLICABLE = ("response_mask.sum()",  # no tool observations in the embedded task
                   "no dropped group trained")  # algorithm.filter_groups is off
 
