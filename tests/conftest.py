@@ -19,6 +19,35 @@ if "xla_force_host_platform_device_count" not in _flags:
 # launcher creates their devices), except the learning curve's, which compiles as users' runs do.
 if "xla_backend_optimization_level" not in _flags:
     _flags = f"{_flags} --xla_backend_optimization_level=0"
+
+
+def _xla_defines(flag: str) -> bool:
+    """Whether this jaxlib's XLA defines ``flag`` (its name is a string in jaxlib's shared
+    libraries; ~0.2 s to look, without importing jax). An unknown flag in XLA_FLAGS aborts the
+    process, and XLA renames and retires flags between releases (jax 0.10-0.12 here)."""
+    import glob
+    import importlib.util
+    import mmap
+
+    spec = importlib.util.find_spec("jaxlib")
+    name = b"\0" + flag.encode() + b"\0"
+    for path in glob.glob(os.path.join(spec.submodule_search_locations[0], "*.so")) if spec else ():
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as lib:
+            if lib.find(name) >= 0:
+                return True
+    return False
+
+
+# XLA:CPU's MLIR fusion emitters (its default code generator for fusions) spend most of the
+# compile time of the tests' tiny programs: with the classic emitters a tiny-model update step
+# compiles in ~1/3 of the CPU time and tests/test_trainer_step.py runs in 0.55x (docs/
+# development.md). The operations are the same (the default wraps more of them into fusions of
+# their own for the emitters) and neither uses fast math: that step's loss agreed to the last bit.
+# The tests in this process check numbers (to their tolerances), not code generation. Runs launched as
+# subprocesses (tests/launching.py) keep XLA's default emitters: every launched run in CI, the
+# default run's shared dp8 run and the slow pass's runs, still compiles the way users' runs do.
+if "xla_cpu_use_fusion_emitters" not in _flags and _xla_defines("xla_cpu_use_fusion_emitters"):
+    _flags = f"{_flags} --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = _flags
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow (pulled in by JetStream / TFDS) stays quiet.
