@@ -119,28 +119,33 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
-#: Test files (paths below ``tests/``) in the order the default run starts them, most expensive first (seconds of
-#: `pytest --durations=0` summed by file, 2 Dec 2026: test_models 79, test_trace_run 57 with
-#: its wait for the shared run, test_pallas 49, test_trainer_step 40, test_sampler 40, ...). With ``--dist loadfile`` a worker takes whole files in
-#: this order as it frees up (``--no-loadscope-reorder`` in pyproject.toml keeps it: xdist would
-#: otherwise order files by their number of tests, which put the two most expensive files last
-#: and left one worker running them alone at the end). ``test_launch`` comes first because it
-#: starts the shared dp8 run that ``test_trace_run`` (placed after the heavy files) reads; a
-#: worker that got both at once would wait for it. Files not listed follow in collection order.
+#: Test files (paths below ``tests/``) in the order the default run starts them, most expensive first (CPU
+#: seconds of ``pytest --cpu-times`` summed by file, 2 Dec 2026 03:36-03:51, load 6-18: test_models 47,
+#: test_pallas 32, test_launch 32 with the shared dp8 run, test_sampler 25, test_trainer_step 19, ...). With
+#: ``--dist loadfile`` a worker takes whole files in this order as it frees up (``--no-loadscope-reorder`` in
+#: pyproject.toml keeps it: xdist would otherwise order files by their number of tests, which put the two most
+#: expensive files last and left one worker running them alone at the end). ``test_launch`` comes first because
+#: it starts the shared dp8 run that ``test_trace_run`` (placed after the heavy files) reads; a worker that got
+#: both at once would wait for it. Files not listed follow in collection order.
 HEAVY_FIRST = (
     "launch/test_launch.py",
     "models/test_models.py",
     "pallas/test_pallas.py",
-    "trainer/test_trainer_step.py",
     "rollout/test_sampler.py",
-    "trace/test_trace_run.py",
+    "trainer/test_trainer_step.py",
     "models/test_lora.py",
     "loss/test_loss_properties.py",
     "loss/test_loss_values.py",
     "pallas/test_pallas_sharded.py",
     "trainer/test_prepare.py",
-    "models/test_peft.py",
     "launch/test_disk_faults.py",
+    "rollout/test_rollout_engine.py",
+    "trace/test_trace_run.py",
+    "rollout/test_rollout_partial.py",
+    "launch/test_compilation_cache.py",
+    "trace/test_trace_alerts.py",
+    "models/test_peft.py",
+    "models/test_hf.py",
 )
 
 
