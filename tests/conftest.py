@@ -40,7 +40,7 @@ def _xla_defines(flag: str) -> bool:
 
 # XLA:CPU's MLIR fusion emitters (its default code generator for fusions) spend most of the
 # compile time of the tests' tiny programs: with the classic emitters a tiny-model update step
-# compiles in ~1/3 of the CPU time and tests/test_trainer_step.py runs in 0.55x (docs/
+# compiles in ~1/3 of the CPU time and tests/trainer/test_trainer_step.py runs in 0.55x (docs/
 # development.md). The operations are the same (the default wraps more of them into fusions of
 # their own for the emitters) and neither uses fast math: that step's loss agreed to the last bit.
 # The tests in this process check numbers (to their tolerances), not code generation. Runs launched as
