@@ -177,12 +177,7 @@ def allgather(tree, share: Share):
 
 def allgather_strings(strings, share: Share) -> list[str]:
     """Equal-length string lists of every process, concatenated in batch order."""
-    strings = [str(s) for s in strings]
-    if share.processes == 1:
-        return strings
-    width = int(per_process(np.array([max((len(s.encode()) for s in strings), default=0)])).max())
-    out = allgather(_encode(strings, width), share)
-    return [bytes(row).rstrip(b"\0").decode() for row in out]
+    return _gather_strings(strings, share, lambda buf: allgather(buf, share))
 
 
 def assemble(local: Mapping[str, np.ndarray], mesh, share: Share) -> dict:
@@ -336,12 +331,17 @@ def allgather_blocks(tree: Mapping[str, np.ndarray], share: Share) -> dict:
 
 def allgather_texts(texts, share: Share) -> list[str]:
     """Lists of strings of every process (any lengths), concatenated in process-index order."""
-    texts = [str(t) for t in texts]
+    return _gather_strings(texts, share, lambda buf: allgather_blocks({"t": buf}, share)["t"])
+
+
+def _gather_strings(strings, share: Share, gather) -> list[str]:
+    """``strings`` of every process through ``gather`` (an all-gather of ``[R, width]`` uint8
+    rows), each encoded as UTF-8 padded to the longest string of any process."""
+    strings = [str(s) for s in strings]
     if share.processes == 1:
-        return texts
-    width = int(per_process(np.array([max((len(t.encode()) for t in texts), default=0)], np.int64)).max())
-    out = allgather_blocks({"t": _encode(texts, width)}, share)["t"]
-    return [bytes(row).rstrip(b"\0").decode() for row in out]
+        return strings
+    width = int(per_process(np.array([max((len(s.encode()) for s in strings), default=0)], np.int64)).max())
+    return [bytes(row).rstrip(b"\0").decode() for row in gather(_encode(strings, width))]
 
 
 def local_rows(x, share: Share) -> np.ndarray:
