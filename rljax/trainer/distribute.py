@@ -150,8 +150,9 @@ def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = Fal
 
 def check_judge_share(share: Share, judge_path) -> None:
     """``reward.judge.path`` runs on one process (or a multi-turn run, where every process has every
-    row: :func:`whole_batch_reason`): each process would judge its own rows and the verdict reports are not merged yet; a
-    one-line ``ValueError`` otherwise (the launcher exits 2 on it before the run starts)."""
+    row: :func:`whole_batch_reason`): each process would judge its own rows and the verdict
+    reports are not merged yet; a one-line ``ValueError`` otherwise (the launcher exits 2 on it
+    before the run starts)."""
     if judge_path is not None and share.processes > 1:
         raise ValueError(f"reward.judge.path runs on one process, not {share.processes} (each process would judge its "
                          "own rows and the verdict reports are not merged yet); drop reward.judge.path or run one "

@@ -267,11 +267,11 @@ def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
     this process generated (in trained order), ``kept_uids`` / ``owners``: every trained
     group's uid and generating process. Returns ``(trajectories, scored)``.
 
-    One all-gather of the kept rows (token arrays, scores, session / index keys; each process's
-    rows padded to the most any process kept) and one of the prompt width: the cost of the
-    filter's agreement beyond the per-draw keep flags. ``stats`` stay this process's own (its
+    One all-gather of the kept rows (token arrays, scores, session / index keys:
+    :func:`~rljax.trainer.distribute.allgather_blocks`) and one of the prompt width: the cost of
+    the filter's agreement beyond the per-draw keep flags. ``stats`` stay this process's own (its
     generation work, every draw)."""
-    from rljax.trainer.distribute import per_process  # JAX: this module stays NumPy-only on one process
+    from rljax.trainer.distribute import allgather_blocks, per_process  # JAX: NumPy-only on one process
 
     n = share.n
     counts = [owners.count(q) for q in range(share.processes)]
@@ -282,22 +282,17 @@ def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
     local = dict(traj.arrays(), scores=np.asarray(scored["scores"], np.float32),
                  digest=np.asarray(scored["digest"], np.uint32),
                  session=np.asarray(traj.session, np.int32), index=np.asarray(traj.index, np.int32))
-    pad_rows = max(counts) * n - traj.batch_size
-    for k, v in local.items():
-        fill = traj.pad_id if k == "prompt_ids" else (-1 if k == "token_version" else 0)  # NO_VERSION
-        widths = [(0, pad_rows)] + [(0, 0)] * (v.ndim - 1)
-        if k in ("prompt_ids", "prompt_mask"):
-            widths[1] = (width - v.shape[1], 0)
-        local[k] = np.pad(v, widths, constant_values=fill)
-    from jax.experimental import multihost_utils
-
-    every = {k: np.asarray(v) for k, v in multihost_utils.process_allgather(local, tiled=False).items()}  # [P, rows, ...]
+    for k in ("prompt_ids", "prompt_mask"):  # left-padded to the widest prompt of any process
+        v = local[k]
+        local[k] = np.pad(v, ((0, 0), (width - v.shape[1], 0)), constant_values=traj.pad_id if k == "prompt_ids" else 0)
+    every = allgather_blocks(local, share)  # every process's kept rows, in process-index order
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]]) * n  # each process's first row there
     picks, seen = [], [0] * share.processes
     for q in owners:
         picks.append((q, seen[q]))
         seen[q] += 1
     mine = picks[share.lo:share.hi]
-    rows = {k: np.concatenate([v[q, j * n:(j + 1) * n] for q, j in mine]) for k, v in every.items()}
+    rows = {k: np.concatenate([v[start[q] + j * n:start[q] + (j + 1) * n] for q, j in mine]) for k, v in every.items()}
     out_scored = {"scores": rows.pop("scores"), "digest": rows.pop("digest")}
     session, index = rows.pop("session"), rows.pop("index")
     rows["group_id"] = np.repeat(np.arange(len(mine), dtype=np.int32), n)
