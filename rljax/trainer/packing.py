@@ -163,12 +163,20 @@ def row_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of a ``[B, S+T]`` learner mask, its real tokens as one span: ``(first column,
     count)`` ``[B]`` int32 (``(0, 0)`` for an empty row). The learner layout (left-padded prompt,
     then the response from column ``S``) always has one span; a ``ValueError`` otherwise."""
-    mask = np.asarray(attention_mask, bool)
-    count = mask.sum(axis=1)
-    first = np.where(count > 0, mask.argmax(axis=1), 0)
-    last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
+    first, count, last = span_arrays(np, np.asarray(attention_mask))
     check_spans(first, count, last)
-    return first.astype(np.int32), count.astype(np.int32)
+    return first, count
+
+
+def span_arrays(xp, attention_mask):
+    """``(first, count, last)`` ``[B]`` int32 per row of a ``[B, W]`` mask: its first real column
+    (0 for an empty row), its real columns and its last real column; ``xp``: NumPy on the host,
+    ``jax.numpy`` where the rows lie (:func:`rljax.trainer.step.host_spans`)."""
+    mask = attention_mask.astype(bool)
+    count = mask.sum(axis=1).astype(xp.int32)
+    first = xp.where(count > 0, xp.argmax(mask, axis=1), 0).astype(xp.int32)
+    last = (mask.shape[1] - 1 - xp.argmax(mask[:, ::-1], axis=1)).astype(xp.int32)
+    return first, count, last
 
 
 def check_spans(first, count, last) -> None:

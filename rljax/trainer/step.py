@@ -31,6 +31,7 @@ checked for non-finite values; the frozen base passes through the step untouched
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import flax
@@ -535,14 +536,8 @@ def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
-@jax.jit
-def _spans(attention_mask):
-    """Per row: first real column, real columns, and the last real column (device side)."""
-    mask = attention_mask.astype(bool)
-    count = mask.sum(axis=1, dtype=jnp.int32)
-    first = jnp.where(count > 0, jnp.argmax(mask, axis=1), 0).astype(jnp.int32)
-    last = (mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)
-    return first, count, last
+#: Per row of the learner batch's mask: first real column, real columns, last real column (on its devices).
+_spans = jax.jit(functools.partial(packing.span_arrays, jnp))
 
 
 def host_spans(attention_mask) -> tuple[np.ndarray, np.ndarray, int]:
