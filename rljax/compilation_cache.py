@@ -15,12 +15,16 @@ What JAX 0.10 does with the directory, and what :func:`setup` adds:
   ``read_bytes``. It locks the directory (``filelock``) only when
   ``jax_compilation_cache_max_size`` is set, and then scans and stats every entry on every
   write to evict the least recently used: 0.1 s per write at 200 entries here, seconds at a
-  test session's thousands. So no size bound is given to JAX: processes sharing the
-  directory (a multi-process run, where only process 0 writes, several runs, pytest-xdist
-  workers) can read an entry while another writes it. Such a read fails to decompress (zlib
-  and zstd end with a checksum), JAX warns and compiles the program: the result is the same,
-  the load is lost. Two processes writing one key at once write the same program; Linux
-  serialises their ``write`` calls, so the entry ends whole either way.
+  test session's thousands. So no size bound is given to JAX, and :func:`setup` makes every
+  write whole instead (:class:`_WholeEntries`): JAX writes the entry into a fresh directory
+  beside the entries, which is then renamed over the key (``os.replace``, atomic on one
+  file system). Processes sharing the directory (a multi-process run, where only process 0
+  writes, several runs, pytest-xdist workers) see an entry absent or whole, never half
+  written: before, a read racing a write failed to decompress, JAX warned ("Error reading
+  persistent compilation cache entry") and compiled the program again. Two processes writing
+  one key at once write the same program; the later rename wins, whole either way. Where the
+  JAX release builds its cache otherwise (the hook is private to JAX), JAX's own in-place
+  writes stay, and such a racing read costs a compile and a warning, never a wrong program.
 * A damaged entry (cut short by a kill during a write, changed bytes) does not break a run
   either: JAX fails to decompress or deserialize it, warns, and compiles the program. JAX
   never rewrites an existing key, though, so :func:`setup` checks the entries written since
@@ -42,6 +46,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import shutil
+import tempfile
 import threading
 import time
 import zlib
@@ -56,6 +62,7 @@ ENV = "JAX_COMPILATION_CACHE_DIR"
 _SUFFIX = "-cache"
 _ATIME_SUFFIX = "-atime"  # JAX's access-time record of an entry (written only with a size bound)
 _CHECKED = ".rljax-checked"  # its mtime: entries written before it were checked intact
+_STAGING = ".rljax-writing-"  # prefix of the directory an entry is written in before its rename
 
 _HIT = "/jax/compilation_cache/cache_hits"
 _WRITE = "/jax/compilation_cache/cache_misses"  # JAX records it when it writes an entry
@@ -194,6 +201,17 @@ def _remove(entry: str) -> None:
             pass
 
 
+def _remove_staging(staging: str, settled: float) -> None:
+    try:
+        if os.stat(staging).st_mtime >= settled:
+            return  # another process may be writing in it now
+        for name in os.listdir(staging):
+            os.remove(os.path.join(staging, name))
+        os.rmdir(staging)
+    except OSError:  # removed meanwhile, or not ours to remove: it is never read as an entry
+        pass
+
+
 def check_entries(path: str, *, max_bytes: int = MAX_BYTES) -> Directory:
     """Deletes the entries written since the last check (and settled) that do not decompress,
     then the oldest entries while the directory holds more than ``max_bytes``; counts the rest."""
@@ -203,6 +221,9 @@ def check_entries(path: str, *, max_bytes: int = MAX_BYTES) -> Directory:
     settled = time.time() - SETTLE_S
     removed, kept = [], []
     for name in os.listdir(path):
+        if name.startswith(_STAGING):  # a write killed before its rename: never an entry
+            _remove_staging(os.path.join(path, name), settled)
+            continue
         if not name.endswith(_SUFFIX):
             continue
         entry = os.path.join(path, name)
@@ -244,6 +265,50 @@ def _report(path: str, echo: Callable[[str], None]) -> None:
          f"{c.compiled} ({c.written} written to it)")
 
 
+def _whole_entries_class(base: type) -> type:
+    """A subclass of JAX's file cache ``base`` whose writes are whole (see the module doc)."""
+
+    class _WholeEntries(base):
+        """JAX's file cache, writing each entry in a fresh directory beside the entries and
+        renaming it over the key, so no reader ever sees a half-written entry."""
+
+        def put(self, key, value):  # noqa: D102 -- CacheInterface.put
+            local = "://" not in str(self.path) or str(self.path).startswith("file://")
+            if getattr(self, "eviction_enabled", True) or not local:
+                return super().put(key, value)  # JAX's locked path, or a remote file system
+            staging = tempfile.mkdtemp(prefix=_STAGING, dir=str(self.path))
+            try:
+                base(staging, max_size=-1).put(key, value)  # JAX names and writes the entry
+                for name in os.listdir(staging):
+                    final = os.path.join(str(self.path), name)
+                    if os.path.exists(final):  # written meanwhile by another process: keep theirs
+                        os.remove(os.path.join(staging, name))
+                    else:
+                        os.replace(os.path.join(staging, name), final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    return _WholeEntries
+
+
+def _write_whole_entries() -> bool:
+    """Makes JAX build its file cache as :func:`_whole_entries_class` (``get_file_cache`` looks
+    its ``LRUCache`` up at call time). False where this JAX release builds it otherwise."""
+    try:
+        from jax._src import compilation_cache as jax_cc  # private hook: checked below, never required
+    except ImportError:
+        return False
+    base = getattr(jax_cc, "LRUCache", None)
+    if not isinstance(base, type) or not callable(getattr(jax_cc, "get_file_cache", None)):
+        return False
+    if getattr(base, "_rljax_whole", False):
+        return True
+    whole = _whole_entries_class(base)
+    whole._rljax_whole = True
+    jax_cc.LRUCache = whole
+    return True
+
+
 def setup(value: Optional[str], *, echo: Optional[Callable[[str], None]] = print,
           report_at_exit: bool = True) -> Optional[Directory]:
     """Points JAX's persistent compilation cache at ``value`` (``trainer.compilation_cache_dir``)
@@ -279,6 +344,7 @@ def setup(value: Optional[str], *, echo: Optional[Callable[[str], None]] = print
     jax.config.update("jax_compilation_cache_max_size", -1)  # no per-write scan (see the module doc)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    _write_whole_entries()
     jcc.set_cache_dir(path)
     damaged = f"; removed {len(found.removed)} damaged entr{'y' if len(found.removed) == 1 else 'ies'}" \
         if found.removed else ""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -155,6 +156,48 @@ def test_processes_sharing_the_cache_write_whole_entries(own_cache, tmp_path):
     assert outs[0] == outs[1] == values
 
 
+def test_an_entry_appears_whole_or_not_at_all(own_cache, tmp_path, monkeypatch):
+    """The file cache JAX builds after :func:`cc.setup` writes an entry elsewhere and renames it
+    over its key: at the moment JAX's own write runs, the key is absent from the directory."""
+    jax_cc = pytest.importorskip("jax._src.compilation_cache")
+    lru = pytest.importorskip("jax._src.lru_cache")
+    if not callable(getattr(jax_cc, "get_file_cache", None)):
+        pytest.skip("this JAX release builds its file cache without get_file_cache: JAX's own writes")
+    path = tmp_path / "c"
+    cc.setup(str(path), echo=None, report_at_exit=False)
+    cache, _ = jax_cc.get_file_cache(str(path))  # the cache JAX builds at its first compile
+    jax_put, seen = lru.LRUCache.put, []
+
+    def spy(self, key, value):  # JAX's own write of the bytes
+        jax_put(self, key, value)
+        seen.append(sorted(n for n in os.listdir(path) if n.endswith("-cache")))
+    monkeypatch.setattr(lru.LRUCache, "put", spy)
+    value = zlib.compress(b"an executable" * 1000)
+    cache.put("module-k1", value)
+    cache.put("module-k1", zlib.compress(b"another"))  # a key written before stays as it is
+    assert seen and seen[0] == []  # the entry was not in the directory while its bytes were written
+    entries = sorted(n for n in os.listdir(path) if n.endswith("-cache"))
+    assert len(entries) == 1 and (path / entries[0]).read_bytes() == value
+    assert not [n for n in os.listdir(path) if n.startswith(".rljax-writing-")]  # nothing left behind
+
+
+def test_a_write_killed_before_its_rename_leaves_nothing_read(tmp_path, monkeypatch):
+    """A staging directory is never counted as an entry; a settled one is removed, a young one
+    (another process may be writing in it) is left."""
+    import time
+
+    path = tmp_path / "c"
+    old, young = path / ".rljax-writing-old", path / ".rljax-writing-young"
+    for d in (old, young):
+        d.mkdir(parents=True)
+        (d / "jit_f-123-cache").write_bytes(b"cut sh")
+    t = time.time() - 2 * cc.SETTLE_S
+    os.utime(old, (t, t))
+    found = cc.check_entries(str(path))
+    assert found.stored == 0 and not found.removed
+    assert not old.exists() and young.exists()
+
+
 @pytest.mark.slow
 def test_a_second_launch_loads_its_programs_and_matches(tmp_path):
     """Two launches of one small run into one cache: the second loads programs instead of
@@ -172,7 +215,7 @@ def test_a_second_launch_loads_its_programs_and_matches(tmp_path):
     victim = os.path.join(cache, entries[len(entries) // 2])
     with open(victim, "r+b") as fh:
         fh.truncate(os.path.getsize(victim) // 2)
-    # as if the first launch had been killed while writing it, after its start-up check
+    # as if damaged (changed on disk, or cut where a rename is not atomic) after its start-up check
     checked = os.path.getmtime(os.path.join(cache, ".rljax-checked"))
     os.utime(victim, (checked + 0.5, checked + 0.5))
     second = launch("--run-dir", str(tmp_path / "b"), *args)
