@@ -272,6 +272,8 @@ def _whole_entries_class(base: type) -> type:
         """JAX's file cache, writing each entry in a fresh directory beside the entries and
         renaming it over the key, so no reader ever sees a half-written entry."""
 
+        rljax_whole_entries = True  # marks the class installed, so setup installs it once
+
         def put(self, key, value):  # noqa: D102 -- CacheInterface.put
             local = "://" not in str(self.path) or str(self.path).startswith("file://")
             if getattr(self, "eviction_enabled", True) or not local:
@@ -301,11 +303,8 @@ def _write_whole_entries() -> bool:
     base = getattr(jax_cc, "LRUCache", None)
     if not isinstance(base, type) or not callable(getattr(jax_cc, "get_file_cache", None)):
         return False
-    if getattr(base, "_rljax_whole", False):
-        return True
-    whole = _whole_entries_class(base)
-    whole._rljax_whole = True
-    jax_cc.LRUCache = whole
+    if not getattr(base, "rljax_whole_entries", False):
+        jax_cc.LRUCache = _whole_entries_class(base)
     return True
 
 
