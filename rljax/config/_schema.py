@@ -68,11 +68,13 @@ def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None, n
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _section(cls, doc: str, *, switch: Optional[tuple[str, str]] = None):
+def _section(cls, doc: str, *, switch: Optional[tuple] = None):
     """A nested section. ``switch=(key, what)``: the section's feature (``what``, e.g. "the judge")
     is off while its field ``key`` (or, dotted, the key of that full name elsewhere) is null /
-    false / 0, and then none of its other keys may differ from their defaults (a usage error,
-    :func:`rljax.config._validate.check_switched_off`)."""
+    false / 0, and then none of its other keys (nested sections' keys included) may differ from
+    their defaults (a usage error, :func:`rljax.config._validate.check_switched_off`).
+    ``switch=(key, what, value)``: on only while ``key`` equals ``value`` (``critic`` <-
+    ``algorithm.adv_estimator=gae``)."""
     meta = {"doc": doc} if switch is None else {"doc": doc, "switch": switch}
     return dataclasses.field(default_factory=cls, metadata=meta)
 
@@ -529,7 +531,8 @@ class Config:
     data: DataConfig = _section(DataConfig, "dataset, batch sizes and prompt lengths")
     algorithm: AlgorithmConfig = _section(AlgorithmConfig, "advantage estimator and KL-in-reward")
     actor: ActorConfig = _section(ActorConfig, "policy update")
-    critic: CriticConfig = _section(CriticConfig, "value model (adv_estimator=gae)")
+    critic: CriticConfig = _section(CriticConfig, "value model (adv_estimator=gae)",
+                                    switch=("algorithm.adv_estimator", "the value model (critic)", "gae"))
     rollout: RolloutConfig = _section(RolloutConfig, "sampler")
     reward: RewardConfig = _section(RewardConfig, "reward function")
     env: EnvConfig = _section(EnvConfig, "multi-turn environment and tools (agentic RL)")

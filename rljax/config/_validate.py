@@ -163,46 +163,62 @@ def validate(config) -> None:
     check_switched_off(config)
 
 
-def switched_sections(config, prefix: str = "") -> list[tuple[str, str, str, object]]:
-    """Every section with an on/off switch (``_section(..., switch=(key, what))`` in the schema),
-    as ``(dotted section, the switch's full key, what it turns on, the section's value)``."""
+def switched_sections(config, prefix: str = "") -> list[tuple[str, str, str, object, object]]:
+    """Every section with an on/off switch (``_section(..., switch=(key, what[, value]))`` in the
+    schema), as ``(dotted section, the switch's full key, what it turns on, the section's value,
+    the switch value that turns it on or None: any set value)``."""
     out = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if not dataclasses.is_dataclass(value):
             continue
         if "switch" in f.metadata:
-            key, what = f.metadata["switch"]
-            out.append((prefix + f.name, key if "." in key else f"{prefix}{f.name}.{key}", what, value))
+            key, what, *on = f.metadata["switch"]
+            out.append((prefix + f.name, key if "." in key else f"{prefix}{f.name}.{key}", what, value,
+                        on[0] if on else None))
         out.extend(switched_sections(value, prefix + f.name + "."))
     return out
 
 
 def check_switched_off(config) -> None:
-    """A section whose feature is off (its switch null / false / 0) has every other key at its
-    default, and a key that needs another (``needs``) keeps its default without it: a key set there would be ignored and the run would train without what was asked
-    (``reward.judge.prompt_template=...`` with no ``reward.judge.path``).
+    """A section whose feature is off (its switch null / false / 0, or not the value that turns
+    it on) has every other key at its default (its nested sections' too), and a key that needs
+    another (``needs``) keeps its default without it: a key set there would be ignored and the
+    run would train without what was asked (``reward.judge.prompt_template=...`` with no
+    ``reward.judge.path``, ``critic.optim.lr=...`` without ``algorithm.adv_estimator=gae``).
 
     Raises:
       ConfigError: one line naming the keys set, the switch and how to turn the feature on.
     """
-    for section, switch, what, value in switched_sections(config):
+    for section, switch, what, value, on_value in switched_sections(config):
         on = _get(config, switch)
-        if on:
+        if (on == on_value) if on_value is not None else on:
             continue
-        default = type(value)()
-        changed = [f"{section}.{f.name}={_shown(getattr(value, f.name))}" for f in dataclasses.fields(value)
-                   if f"{section}.{f.name}" != switch and getattr(value, f.name) != getattr(default, f.name)]
+        changed = [f"{k}={_shown(v)}" for k, v in _changed_leaves(value, type(value)(), section)
+                   if k != switch]
         if changed:
+            turn_on = switch if on_value is None else f"{switch}={_shown(on_value)}"
             raise ConfigError(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} set, but "
                               f"{switch}={_shown(on)} turns {what} off, so nothing would read "
-                              f"{'it' if len(changed) == 1 else 'them'}; accepted: set {switch} as well, "
+                              f"{'it' if len(changed) == 1 else 'them'}; accepted: set {turn_on} as well, "
                               f"or leave {section}.* at the defaults")
     for key, needs, value, default in needing_keys(config):
         if value != default and not any(_get(config, k) for k in needs):
             off = " and ".join(f"{k}={_shown(_get(config, k))}" for k in needs)
             raise ConfigError(f"{key}={_shown(value)} is set, but {off}, so nothing would read it; accepted: set "
                               f"{' or '.join(needs)} as well, or leave {key} at its default {_shown(default)}")
+
+
+def _changed_leaves(value, default, prefix: str) -> list[tuple[str, object]]:
+    """``(full key, value)`` of each leaf of ``value`` (nested sections walked) that differs from ``default``'s."""
+    out = []
+    for f in dataclasses.fields(value):
+        v, d = getattr(value, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(v) and dataclasses.is_dataclass(d):
+            out.extend(_changed_leaves(v, d, f"{prefix}.{f.name}"))
+        elif v != d:
+            out.append((f"{prefix}.{f.name}", v))
+    return out
 
 
 def needing_keys(config, prefix: str = "") -> list[tuple[str, tuple, object, object]]:

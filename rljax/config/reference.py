@@ -130,20 +130,25 @@ def _code(text: str) -> str:
     return "`" + text.replace("|", "\\|") + "`"
 
 
-def _sections() -> list[tuple[str, str, tuple | None]]:
-    """(dotted section, its doc, its switch ``(key, what)`` or None) in schema order, nested
-    sections after their parent's leaves."""
+def _sections() -> list[tuple[str, str, tuple | None, str | None]]:
+    """(dotted section, its doc, its switch ``(full key, what[, value])`` or None, the section
+    whose switch it is: itself or, for a section nested in a switched one, that one) in schema
+    order, nested sections after their parent's leaves."""
     out = []
 
-    def walk(cls, prefix):
+    def walk(cls, prefix, inherited):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-                out.append((prefix + f.name, f.metadata.get("doc", ""), f.metadata.get("switch")))
-                walk(tp, prefix + f.name + ".")
+                switch, owner = inherited
+                if "switch" in f.metadata:
+                    key, *rest = f.metadata["switch"]
+                    switch, owner = (key if "." in key else f"{prefix}{f.name}.{key}", *rest), prefix + f.name
+                out.append((prefix + f.name, f.metadata.get("doc", ""), switch, owner))
+                walk(tp, prefix + f.name + ".", (switch, owner))
 
-    walk(Config, "")
+    walk(Config, "", (None, None))
     return out
 
 
@@ -168,17 +173,20 @@ def render() -> str:
         "in verl); `actor.ppo_micro_batch_size` counts trajectories over all devices.",
         "",
     ]
-    for section, doc, switch in _sections():
+    for section, doc, switch, owner in _sections():
         keys = [s for k, s in specs.items() if k.rsplit(".", 1)[0] == section]
         if not keys:
             continue
         lines += [f"## `{section}`", "", _cell(doc[:1].upper() + doc[1:]) + ".", ""]
         if switch is not None:
-            key, what = switch
-            key = key if "." in key else f"{section}.{key}"
-            lines += [f"Off while `{key}` is {_off_text(specs[key].default)}: then setting "
-                      f"any other key of this section is a usage error (nothing would read it; set "
-                      f"`{key}` to use {what}).", ""]
+            key, what, *on = switch
+            when = (f"Off unless `{key}` is {_code(_value_text(on[0]))}; while off," if on
+                    else f"Off while `{key}` is {_off_text(specs[key].default)}: then")
+            which = ("any other key of this section" if owner == section
+                     else f"any key of this section (part of `{owner}`)")
+            use = f"`{key}={_value_text(on[0])}`" if on else f"`{key}`"
+            lines += [f"{when} setting {which} is a usage error (nothing would read it; set "
+                      f"{use} to use {what}).", ""]
         lines += ["| key | type | default | bounds | verl | description |", "|---|---|---|---|---|---|"]
         for s in keys:
             verl = VERL_NAMES.get(s.key, "")

@@ -18,9 +18,9 @@ from rljax.config._validate import switched_sections
 EXPECTED = {"algorithm.filter_groups": "algorithm.filter_groups.enable", "actor.lora": "actor.lora.rank",
             "reward.reward_kwargs.overlong_buffer_cfg": "reward.reward_kwargs.overlong_buffer_cfg.enable",
             "reward.model": "reward.model.path", "reward.judge": "reward.judge.path",
-            "algorithm.kl_ctrl": "algorithm.use_kl_in_reward"}
+            "algorithm.kl_ctrl": "algorithm.use_kl_in_reward", "critic": "algorithm.adv_estimator"}
 #: What turns each switch on at resolve time (the packages' own checks of the value come later).
-ON = {"enable": "true", "rank": "4", "path": "ref", "use_kl_in_reward": "true"}
+ON = {"enable": "true", "rank": "4", "path": "ref", "use_kl_in_reward": "true", "adv_estimator": "gae"}
 
 
 def _other_value(tp, default):
@@ -31,6 +31,8 @@ def _other_value(tp, default):
         origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Literal:
         return next(str(a) for a in args if a != default)
+    if origin is tuple and float in args:  # a pair of numbers (critic.optim.betas)
+        return "[" + ",".join(str(x / 2) for x in default) + "]"
     if origin is tuple:  # a list of names: the first one alone (the defaults hold more, or none)
         first = typing.get_args(args[0])[0]
         return f"[{first}]" if default != (first,) else f"[{typing.get_args(args[0])[1]}]"
@@ -43,17 +45,40 @@ def _other_value(tp, default):
     return "x{response}:y" if default is None else default + "{response}!"
 
 
+def _leaves(section, value):
+    """``(dotted name within the section, type, default)`` of every leaf, nested sections walked
+    (``critic.optim.lr``)."""
+    hints = typing.get_type_hints(type(value))
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from ((f"{f.name}.{n}", tp, d) for n, tp, d in _leaves(section, v))
+        else:
+            yield f.name, hints[f.name], v
+
+
 def _cases():
-    for section, switch, _, value in switched_sections(Config()):
-        hints = typing.get_type_hints(type(value))
-        for f in dataclasses.fields(value):
-            if f"{section}.{f.name}" != switch:
-                yield pytest.param(section, switch, f.name, _other_value(hints[f.name], getattr(value, f.name)),
-                                   id=f"{section}.{f.name}")
+    for section, switch, _, value, _ in switched_sections(Config()):
+        for name, tp, default in _leaves(section, value):
+            if f"{section}.{name}" != switch:
+                yield pytest.param(section, switch, name, _other_value(tp, default), id=f"{section}.{name}")
 
 
 def test_the_switched_sections_are_the_listed_ones():
-    assert {s: k for s, k, _, _ in switched_sections(Config())} == EXPECTED
+    assert {s: k for s, k, _, _, _ in switched_sections(Config())} == EXPECTED
+
+
+def test_a_section_switched_on_by_one_value_is_off_for_the_others():
+    """``critic`` is on only with ``algorithm.adv_estimator=gae``: with grpo (the default) or rloo
+    its keys, nested ``critic.optim.*`` included, are a usage error naming the value that turns it on."""
+    for estimator in ("grpo", "rloo"):
+        with pytest.raises(ConfigError) as e:
+            resolve("default", [f"algorithm.adv_estimator={estimator}", "critic.optim.lr=0.0001"])
+        assert str(e.value).startswith(f"critic.optim.lr=0.0001 is set, but algorithm.adv_estimator='{estimator}' "
+                                       "turns the value model (critic) off"), e.value
+        assert "set algorithm.adv_estimator='gae' as well" in str(e.value), e.value
+    cfg, _ = resolve("default", ["algorithm.adv_estimator=gae", "critic.optim.lr=0.0001"])
+    assert cfg.critic.optim.lr == 0.0001
 
 
 @pytest.mark.parametrize("section,switch,name,value", list(_cases()))
@@ -81,8 +106,12 @@ def test_every_key_set_is_named_in_one_line():
 
 
 def test_presets_and_their_defaults_pass():
-    resolve("default", [])
-    resolve("tool_lookup", [])
+    from repo_paths import REPO
+
+    #: what a preset needs from the command line (its own paths)
+    needs = {"qwen2_5_0_5b_gsm8k": ["model.path=/ckpt/qwen", "data.path=/data/gsm8k"]}
+    for preset in sorted(p.stem for p in (REPO / "configs").glob("*.yaml")):
+        resolve(preset, needs.get(preset, []))
     resolve("default", ["reward.judge.path=ref", "reward.judge.temperature=0.5"])
 
 
