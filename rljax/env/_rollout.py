@@ -55,7 +55,7 @@ import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import flax
 import numpy as np
@@ -63,8 +63,9 @@ import numpy as np
 from rljax.env._protocol import Environment, Example, Step, Turn, env_metrics
 from rljax.loss import Role
 from rljax.reward import score_batch
-from rljax.rollout import trajectory_keys
+from rljax.rollout import DecodeParams, trajectory_keys
 from rljax.rollout.driver import NO_VERSION, Request
+from rljax.rollout.stream import RolloutStream, StreamBatch
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
 CONTINUATIONS = ("kv", "reprefill")
@@ -219,6 +220,19 @@ def run_episodes(sampler, prompts: Sequence, *, uids: Sequence[str], n: int, dec
     """
     if continuation not in CONTINUATIONS:
         raise ValueError(f"continuation is {continuation!r}; accepted: {', '.join(CONTINUATIONS)}")
+    if continuation == "kv":
+        stream = EpisodeStream(sampler, decode, n=n, env_cls=env_cls, tokenizer=tokenizer, stop_id=stop_id,
+                               max_turns=max_turns, max_response_tokens=max_response_tokens,
+                               max_obs_tokens=max_obs_tokens, pad_to_multiple=pad_to_multiple,
+                               max_env_workers=min(max_env_workers, len(prompts) * n))
+        done = []
+        try:
+            stream.submit(0, prompts, uids)
+            while stream.busy:
+                done += stream.step()
+        finally:
+            stream.close()
+        return done[0][1]
     t0 = time.perf_counter()
     eos = tuple(sampler.engine.eos_ids(decode))
     turn_decode = dataclasses.replace(decode, eos_ids=eos + (int(stop_id),))
@@ -232,11 +246,7 @@ def run_episodes(sampler, prompts: Sequence, *, uids: Sequence[str], n: int, dec
                      index=int(getattr(p, "index", r // n)), uid=str(uids[r // n]), session=s)
         sessions.append(_Session(env=env_cls(ex), context=list(int(t) for t in p.ids)))
     before = dict(sampler.engine.stats)
-    if continuation == "kv":
-        stats, steps_all, episode = _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim, tokenizer, t0,
-                                             max_env_workers)
-    else:
-        stats, steps_all, episode = _reprefill_loop(sampler, uids, n, sessions, turn_decode, lim, tokenizer, t0)
+    stats, steps_all, episode = _reprefill_loop(sampler, uids, n, sessions, turn_decode, lim, tokenizer, t0)
     after = sampler.engine.stats
     for s in sessions:
         s.done = True
@@ -300,96 +310,168 @@ def _env_answer(envs, turns):
     return type(envs[0]).step_many(envs, turns)
 
 
-def _kv_loop(sampler, prompts, uids, n, sessions, turn_decode, lim: _Limits, tokenizer, t0, max_env_workers):
-    """Sessions keep their slots across turns (a client of the sampler's :class:`Driver`); see
-    the module docstring."""
-    # deferred: the driver imports the engine (JetStream, and through it TensorFlow's import machinery)
+@dataclasses.dataclass(eq=False)
+class EpisodeBatch(StreamBatch):
+    """A batch of multi-turn episodes in an :class:`EpisodeStream` (its sessions' host records too)."""
 
-    eng = sampler.engine
-    total = len(sessions)
-    need = max(len(p.ids) for p in prompts) + lim.max_response_tokens + turn_decode.max_new_tokens
-    if need > eng.max_len:
-        raise ValueError(f"continuation='kv' needs a cache of prompt + max_response_tokens + max_new_tokens = {need} "
-                         f"entries per slot; the engine holds {eng.max_len} (max_prefill_length + max_decode_length)")
-    for i, p in enumerate(prompts):
-        eng.check_prompt(p.ids, name=f"prompt {i} (uid {uids[i]!r})")
+    episodes: list = dataclasses.field(default_factory=list, repr=False)  # _Session per row
+    keys: Any = None  # uint32 [rows * max_turns, 2]: row r's turn k at r * max_turns + k
+    gen_tokens: int = 0
+    env_s: float = 0.0  # wall seconds the stream waited on environments while this batch was in flight
+    steps: list = dataclasses.field(default_factory=list, repr=False)  # every Step its environments answered
 
-    # every turn's key at once (one compiled shape per call size, not one per count of rows)
-    all_keys = trajectory_keys(turn_decode.seed, [_turn_uid(uids, n, r, k) for r in range(total)
-                                                  for k in range(lim.max_turns)], [0] * (total * lim.max_turns))
 
-    def key(r):  # the random stream of session r's next turn
-        return all_keys[r * lim.max_turns + sessions[r].turns]
+class EpisodeStream(RolloutStream):
+    """Multi-turn episodes (``continuation="kv"``) of many batches through one rollout driver.
 
-    env_cls = type(sessions[0].env)
-    one_by_one = getattr(env_cls.step_many, "__func__", None) is Environment.step_many.__func__
-    sync_before, stats_before = sampler.total_weight_sync_s, dict(eng.stats)
-    driver = sampler.driver(turn_decode)
-    handles = []  # the driver's session of each row
-    for g, p in enumerate(prompts):
-        handles += driver.submit(Request(np.asarray(p.ids, np.int32), keys=all_keys[[(g * n + s) * lim.max_turns
-                                                                                    for s in range(n)]],
-                                         rows=range(g * n, (g + 1) * n), park=True, tag=g))
-    inflight: dict = {}  # future -> (rows, turns, submitted at)
-    steps_all: list[Step] = []
-    env_s = 0.0
-    gen_tokens = 0
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(max_env_workers, total)),
-                                                 thread_name_prefix="rljax-env")
-    try:
-        while driver.busy or inflight:
-            chunks = driver.chunks
-            rows, turns = [], []
-            for ev in driver.step():
-                h = ev.session
-                if ev.kind == "turn_ended":
-                    r = h.row
-                    if sessions[r].turns == 0:
-                        sessions[r].queue_s = h.inserted_at - t0
-                    gen_tokens += ev.length
-                    rows.append(r)
-                    turns.append(_take_turn(sessions[r], ev.tokens, ev.logp, lim, tokenizer, ev.versions))
-            if rows:
-                now = time.perf_counter()
-                if one_by_one:  # each session's turn on its own worker
-                    for r, turn in zip(rows, turns):
-                        inflight[pool.submit(_env_answer, [sessions[r].env], [turn])] = ([r], [turn], now)
-                else:  # the environment answers the chunk's turns together (its step_many batches them)
-                    envs = [sessions[r].env for r in rows]
-                    inflight[pool.submit(_env_answer, envs, turns)] = (rows, turns, now)
-            if driver.chunks == chunks and inflight:  # nothing decoded: every session in a slot waits on its environment
-                tw = time.perf_counter()
-                concurrent.futures.wait(list(inflight), return_when=concurrent.futures.FIRST_COMPLETED)
-                env_s += time.perf_counter() - tw
-            if inflight:  # grace of one decode step: answers that come at once join the next chunk together
-                tw = time.perf_counter()
-                concurrent.futures.wait(list(inflight), timeout=driver.last_step_s)
-                env_s += time.perf_counter() - tw
-            for fut in [f for f in inflight if f.done()]:
-                rows, turns, submitted = inflight.pop(fut)
-                steps = fut.result()
-                steps_all += steps
-                now = time.perf_counter()
-                for r, turn, st in zip(rows, turns, steps):
-                    s = sessions[r]
-                    s.env_wait_s += now - submitted
-                    obs = _take_step(s, turn, st, lim, tokenizer)
-                    if obs is not None:
-                        driver.resume(handles[r], obs, key(r))
-                        continue
-                    driver.end(handles[r])  # the episode ended: its slot takes a waiting session
-                    s.decode_s = now - t0 - s.queue_s
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    for r, h in enumerate(handles):
-        sessions[r].min_version, sessions[r].max_version = h.min_version, h.max_version
-    stats = RolloutStats(wall_s=time.perf_counter() - t0, prefill_s=driver.prefill_s, decode_s=driver.decode_s,
-                         weight_sync_s=sampler.total_weight_sync_s - sync_before, generated_tokens=gen_tokens,
-                         prefill_calls=eng.stats["prefill_calls"] - stats_before.get("prefill_calls", 0),
-                         prefill_rows=eng.stats["prefill_rows"] - stats_before.get("prefill_rows", 0),
-                         decode_chunks=driver.chunks, num_slots=eng.num_slots,
-                         version_start=int(driver.version_start), version_end=int(driver.version))
-    return stats, steps_all, {"gen_s": driver.prefill_s + driver.decode_s, "env_s": env_s}
+    The multi-turn client of :class:`rljax.rollout.driver.Driver`: each prompt is a parking
+    request of ``n`` sessions; a ``turn_ended`` event sends the turn to the environment on a
+    thread pool while the other slots decode; an answer with an observation resumes the session
+    in its own slot (:meth:`Driver.resume`), one that ends the episode frees the slot
+    (:meth:`Driver.end`) for the next queued session, also one of a later batch (streaming
+    admission, gated by ``admit`` as in :class:`~rljax.rollout.stream.RolloutStream`).
+    :meth:`step` returns each batch as :class:`EpisodeTrajectories` once every episode of it
+    ended, in submission order. :func:`run_episodes` is one batch of it; the asynchronous
+    trainer's streaming producer keeps one for the run.
+
+    After each round the host waits at most one decode step's time for answers still running
+    (answers that come at once resume together, one decode wave, not two); when nothing decoded
+    it waits for the first answer. The waits count in each in-flight batch's ``env_s``.
+    Close it (:meth:`close`) to stop its environment threads.
+    """
+
+    def __init__(self, sampler, decode, *, n: int, env_cls, tokenizer, stop_id: int, max_turns: int,
+                 max_response_tokens: int, max_obs_tokens: int, admit=None, pad_to_multiple: int = 1,
+                 max_env_workers: int = 16):
+        decode = DecodeParams() if decode is None else decode
+        eos = tuple(sampler.engine.eos_ids(decode))
+        super().__init__(sampler, dataclasses.replace(decode, eos_ids=eos + (int(stop_id),)), n=n, admit=admit,
+                         pad_to_multiple=pad_to_multiple)
+        self.episode_decode, self.env_cls, self.tokenizer = decode, env_cls, tokenizer
+        self.lim = _Limits(stop_id=int(stop_id), eos=eos, max_turns=int(max_turns),
+                           max_response_tokens=int(max_response_tokens), max_obs_tokens=int(max_obs_tokens))
+        # an environment that overrides step_many answers a round's turns together (e.g. a sandbox batch)
+        self.one_by_one = getattr(env_cls.step_many, "__func__", None) is Environment.step_many.__func__
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, int(max_env_workers)),
+                                                           thread_name_prefix="rljax-env")
+        self._inflight: dict = {}  # future -> ([(batch, row)], turns, submitted at)
+
+    def submit(self, key, prompts, uids) -> EpisodeBatch:
+        """Queues a batch of prompts (objects with ``ids``, ``prompt``, ``answer``), ``n`` episodes each."""
+        eng, lim, n = self.sampler.engine, self.lim, self.n
+        prompts, uids = list(prompts), [str(u) for u in uids]
+        if len(prompts) != len(uids) or not prompts:
+            raise ValueError(f"{len(prompts)} prompts and {len(uids)} uids; accepted: one uid per prompt, at least one")
+        need = max(len(p.ids) for p in prompts) + lim.max_response_tokens + self.decode.max_new_tokens
+        if need > eng.max_len:
+            raise ValueError(f"continuation='kv' needs a cache of prompt + max_response_tokens + max_new_tokens = "
+                             f"{need} entries per slot; the engine holds {eng.max_len} (max_prefill_length + "
+                             "max_decode_length)")
+        for i, p in enumerate(prompts):
+            eng.check_prompt(p.ids, name=f"prompt {i} (uid {uids[i]!r})")
+        total = len(prompts) * n
+        batch = EpisodeBatch(key=key, prompts=prompts, uids=uids, t_submit=time.perf_counter())
+        for r in range(total):
+            p, s = prompts[r // n], r % n
+            ex = Example(prompt=str(getattr(p, "prompt", "")), answer=str(getattr(p, "answer", "")),
+                         index=int(getattr(p, "index", r // n)), uid=uids[r // n], session=s)
+            batch.episodes.append(_Session(env=self.env_cls(ex), context=[int(t) for t in p.ids]))
+        # every turn's key at once (one compiled shape per call size, not one per count of rows)
+        batch.keys = trajectory_keys(self.decode.seed, [_turn_uid(uids, n, r, k) for r in range(total)
+                                                        for k in range(lim.max_turns)], [0] * (total * lim.max_turns))
+        for g, p in enumerate(prompts):
+            first = [(g * n + s) * lim.max_turns for s in range(n)]
+            batch.sessions += self.driver.submit(Request(np.asarray(p.ids, np.int32), keys=batch.keys[first],
+                                                         rows=range(g * n, (g + 1) * n), park=True, tag=batch))
+        self._batches.append(batch)
+        return batch
+
+    @property
+    def busy(self) -> bool:
+        return self.driver.busy or bool(self._inflight)
+
+    @property
+    def active(self) -> bool:
+        return self.driver.in_progress or bool(self._inflight)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _wait(self, **kw) -> None:
+        tw = time.perf_counter()
+        concurrent.futures.wait(list(self._inflight), **kw)
+        waited = time.perf_counter() - tw
+        for b in self._batches:
+            if b.in_flight:
+                b.env_s += waited
+
+    def step(self) -> list:
+        """One driver round, the environments' answers it can take, and the batches it completed."""
+        driver, lim = self.driver, self.lim
+        chunks = driver.chunks
+        ended = []  # (batch, row, turn)
+        for ev in driver.step():
+            if ev.session is None:  # weights_changed
+                continue
+            batch = ev.session.request.tag
+            if ev.kind == "finished":
+                batch.finished += 1
+            elif ev.kind == "turn_ended":
+                r = ev.session.row
+                s = batch.episodes[r]
+                if s.turns == 0:
+                    s.queue_s = ev.session.inserted_at - batch.t_submit
+                batch.gen_tokens += ev.length
+                ended.append((batch, r, _take_turn(s, ev.tokens, ev.logp, lim, self.tokenizer, ev.versions)))
+        if ended:
+            now = time.perf_counter()
+            if self.one_by_one:  # each session's turn on its own worker
+                for batch, r, turn in ended:
+                    fut = self._pool.submit(_env_answer, [batch.episodes[r].env], [turn])
+                    self._inflight[fut] = ([(batch, r)], [turn], now)
+            else:  # the environment answers the round's turns together (its step_many batches them)
+                fut = self._pool.submit(_env_answer, [b.episodes[r].env for b, r, _ in ended], [t for _, _, t in ended])
+                self._inflight[fut] = ([(b, r) for b, r, _ in ended], [t for _, _, t in ended], now)
+        if driver.chunks == chunks and self._inflight:  # nothing decoded: every session in a slot waits on its env
+            self._wait(return_when=concurrent.futures.FIRST_COMPLETED)
+        if self._inflight:  # grace of one decode step: answers that come at once join the next chunk together
+            self._wait(timeout=driver.last_step_s)
+        for fut in [f for f in self._inflight if f.done()]:
+            where, turns, submitted = self._inflight.pop(fut)
+            steps = fut.result()
+            now = time.perf_counter()
+            for (batch, r), turn, st in zip(where, turns, steps):
+                batch.steps.append(st)
+                s = batch.episodes[r]
+                s.env_wait_s += now - submitted
+                obs = _take_step(s, turn, st, lim, self.tokenizer)
+                handle = batch.sessions[r]
+                if obs is not None:
+                    driver.resume(handle, obs, batch.keys[r * lim.max_turns + s.turns])
+                    continue
+                driver.end(handle)  # the episode ended: its slot takes a waiting session
+                s.decode_s = now - batch.t_submit - s.queue_s
+        return self._completed()
+
+    def _assemble(self, batch: EpisodeBatch) -> EpisodeTrajectories:
+        for s, h in zip(batch.episodes, batch.sessions):
+            s.min_version, s.max_version, s.done = h.min_version, h.max_version, True
+        m0, m1 = batch.marks, self._marks()
+        slot_steps = m1["slot_steps"] - m0["slot_steps"]
+        stats = RolloutStats(
+            wall_s=max(h.finished_at for h in batch.sessions) - batch.t_first,
+            prefill_s=m1["prefill_s"] - m0["prefill_s"], decode_s=m1["decode_s"] - m0["decode_s"],
+            weight_sync_s=m1["sync_s"] - m0["sync_s"], generated_tokens=batch.gen_tokens,
+            prefill_calls=m1["prefill_calls"] - m0["prefill_calls"], prefill_rows=m1["prefill_rows"] - m0["prefill_rows"],
+            decode_chunks=m1["chunks"] - m0["chunks"], num_slots=self.sampler.engine.num_slots,
+            version_start=int(m0["version"]), version_end=int(max(h.max_version for h in batch.sessions)),
+            slot_occupancy=(m1["live"] - m0["live"]) / slot_steps if slot_steps else float("nan"))
+        ep = env_metrics(batch.steps)
+        ep.update(gen_s=stats.prefill_s + stats.decode_s, env_s=batch.env_s, continuation="kv",
+                  turns=sum(s.turns for s in batch.episodes),
+                  **{k: m1[k] - m0[k] for k in ("prefill_tokens", "extend_calls", "extended_tokens")})
+        return _assemble(self.sampler, batch.prompts, self.n, batch.uids, self.episode_decode, batch.episodes, stats,
+                         ep, self.lim.max_response_tokens, self.pad_to_multiple)
 
 
 def _assemble(sampler, prompts, n, uids, decode, sessions, stats, episode, T, pad_to_multiple):

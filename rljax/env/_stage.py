@@ -17,7 +17,7 @@ import numpy as np
 
 from rljax.env._check import run_sandbox
 from rljax.env._protocol import load_env
-from rljax.env._rollout import run_episodes
+from rljax.env._rollout import EpisodeStream, run_episodes
 from rljax.errors import ConfigError
 
 
@@ -52,6 +52,15 @@ class EnvRuntime:
                             tokenizer=tokenizer, stop_id=self.stop_id, max_turns=self.max_turns,
                             max_response_tokens=self.max_response_tokens, max_obs_tokens=self.max_obs_tokens,
                             continuation=self.continuation)
+
+    def stream(self, sampler, *, n: int, decode, tokenizer, admit=None) -> EpisodeStream:
+        """Streaming admission over episodes (``continuation="kv"``): one driver for many batches
+        (:class:`rljax.env._rollout.EpisodeStream`)."""
+        if self.continuation != "kv":
+            raise ValueError(f"streaming episodes need env.continuation=kv (it is {self.continuation!r})")
+        return EpisodeStream(sampler, decode, n=n, env_cls=self.env_cls, tokenizer=tokenizer, stop_id=self.stop_id,
+                             max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+                             max_obs_tokens=self.max_obs_tokens, admit=admit)
 
 
 def episode_metrics(traj) -> dict[str, Any]:

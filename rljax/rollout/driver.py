@@ -311,6 +311,12 @@ class Driver:
         return bool(self._waiting or self._resumed or self._events or self.decoding)
 
     @property
+    def in_progress(self) -> bool:
+        """Whether a round has work besides admitting queued sessions: one decoding or resuming, or
+        an event to deliver (``busy`` without it: every queued request waits for ``admit``)."""
+        return bool(self._resumed or self._events or self.decoding)
+
+    @property
     def decoding(self) -> int:
         """Sessions decoding a turn."""
         return sum(1 for s in self._slot if s is not None and s.status == "decoding")

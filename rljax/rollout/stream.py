@@ -47,6 +47,9 @@ from rljax.rollout.driver import Request, Session, results_for
 from rljax.rollout.sampling import DecodeParams, trajectory_keys
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
+#: The engine's counters a batch's window reads (``engine.stats``).
+ENGINE_COUNTS = ("prefill_calls", "prefill_rows", "prefill_tokens", "extend_calls", "extended_tokens")
+
 
 @dataclasses.dataclass(eq=False)
 class StreamBatch:
@@ -120,6 +123,12 @@ class RolloutStream:
         return self.driver.busy
 
     @property
+    def active(self) -> bool:
+        """Whether a round would do work without admitting a queued prompt (a session decoding);
+        ``False`` while ``busy``: every queued prompt is refused by ``admit``."""
+        return self.driver.in_progress
+
+    @property
     def batches(self) -> tuple[StreamBatch, ...]:
         """The batches submitted and not yet returned, in submission order."""
         return tuple(self._batches)
@@ -130,8 +139,7 @@ class RolloutStream:
         d, stats = self.driver, self.sampler.engine.stats
         return {"prefill_s": d.prefill_s, "decode_s": d.decode_s, "chunks": d.chunks, "live": d.live_slot_steps,
                 "slot_steps": d.slot_steps, "sync_s": self.sampler.total_weight_sync_s,
-                "prefill_calls": stats.get("prefill_calls", 0), "prefill_rows": stats.get("prefill_rows", 0),
-                "version": self.driver.version}
+                **{k: stats.get(k, 0) for k in ENGINE_COUNTS}, "version": self.driver.version}
 
     def _admit(self, request: Request) -> bool:
         batch = request.tag
@@ -148,6 +156,13 @@ class RolloutStream:
         for ev in self.driver.step():
             if ev.kind == "finished":
                 ev.session.request.tag.finished += 1
+        return self._completed()
+
+    def close(self) -> None:
+        """Releases what the stream holds beside the driver (nothing here; a client's threads in subclasses)."""
+
+    def _completed(self) -> list[tuple[StreamBatch, Trajectories]]:
+        """The batches at the head whose sessions all finished, assembled, in submission order."""
         out = []
         while self._batches and self._batches[0].done:
             batch = self._batches.pop(0)

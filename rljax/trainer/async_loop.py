@@ -14,6 +14,9 @@
   :func:`streams`): :class:`StreamingProducer` keeps one rollout driver for the run and admits
   prompts of later batches into the slots a batch's tail frees, each only if its batch can
   still be trained within ``max_staleness``; a batch is queued when all its groups are complete.
+  Single-turn rollouts stream through a :class:`~rljax.rollout.stream.RolloutStream`, multi-turn
+  episodes (``env.continuation=kv``) through an ``EpisodeStream`` (:meth:`rljax.env.EnvRuntime.stream`):
+  a session parked on its environment keeps its slot, an ended episode frees it.
 * **Consumer** (the trainer's thread): takes the next batch the staleness gate accepts and
   runs ``dequeue -> trajectory_fields -> old_log_prob -> reference -> values -> advantages
   -> update_critic -> actor_minibatch -> weight_sync -> metrics`` with the trainer's
@@ -254,12 +257,22 @@ class Producer:
 
 def streams(services) -> bool:
     """Whether this run's producer streams (:class:`StreamingProducer`): ``async_training.streaming``
-    and a single-turn rollout without dynamic sampling (one stream per process, each over its
-    share of the prompt groups); else one batch per
+    and a rollout it applies to (:func:`streaming_limit` is ``None``); else one batch per
     ``generate`` call (:class:`Producer`)."""
-    cfg = services.cfg
-    return bool(cfg.async_training.streaming and services.rollout.env is None
-                and not cfg.algorithm.filter_groups.enable)
+    return bool(services.cfg.async_training.streaming) and streaming_limit(services) is None
+
+
+def streaming_limit(services) -> Optional[str]:
+    """Why ``async_training.streaming`` does not apply to this run (the line the log gives), or
+    ``None``. It applies to single-turn rollouts and to multi-turn episodes with
+    ``env.continuation=kv`` (one stream per process, each over its share of the prompt groups),
+    without ``algorithm.filter_groups``."""
+    env = services.rollout.env
+    if env is not None and env.continuation != "kv":
+        return "env.continuation=reprefill re-prefills every turn in one generate call per turn"
+    if services.cfg.algorithm.filter_groups.enable:
+        return "algorithm.filter_groups draws, scores and refills each batch in one call"
+    return None
 
 
 @dataclasses.dataclass
@@ -347,7 +360,8 @@ class StreamingProducer(Producer):
         d = S.draw_prompts(self.services, {"step": index})
         self._drawn[index] = _Drawn(d["prompts"], d["uids"], self.services.rollout.prompts.state(), t,
                                     time.perf_counter() - t)
-        self.stream.submit(index, [p.ids for p in d["prompts"]], d["uids"])
+        episodes = self.services.rollout.env is not None  # an episode's environment reads the prompt's text and answer
+        self.stream.submit(index, d["prompts"] if episodes else [p.ids for p in d["prompts"]], d["uids"])
         self.next_index += 1
 
     def _complete(self, batch, traj) -> QueueItem:
@@ -376,7 +390,9 @@ class StreamingProducer(Producer):
         try:
             with self.sampler_lock:
                 self.install_pending()
-                self.stream = r.sampler.stream(r.decode, n=self.services.cfg.rollout.n, admit=self._admit)
+                n = self.services.cfg.rollout.n
+                self.stream = (r.sampler.stream(r.decode, n=n, admit=self._admit) if r.env is None else
+                               r.env.stream(r.sampler, n=n, decode=r.decode, tokenizer=r.tokenizer, admit=self._admit))
             while not self._stop.is_set():
                 while self.pause_requested.is_set() and not self._stop.is_set():
                     time.sleep(0.005)
@@ -388,7 +404,7 @@ class StreamingProducer(Producer):
                         self._draw()
                     done = self.stream.step()
                     items = [self._complete(batch, traj) for batch, traj in done]
-                    idle = not done and not self.stream.driver.decoding
+                    idle = not done and not self.stream.active
                 for item in items:
                     q.put(item)
                 del items, done
@@ -401,6 +417,9 @@ class StreamingProducer(Producer):
         except BaseException as e:  # noqa: BLE001 -- the learner re-raises it
             log.error("rljax: the rollout thread failed: %s: %s", type(e).__name__, e)
             q.close(e)
+        finally:
+            if self.stream is not None:
+                self.stream.close()  # multi-turn: its environment threads
 
 
 class AsyncSchedule:
@@ -423,8 +442,8 @@ class AsyncSchedule:
         self.weights = WeightPush()
         self.streaming = streams(services)
         if at.streaming and not self.streaming:
-            log.info("rljax: async_training.streaming applies to single-turn rollouts without "
-                     "algorithm.filter_groups; this run generates one batch per call")
+            log.info("rljax: async_training.streaming does not apply (%s); this run generates one batch per call",
+                     streaming_limit(services))
         self.producer = (StreamingProducer if self.streaming else Producer)(services, self.queue, self.weights,
                                                                             first_index=state.produced)
         self.runner = StepRunner(self._learner_stages(stages), observers=observers)
