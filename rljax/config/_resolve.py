@@ -215,9 +215,25 @@ REMOVED_KEYS = {
 }
 
 
+#: verl keys rljax spells or does differently, where the closest-name guess would mislead
+#: (``reward_model.enable`` -> ``reward.model.label``); naming one says what rljax does instead.
+VERL_KEYS = {
+    **dict.fromkeys(("reward_model.enable", "reward.reward_model.enable"),
+                    "rljax has no switch for the reward model: reward.model.path=DIR (a sequence-classification "
+                    "checkpoint) turns it on"),
+    **dict.fromkeys(("reward_model.model.path", "reward.reward_model.model_path"),
+                    "rljax: reward.model.path=DIR (a discriminative reward model; a generative judge is "
+                    "reward.judge.path)"),
+    "data.gen_batch_size": ("with algorithm.filter_groups rljax draws every batch, refills included, as "
+                            "data.train_batch_size prompts (a separate generation batch size is not supported yet)"),
+}
+
+
 def _unknown(key: str, where: str) -> ConfigError:
     if key in REMOVED_KEYS:
         return ConfigError(f"config key {key!r}{where} was removed: {REMOVED_KEYS[key]}; delete it")
+    if key in VERL_KEYS:
+        return ConfigError(f"config key {key!r}{where} is verl's: {VERL_KEYS[key]}")
     return ConfigError(f"unknown config key {key!r}{where}{_suggest(key)}")
 
 

@@ -69,6 +69,8 @@ VERL_NAMES: dict[str, str] = {
     "rollout.val_kwargs.top_p": "actor_rollout_ref.rollout.val_kwargs.top_p",
     "rollout.val_kwargs.top_k": "actor_rollout_ref.rollout.val_kwargs.top_k",
     "reward.function": "custom_reward_function.path + custom_reward_function.name (one 'path:name' here)",
+    "reward.model.path": "reward.reward_model.model_path (with reward.reward_model.enable=true; older verl: "
+                         "reward_model.model.path with reward_model.enable=true; here the path alone turns it on)",
     "env.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
     "model.path": "actor_rollout_ref.model.path",
     "model.remat": "actor_rollout_ref.model.enable_gradient_checkpointing",

@@ -193,6 +193,22 @@ def test_unknown_keys_suggest_the_nested_key_with_that_leaf(override, suggestion
     assert suggestion in _err([override])
 
 
+@pytest.mark.parametrize("override, says", [
+    ("reward_model.enable=true", "reward.model.path=DIR"),
+    ("reward.reward_model.enable=true", "reward.model.path=DIR"),
+    ("reward_model.model.path=/rm", "rljax: reward.model.path=DIR"),
+    ("reward.reward_model.model_path=/rm", "rljax: reward.model.path=DIR"),
+    ("data.gen_batch_size=64", "as data.train_batch_size prompts"),
+])
+def test_verl_keys_rljax_does_differently_say_what_it_does(override, says):
+    """verl's spelling of a key rljax names or does otherwise: one line saying what rljax does
+    (the closest-name guess would mislead: reward_model.enable -> reward.model.label)."""
+    msg = _err([override])
+    key = override.split("=")[0]
+    assert msg.startswith(f"config key {key!r} (command line) is verl's: ") and says in msg, msg
+    assert "\n" not in msg and "did you mean" not in msg
+
+
 @pytest.mark.parametrize("bad", ["foo", "rollout.n", "=3", "a b=3"])
 def test_malformed_overrides(bad):
     assert "malformed override" in _err([bad])
