@@ -12,13 +12,19 @@ refused resume costs seconds and writes nothing).
 * Keys that name the task (dataset, its files and content, the reward, the environment)
   change only with ``--resume-from-weights``: the policy's weights are taken from the
   checkpoint and the optimizer and data position start fresh.
+* A resume whose checkpoint is at (or past) ``trainer.total_steps`` has nothing to train
+  (:func:`nothing_to_train`, as verl stops when ``global_steps >= total_training_steps``):
+  the launcher says so in one line and exits 0, writing nothing (raising
+  ``trainer.total_steps`` trains on).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional
 
+from rljax._rundir import resume_checkpoint
 from rljax.config import load_resolved, parse_override, resolve, to_flat_dict
 
 RESOLVED = "config.resolved.yaml"
@@ -106,3 +112,25 @@ def plan(config_name: Optional[str], overrides: list[str], run_dir: str, *, from
     if refusal:
         raise ResumeRefused(refusal)
     return cfg, prov, lines
+
+
+def nothing_to_train(run_dir: str, cfg, *, unverified: bool = False) -> Optional[int]:
+    """The checkpoint step a resume of ``run_dir`` under ``cfg`` would restore when it is at or
+    past ``cfg.trainer.total_steps`` (the run has trained every step: nothing to train), else
+    None. Read from the checkpoint directory alone (no array read, nothing written), with the
+    choice :meth:`rljax.trainer.checkpoint.Checkpointer.select` makes (``trainer.resume_from``,
+    else the newest checkpoint, past those without a digest unless ``unverified``)."""
+    step, _ = resume_checkpoint(os.path.join(run_dir, "checkpoints"), cfg.trainer.resume_from,
+                                past_undigested=not unverified)
+    return step if step is not None and step >= cfg.trainer.total_steps else None
+
+
+def summary_closed(run_dir: str) -> bool:
+    """Whether the run's ``trace_summary.json`` was closed (status ``completed``); read here, without
+    :mod:`rljax.trace` (JAX), so a resume of a finished run answers in a second. A summary that is
+    not (:func:`rljax.trace.tracer.complete_summary`) is a launch killed after its last step."""
+    try:
+        with open(os.path.join(run_dir, "trace_summary.json"), encoding="utf-8") as fh:
+            return json.load(fh).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -58,6 +58,31 @@ def committed_checkpoints(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
+#: A verified checkpoint's digest file (written by :class:`rljax.trainer.checkpoint.Checkpointer`).
+DIGEST_FILE = "rljax_digest.json"
+
+
+def resume_checkpoint(directory: str, resume_from: Optional[int] = None, *,
+                      past_undigested: bool = False) -> tuple[Optional[int], list[int]]:
+    """``(the checkpoint a resume restores, the newer ones it passes over)`` in ``directory``
+    (``<run_dir>/checkpoints``), from the directory alone: ``resume_from`` when given (whether
+    it exists is :func:`check_resume_from`'s), else the newest committed one (None: none).
+
+    ``past_undigested`` (a plain ``--resume``): newer checkpoints that merely lack a digest (a
+    kill between a save's commit and its digest) are passed over for the newest one that has
+    a digest; a checkpoint with a digest is never passed over (a damaged one is reported at
+    restore, not skipped), and when none has a digest the newest is chosen."""
+    if resume_from is not None:
+        return resume_from, []
+    steps = committed_checkpoints(directory)
+    if not steps:
+        return None, []
+    digested = [s for s in steps if os.path.exists(os.path.join(directory, str(s), DIGEST_FILE))]
+    if past_undigested and digested and digested[-1] != steps[-1]:
+        return digested[-1], [s for s in steps if s > digested[-1]]
+    return steps[-1], []
+
+
 def check_resume_from(run_dir: str, resume_from: Optional[int]) -> None:
     """Raises :class:`RunDirError` (one line) when ``resume_from`` names no committed checkpoint
     of ``run_dir``; creates nothing. (Whether the checkpoint is intact is checked at restore.)"""

@@ -27,8 +27,9 @@ import json
 import math
 import os
 import sys
+from typing import Optional
 
-from rljax._resume import ResumeRefused, plan
+from rljax._resume import ResumeRefused, nothing_to_train, plan, summary_closed
 from rljax._rundir import RunDirError, RunDirLock, check_resume_from, check_run_dir
 from rljax.compilation_cache import setup as setup_compilation_cache
 from rljax.config import format_config, non_default_fields, parse_mesh_spec, resolve, validate_for_mesh, write_resolved
@@ -128,20 +129,42 @@ def _validate_mesh(cfg) -> None:
 
 
 def resume_config(args, cfg, prov, run_dir: str) -> tuple:
-    """A resume runs with the run's recorded configuration (:func:`rljax._resume.plan`): the
-    overrides on top are listed; a change that would break the run, or change its task without
-    ``--resume-from-weights``, is a UsageError before anything is written."""
+    """``(config, provenance, lines)``: a resume runs with the run's recorded configuration
+    (:func:`rljax._resume.plan`), the ``lines`` (to print) list the overrides on top; a change that
+    would break the run, or change its task without ``--resume-from-weights``, is a UsageError
+    before anything is written."""
     try:
         planned = plan(args.config, _overrides(args), run_dir, from_weights=args.resume_from_weights)
         if planned is None:
-            return cfg, prov
+            return cfg, prov, []
         cfg, prov, lines = planned
         _validate_mesh(cfg)
     except (ConfigError, ResumeRefused, ValueError) as e:
         raise UsageError(str(e)) from None
-    for line in lines:
-        print(f"rljax: {line}")
-    return cfg, prov
+    return cfg, prov, lines
+
+
+def finished_run(args, cfg, run_dir: str, *, main: bool) -> Optional[str]:
+    """One line when a resume has nothing to train (:func:`rljax._resume.nothing_to_train`: its
+    checkpoint is at ``trainer.total_steps``), else None. Nothing is written, but for a run whose
+    last launch was stopped after its last step, before it closed ``trace_summary.json``: the main
+    process completes it (:func:`rljax.trace.tracer.complete_summary`)."""
+    step = nothing_to_train(run_dir, cfg, unverified=args.resume_unverified)
+    if step is None:
+        return None
+    total = cfg.trainer.total_steps
+    line = (f"resume: checkpoint {step} is {'at' if step == total else 'past'} trainer.total_steps={total}: the run "
+            f"in {run_dir} is complete, nothing to train; to train on, raise it (--resume trainer.total_steps=N, "
+            f"N > {step})")
+    if main and not summary_closed(run_dir):
+        from rljax.trace import plot_report  # JAX: only for a launch killed after its last step
+        from rljax.trace.tracer import complete_summary  # JAX, as above
+
+        note = complete_summary(run_dir, step)
+        line += f"; {note}" if note else ""
+        if not os.path.exists(os.path.join(run_dir, "report.png")):  # drawn after the summary
+            plot_report(run_dir)
+    return line
 
 
 #: What a run writes beside its checkpoints; a fresh launch never appends to them.
@@ -288,7 +311,7 @@ def _stderr_line(line: str) -> None:
 def main(argv=None) -> int:
     # intermixed: overrides may come before and after options (`... rollout.n=4 --resume trainer.total_steps=8`)
     args = _parser().parse_intermixed_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
-    lock = None
+    lock = done = None  # done: the one line of a resume with nothing to train
     try:
         cfg, prov = resolve_config(args)
         if args.print_config:
@@ -296,8 +319,9 @@ def main(argv=None) -> int:
             return 0
         args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
         run_dir = os.path.abspath(run_directory(cfg))
+        plan_lines: list = []
         if args.resume:
-            cfg, prov = resume_config(args, cfg, prov, run_dir)
+            cfg, prov, plan_lines = resume_config(args, cfg, prov, run_dir)
             run_dir = os.path.abspath(run_directory(cfg))
         check_run_dir(run_dir)
         check_resume_from(run_dir, cfg.trainer.resume_from)
@@ -306,6 +330,14 @@ def main(argv=None) -> int:
         check_cpu_placement(cfg)
         if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
             lock = RunDirLock(run_dir).acquire()
+        if args.resume and not args.distributed:  # every process reads the same directory
+            done = finished_run(args, cfg, run_dir, main=(args.process_id or 0) == 0)
+            if done is not None:
+                if (args.process_id or 0) == 0:
+                    print(f"rljax: {done}")
+                return 0  # the lock is released below
+        for line in plan_lines:
+            print(f"rljax: {line}")
         ckpt_dir = os.path.join(run_dir, "checkpoints")
         if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
             raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume "
@@ -322,11 +354,20 @@ def main(argv=None) -> int:
 
             if jax.process_index() == 0:
                 lock = RunDirLock(run_dir).acquire()
+            done = finished_run(args, cfg, run_dir, main=jax.process_index() == 0) if args.resume else None
+            if done is not None:
+                if jax.process_index() == 0:
+                    print(f"rljax: {done}")
+                return 0
     except (UsageError, RunDirError) as e:
         if lock is not None:
             lock.release(undo=True)  # a refused launch leaves nothing behind
+            lock = None
         _stderr_line(f"rljax.launch: error: {e}")
         return 2
+    finally:
+        if lock is not None and done is not None:  # a finished run: nothing was trained or written
+            lock.release()
     try:
         return _run(args, cfg, prov, run_dir)
     finally:

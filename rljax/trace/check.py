@@ -619,6 +619,10 @@ def check_summary(run: Run) -> Result:
         return FAIL, name, f"{SUMMARY_FILE} missing"
     if s.get("status") == "failed":
         return FAIL, name, f"the run failed at step {s.get('failed_at_step')}: {s.get('error')}"
+    if s.get("status") == "running":
+        return FAIL, name, (f"the run stopped after step {s.get('last_step')} without closing its summary (killed, or "
+                            "still running): --resume trains the rest (or completes the summary of a run that "
+                            "trained every step)")
     if not s.get("records") or not s.get("traced_uids"):
         return FAIL, name, f"{SUMMARY_FILE} records no trace"
     uids = {r["uid"] for r in run.records}

@@ -137,6 +137,7 @@ class Tracer:
         # only once the run is built (a refused resume leaves the run's record as it was)
         self._config_written = False
         self._closed = False
+        self._last_step: Optional[int] = None  # the newest step whose records are written
         self._events: list = []
         self._pending: list[dict] = []
         self._step: Optional[int] = None
@@ -481,6 +482,10 @@ class Tracer:
             append_lines(self.path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
         self._records += len(records)
         self._uids.extend(sorted({r["uid"] for r in records}))
+        self._last_step = int(report.step)
+        if self.enabled and not self._closed:  # the summary so far: a kill after the last step loses nothing of it
+            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE),
+                         json.dumps(self._summary(), separators=(",", ":")))
 
     def _alert(self, step: int, name: str, msg: str, out: Optional[dict]) -> None:
         sev = A.SEVERITY.get(name, "warning")
@@ -497,15 +502,30 @@ class Tracer:
     def close(self, *, error: Optional[str] = None, step: Optional[int] = None) -> dict:
         """Writes ``trace_summary.json`` (records, traced uids, stage time, overhead, alerts, and the
         error when the run failed); returns it. Closing twice keeps the first summary's error."""
+        summary = self._summary("failed" if error else "completed")
+        if error:
+            summary["error"] = error
+            summary["failed_at_step"] = step
+        if self.enabled and not (self._closed and not error):
+            os.makedirs(self.run_dir, exist_ok=True)
+            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
+        self._closed = True
+        return summary
+
+    def _summary(self, status: str = "running") -> dict:
+        """``trace_summary.json``'s content so far: ``status`` ``running`` (written after every
+        step's records, so a launch killed before :meth:`close` leaves the summary of every step
+        it traced: :func:`complete_summary`), ``completed`` or ``failed``; ``last_step``: the
+        newest step whose records are in ``trace.jsonl``."""
         frac = self._spent_total / self._step_total if self._step_total > 0 else 0.0
-        summary = {"steps": self._steps, "records": self._records, "groups_per_step": self.k,
+        summary = {"steps": self._steps, "last_step": self._last_step, "records": self._records,
+                   "groups_per_step": self.k,
                    "stages": ["config_resolve", *self._stages_seen, "cleanup"], "traced_uids": self._uids,
                    "stage_s": self._stage_total, "overhead_s": self._spent_total, "step_s": self._step_total,
                    "overhead_frac": frac,
                    "overhead_frac_median": float(np.median(self._fracs)) if self._fracs else 0.0,
                    "overhead_frac_max": float(max(self._fracs, default=0.0)),
-                   "ledger_s": self._ledger_total, "alerts": self._alerts,
-                   "status": "failed" if error else "completed",
+                   "ledger_s": self._ledger_total, "alerts": self._alerts, "status": status,
                    "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json", ROLLOUT_FILE)
                              if os.path.exists(os.path.join(self.run_dir, f))]}
 
@@ -520,13 +540,6 @@ class Tracer:
             summary["rollout"] = self._rollout
         if self.sandbox is not None:
             summary["sandbox"] = self.sandbox
-        if error:
-            summary["error"] = error
-            summary["failed_at_step"] = step
-        if self.enabled and not (self._closed and not error):
-            os.makedirs(self.run_dir, exist_ok=True)
-            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
-        self._closed = True
         return summary
 
     @staticmethod
@@ -665,6 +678,48 @@ class Tracer:
         r = dict(base, stage=stage, t_start=self._wall(t0), t_end=self._wall(t1), fields=fields, **extra)
         r["signature"] = _signature(keys, fields)
         return r
+
+def complete_summary(run_dir: str, step: int) -> Optional[str]:
+    """Completes the ``trace_summary.json`` of a run that trained every step (its checkpoint
+    ``step`` is at ``trainer.total_steps``) when the launch that trained ``step`` stopped before
+    :meth:`Tracer.close` (a SIGKILL, or a signal or error after its last step's records): the
+    summary it wrote after ``step`` (status ``running``, or ``failed`` with the error) becomes
+    ``completed``, the stop kept under ``stopped``. An asynchronous run's final queue counts are
+    those of its last trained batch (the queue's own went with the launch): said under
+    ``async.final_counts``. Returns one line saying what was done, or what is missing and why
+    (nothing is written then); None when the summary is already complete."""
+    path = os.path.join(run_dir, SUMMARY_FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            summary = json.load(fh)
+    except FileNotFoundError:
+        return (f"{SUMMARY_FILE} is missing, and cannot be rebuilt from the records on disk (the launch that "
+                f"trained step {step} stopped before writing it): python -m rljax.trace check reports it")
+    except (OSError, ValueError) as e:
+        return f"{SUMMARY_FILE} is unreadable ({type(e).__name__}) and cannot be rebuilt from the records on disk"
+    if summary.get("status") == "completed":
+        return None
+    last = summary.get("last_step")
+    if last != step:
+        return (f"{SUMMARY_FILE} (status {summary.get('status')}) covers the steps up to {last}, not {step}: it "
+                "cannot be completed from the records on disk")
+    stopped = {k: summary.pop(k) for k in ("error", "failed_at_step") if k in summary}
+    how = (f"the launch that trained step {step} ended before closing it: "
+           + (stopped["error"] if stopped.get("error") else "killed"))
+    summary["stopped"] = {**stopped, "completed_at": time.time(), "how": how}
+    summary["status"] = "completed"
+    a = summary.get("async")
+    if a and "final_dropped_stale" not in a:
+        per_batch = a.get("trained_rows", 0) / max(a.get("trained_batches", 0), 1)
+        generated = int(a.get("generated_rows", 0))
+        a.update(final_dropped_stale=int(a.get("dropped_stale", 0)),
+                 final_dropped_overflow=int(a.get("dropped_overflow", 0)), final_generated_rows=generated,
+                 batches_put=int(np.ceil(generated / per_batch)) if per_batch else 0,
+                 final_counts=f"as of the last trained batch (step {step}): the queue's own final counts went "
+                              "with the launch that stopped")
+    write_atomic(path, json.dumps(summary, indent=1))
+    return f"its {SUMMARY_FILE} was completed from the summary of every step on disk ({how})"
+
 
 def _allgather_json(obj: dict, width: int = 8192) -> list[dict]:
     """Every process's ``obj`` (JSON, at most ``width`` bytes: the list of found violations is cut

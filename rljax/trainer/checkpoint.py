@@ -47,9 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rljax._rundir import committed_checkpoints
-
-DIGEST_FILE = "rljax_digest.json"
+from rljax._rundir import DIGEST_FILE, committed_checkpoints, resume_checkpoint
 _DELETING = ".rljax-deleting"
 _ORBAX_TMP = ".orbax-checkpoint-tmp"
 _DISCARDED = "discarded"
@@ -481,18 +479,14 @@ class Checkpointer:
         over, with one line, for the newest one that has a digest; :meth:`restore` still
         verifies that one. A checkpoint with a digest is never passed over, so a damaged one is
         reported, not skipped; when none has a digest the newest is chosen (and refused)."""
-        steps = self.all_steps()
         if resume_from is None:
-            if not steps:
-                return None
-            digested = [s for s in steps if os.path.exists(os.path.join(self.step_dir(s), DIGEST_FILE))]
-            if past_undigested and digested and digested[-1] != steps[-1]:
-                newer = [s for s in steps if s > digested[-1]]
+            step, newer = resume_checkpoint(self.directory, past_undigested=past_undigested)
+            if newer:
                 self.echo(f"resume: checkpoint(s) {', '.join(map(str, newer))} have no digest (the run stopped "
-                          f"between a save's commit and its digest); resuming from {digested[-1]}, the newest "
+                          f"between a save's commit and its digest); resuming from {step}, the newest "
                           f"with one (--resume-unverified restores {newer[-1]} instead)")
-                return digested[-1]
-            return steps[-1]
+            return step
+        steps = self.all_steps()
         if resume_from not in steps:
             raise CheckpointError(f"trainer.resume_from={resume_from}: no checkpoint {resume_from} in "
                                   f"{self.directory}; available: {', '.join(map(str, steps)) or 'none'}")

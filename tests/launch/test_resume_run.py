@@ -13,7 +13,7 @@ import signal
 import pytest
 from launching import launch
 
-from rljax._resume import ResumeRefused, plan
+from rljax._resume import ResumeRefused, nothing_to_train, plan
 from rljax.config import resolve, write_resolved
 from rljax.trainer.guard import StopSignals, cut_jsonl
 
@@ -123,3 +123,52 @@ def test_sigint_is_a_stop_request_and_a_second_one_interrupts():
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # a repeated SIGTERM stays a request
         assert stop.requested == "SIGTERM"
+
+
+def _finished(tmp_path, steps=(10, 20), digested=(10, 20)):
+    """A run directory as a finished 20-step run leaves it: checkpoints (with digests), records, a
+    closed trace summary, a released lock."""
+    run = _run_dir(tmp_path, overrides=("trainer.total_steps=20", "rollout.n=4"), checkpoints=steps)
+    for s in digested:
+        (run / "checkpoints" / str(s) / "rljax_digest.json").write_text('{"step": %d, "files": {}}' % s)
+    (run / "checkpoints" / "20" / "state").mkdir(exist_ok=True)
+    (run / "checkpoints" / "20" / "state" / "d").write_bytes(os.urandom(64))
+    for name in ("trace.jsonl", "rollout_uids.jsonl"):
+        (run / name).write_text("".join(json.dumps({"step": s, "uid": f"{s}-0"}) + "\n" for s in range(1, 21)))
+    (run / "trace_summary.json").write_text(json.dumps({"status": "completed", "last_step": 20, "steps": 20}))
+    (run / "rljax.lock").write_text("")
+    return run
+
+
+def test_a_finished_run_resumed_trains_nothing_and_writes_nothing(tmp_path):
+    """A --resume of a run that trained every step overwrote its trace_summary.json with an empty
+    one, appended a resume marker and rewrote config.resolved.yaml (trace check then FAILed three
+    checks). Now: one line (which step, that the run is complete, how to train on), exit 0, before
+    JAX starts, every file of the run byte-identical."""
+    run = _finished(tmp_path)
+    before = _digests(run)
+    out = launch("--run-dir", str(run), "--resume", timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr[-2000:]
+    assert out.stdout.count("\n") == 1, out.stdout
+    line = out.stdout.strip()
+    assert line.startswith("rljax: resume: checkpoint 20 is at trainer.total_steps=20") and "complete" in line
+    assert "trainer.total_steps=N, N > 20" in line
+    assert _digests(run) == before
+
+
+def test_which_resumes_have_nothing_to_train(tmp_path):
+    """The launcher's decision reads the checkpoint directory as the restore chooses: at or past
+    trainer.total_steps; a raised total_steps, an older --resume=N, or a newest checkpoint a kill
+    left without a digest (a plain --resume passes it over) trains on."""
+    cfg, _ = resolve("default", ["trainer.total_steps=20"])
+    run = _finished(tmp_path)
+    assert nothing_to_train(str(run), cfg) == 20
+    more, _ = resolve("default", ["trainer.total_steps=30"])
+    assert nothing_to_train(str(run), more) is None
+    fewer, _ = resolve("default", ["trainer.total_steps=15"])
+    assert nothing_to_train(str(run), fewer) == 20
+    older, _ = resolve("default", ["trainer.total_steps=20", "trainer.resume_from=10"])
+    assert nothing_to_train(str(run), older) is None
+    (run / "checkpoints" / "20" / "rljax_digest.json").unlink()  # killed between the commit and the digest
+    assert nothing_to_train(str(run), cfg) is None  # step 20 is trained again from checkpoint 10
+    assert nothing_to_train(str(run), cfg, unverified=True) == 20

@@ -1,0 +1,64 @@
+"""``trace_summary.json`` survives a launch that ends before it closes (a SIGKILL after the last
+step, a signal or an error after the last step's records): the tracer writes the summary so far
+after every step (status ``running``), and a resume of a run that trained every step completes
+it (:func:`rljax.trace.tracer.complete_summary`) instead of overwriting it with an empty one.
+The end-to-end kills are tests/trainer/test_async_kill_resume.py (slow)."""
+
+import json
+import shutil
+
+from rljax.trace.check import FAIL, PASS, Run, check_invariants, check_summary
+from rljax.trace.tracer import complete_summary
+
+from test_trace_alerts import _step
+
+
+def _summary(run) -> dict:
+    return json.loads((run / "trace_summary.json").read_text())
+
+
+def test_the_summary_after_each_step_is_what_close_writes_once_completed(tmp_path):
+    run, copy = tmp_path / "run", tmp_path / "killed"
+    tracer, _ = _step(run, steps=2)
+    s = _summary(run)  # the launch "dies" here: no close()
+    assert s["status"] == "running" and s["last_step"] == 2 and s["steps"] == 2 and s["records"] > 0
+    status, _, detail = check_summary(Run(str(run)))
+    assert status == FAIL and "without closing its summary" in detail, detail
+    shutil.copytree(run, copy)
+    line = complete_summary(str(copy), 2)
+    assert line.startswith("its trace_summary.json was completed") and "killed" in line, line
+    assert check_summary(Run(str(copy)))[0] == PASS and check_invariants(Run(str(copy)))[0] == PASS
+    completed = _summary(copy)
+    assert completed.pop("stopped")["how"].endswith("ended before closing it: killed")
+    closed = json.loads(json.dumps(tracer.close()))  # what the launch would have written
+    assert completed == closed
+    assert complete_summary(str(copy), 2) is None  # closed: nothing to do
+
+
+def test_a_stop_after_the_last_step_is_completed_and_anything_else_is_left_as_it_is(tmp_path):
+    run = tmp_path / "run"
+    tracer, _ = _step(run, steps=2)
+    tracer.close(error="StopRequested: stopped by SIGTERM after step 2; saved checkpoint 2", step=2)
+    assert check_summary(Run(str(run)))[0] == FAIL
+    before = (run / "trace_summary.json").read_bytes()
+    line = complete_summary(str(run), 3)  # the checkpoint is a step the summary does not reach
+    assert "covers the steps up to 2, not 3" in line and (run / "trace_summary.json").read_bytes() == before
+    assert "SIGTERM" in complete_summary(str(run), 2)
+    s = _summary(run)
+    assert s["status"] == "completed" and s["stopped"]["failed_at_step"] == 2 and "error" not in s
+    assert check_summary(Run(str(run)))[0] == PASS
+    (run / "trace_summary.json").unlink()
+    assert "is missing, and cannot be rebuilt" in complete_summary(str(run), 2)
+    assert not (run / "trace_summary.json").exists()
+
+
+def test_an_async_summary_gets_final_queue_counts_said_to_be_the_last_batchs(tmp_path):
+    (tmp_path / "trace_summary.json").write_text(json.dumps({
+        "status": "running", "last_step": 4, "steps": 4,
+        "async": {"trained_rows": 128, "trained_batches": 4, "dropped_stale": 32, "dropped_overflow": 0,
+                  "generated_rows": 192}}))
+    complete_summary(str(tmp_path), 4)
+    a = _summary(tmp_path)["async"]
+    assert (a["final_dropped_stale"], a["final_dropped_overflow"], a["final_generated_rows"], a["batches_put"]) == \
+        (32, 0, 192, 6)
+    assert "as of the last trained batch (step 4)" in a["final_counts"]
