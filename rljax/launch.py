@@ -187,10 +187,10 @@ def check_inputs(cfg) -> None:
 
 def check_process_split(cfg, processes) -> None:
     """Each process generates ``data.train_batch_size / processes`` whole prompt groups
-    (:mod:`rljax.trainer.distribute`): the batch must split evenly (but for a multi-turn run with
-    dynamic sampling or a judge, which still generates the whole batch on every process)."""
+    (:mod:`rljax.trainer.distribute`): the batch must split evenly (but for a multi-turn run with a
+    judge, which still generates the whole batch on every process)."""
     # distribute.whole_batch_reason (not imported: JAX is not configured yet)
-    whole = cfg.env.function is not None and (cfg.algorithm.filter_groups.enable or cfg.reward.judge.path is not None)
+    whole = cfg.env.function is not None and cfg.reward.judge.path is not None
     if processes and processes > 1 and not whole and cfg.data.train_batch_size % processes:
         raise UsageError(f"data.train_batch_size={cfg.data.train_batch_size} prompts do not split over "
                          f"--num-processes={processes}: each process generates whole prompt groups; use a multiple "

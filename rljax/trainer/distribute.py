@@ -113,15 +113,9 @@ def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = No
 
 def whole_batch_reason(cfg) -> Optional[str]:
     """Why every process of a run of ``cfg`` still generates the whole batch, or ``None`` (each
-    generates its share): a multi-turn run (``env.function``) with dynamic sampling (the kept-row
-    exchange moves single-turn rows only) or with a generative judge (its verdicts are not merged
-    across processes)."""
-    if cfg.env.function is None:
-        return None
-    if cfg.algorithm.filter_groups.enable:
-        return "multi-turn with algorithm.filter_groups: every process runs every episode (the kept-row exchange " \
-               "moves single-turn rows only)"
-    if cfg.reward.judge.path is not None:
+    generates its share): a multi-turn run (``env.function``) with a generative judge (its verdicts
+    are not merged across processes)."""
+    if cfg.env.function is not None and cfg.reward.judge.path is not None:
         return "multi-turn with reward.judge.path: every process runs and judges every episode (the verdict " \
                "reports are not merged across processes)"
     return None

@@ -23,7 +23,9 @@ its share (``s.rollout.share``); the processes all-gather each group's keep flag
 they keep the one-process run's groups, draw the same batches and stop together; the kept
 groups are then exchanged (:func:`exchange`) so each process trains its share of the
 one-process batch. The kept scores travel with the digests of the tokens they were computed
-for (the trace's reward tie, ``scored_rows``).
+for (the trace's reward tie, ``scored_rows``). Multi-turn episodes split the same way: each
+process runs its share of every draw's episodes, and the exchange moves their per-row fields
+too (roles, turn counts, tool facts; the final text and turn spans as JSON).
 
 ``trainer.mode=async`` runs the same stage on the producer thread
 (:mod:`rljax.trainer.async_loop` takes the synchronous ``rollout_sessions`` and ``reward``):
@@ -37,6 +39,7 @@ the producer threads run no collective beside the learner's
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
@@ -267,11 +270,13 @@ def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
     this process generated (in trained order), ``kept_uids`` / ``owners``: every trained
     group's uid and generating process. Returns ``(trajectories, scored)``.
 
-    One all-gather of the kept rows (token arrays, scores, session / index keys:
-    :func:`~rljax.trainer.distribute.allgather_blocks`) and one of the prompt width: the cost of
-    the filter's agreement beyond the per-draw keep flags. ``stats`` stay this process's own (its
-    generation work, every draw)."""
-    from rljax.trainer.distribute import allgather_blocks, per_process  # JAX: NumPy-only on one process
+    One all-gather of the kept rows (token arrays, multi-turn episodes' per-row arrays, scores,
+    session / index keys: :func:`~rljax.trainer.distribute.allgather_blocks`), one of the prompt
+    width, and for multi-turn episodes their per-row host fields (final text, turn spans) as JSON
+    (:func:`~rljax.trainer.distribute.allgather_texts`): the cost of the filter's agreement beyond
+    the per-draw keep flags. ``stats`` and the episode totals (``episode``) stay this process's own
+    (its generation work, every draw; ``gather_rollout`` sums the tool counts over processes)."""
+    from rljax.trainer.distribute import allgather_blocks, allgather_texts, per_process  # JAX: several processes
 
     n = share.n
     counts = [owners.count(q) for q in range(share.processes)]
@@ -286,19 +291,30 @@ def exchange(traj, scored: dict, kept_uids: list, owners: list, share):
         v = local[k]
         local[k] = np.pad(v, ((0, 0), (width - v.shape[1], 0)), constant_values=traj.pad_id if k == "prompt_ids" else 0)
     every = allgather_blocks(local, share)  # every process's kept rows, in process-index order
+    # multi-turn episodes: the final turn's text and the turn spans of every process's kept rows, same order
+    texts = {k: allgather_texts([json.dumps(v) for v in getattr(traj, k)], share)
+             for k in _row_fields(traj) if k not in ("uid", "session", "index")}
     start = np.concatenate([[0], np.cumsum(counts)[:-1]]) * n  # each process's first row there
     picks, seen = [], [0] * share.processes
     for q in owners:
         picks.append((q, seen[q]))
         seen[q] += 1
     mine = picks[share.lo:share.hi]
-    rows = {k: np.concatenate([v[start[q] + j * n:start[q] + (j + 1) * n] for q, j in mine]) for k, v in every.items()}
+    take = np.concatenate([np.arange(start[q] + j * n, start[q] + (j + 1) * n) for q, j in mine]) if mine else \
+        np.zeros(0, int)
+    rows = {k: v[take] for k, v in every.items()}
+    host = {k: tuple(_frozen(json.loads(t[i])) for i in take) for k, t in texts.items()}
     out_scored = {"scores": rows.pop("scores"), "digest": rows.pop("digest")}
     session, index = rows.pop("session"), rows.pop("index")
     rows["group_id"] = np.repeat(np.arange(len(mine), dtype=np.int32), n)
     uids = tuple(u for u in kept_uids[share.lo:share.hi] for _ in range(n))
-    return traj.replace(**rows, uid=uids, session=tuple(int(x) for x in session),
+    return traj.replace(**rows, **host, uid=uids, session=tuple(int(x) for x in session),
                         index=tuple(int(x) for x in index), num_groups=len(mine)), out_scored
+
+
+def _frozen(v):
+    """A JSON value back as the host field held it: lists as tuples (turn spans: ``((start, end, role), ...)``)."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
 
 
 def metrics(facts: dict) -> dict:

@@ -261,10 +261,11 @@ def _filtered_stages(s: Services, rollout_fn):
         check_async_share(s.rollout.share, s.cfg.trainer.mesh, filter_groups=True)
 
     def task_score(s, traj, prompts):
-        if s.rollout.env is not None:  # multi-turn: the episode's reward (the environment's, else the final turn's)
-            return episode_scores(traj, s.reward.fn, prompts, max_error_fraction=s.cfg.reward.max_error_fraction)
         # several processes: the bound applies to the whole batch (gather_rollout), so every process stops together
-        return score(s, traj, prompts, max_error_fraction=1.0 if multi else s.cfg.reward.max_error_fraction)
+        bound = 1.0 if multi else s.cfg.reward.max_error_fraction
+        if s.rollout.env is not None:  # multi-turn: the episode's reward (the environment's, else the final turn's)
+            return episode_scores(traj, s.reward.fn, prompts, max_error_fraction=bound)
+        return score(s, traj, prompts, max_error_fraction=bound)
 
     def rollout(s, b):
         return ds.filtered_rollout(s, b, rollout_fn=rollout_fn, score_fn=task_score, shape_fn=overlong_shaping,

@@ -1,11 +1,13 @@
 """Every rollout split across processes: a 2-process run (2 x 2 CPU devices) of the multi-turn tool
-task, validating before and after training, against the one-process run on 4 devices.
+task with dynamic sampling (``algorithm.filter_groups``), validating before and after training,
+against the one-process run on 4 devices.
 
-Each process runs its share of the training episodes (whole prompt groups) and of every
-held-out batch; the union of the processes' trajectories is the one-process rollout, none twice;
-the validation metrics and the generations log equal the one-process run's; the packed learner
-plans from all-gathered row spans only (``perf/packing_gather_bytes``: three ``[B]`` int32
-arrays, not the batch's tokens)."""
+Each process runs its share of every drawn batch's training episodes (whole prompt groups) and
+of every held-out batch; the processes agree on the kept groups and exchange the kept episodes
+(their per-row multi-turn fields with them), so the union of the processes' trained rows is the
+one-process batch, none twice; the dropped uids, the validation metrics, the generations log
+and every metric equal the one-process run's; the packed learner plans from all-gathered row
+spans only (``perf/packing_gather_bytes``: three ``[B]`` int32 arrays, not the batch's tokens)."""
 
 import glob
 import json
@@ -18,15 +20,17 @@ import pytest
 
 from launching import REPO, launch, launch_env, metrics
 
-#: The tool task at a small size: 8 prompts x 4 sessions a step, 14 held-out prompts in batches of
-#: 6 (6, 6, 2: blocks of 3 / 3 and 1 / 1 prompts), two sampled sessions each (the uids' random
-#: streams matter), validated before and after training, every held-out row logged, the learner
-#: packed (actor.use_remove_padding=true) on dp4.
+#: The tool task at a small size: 8 prompts x 4 sessions a step, groups whose episodes all score the
+#: same dropped and refilled (a random policy fails every episode of some groups), 14 held-out
+#: prompts in batches of 6 (6, 6, 2: blocks of 3 / 3 and 1 / 1 prompts), two sampled sessions each
+#: (the uids' random streams matter), validated before and after training, every held-out row
+#: logged, every group traced, the learner packed (actor.use_remove_padding=true) on dp4.
 ARGS = ["--mesh=dp4", "--config", "tool_lookup", "data.train_batch_size=8", "rollout.n=4",
         "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64", "data.embedded.num_test=14",
         "data.val_batch_size=6", "rollout.val_kwargs.n=2", "rollout.val_kwargs.temperature=1.0",
         "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.log_val_generations=100",
-        "trainer.total_steps=2", "trace.rollout_dump=true", "actor.use_remove_padding=true"]
+        "trainer.total_steps=2", "trace.rollout_dump=true", "actor.use_remove_padding=true",
+        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=0", "trace.groups=8"]
 
 #: Not compared: timings, throughput, memory, per-process engine facts (as tests/test_launch.py).
 _SKIP = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/rollout_tokens_per_s", "perf/mfu",
@@ -51,13 +55,31 @@ def _trained_rows(run_dir):
     return rows, logp, seen
 
 
+def _records(run_dir, name):
+    path = os.path.join(str(run_dir), name)
+    return [json.loads(x) for x in open(path) if x.strip()]
+
+
+def _traced_episodes(run_dir):
+    """``{(step, trajectory key): its episode facts}`` of the traced ``rollout_sessions`` records (turn
+    spans, turns, tool calls, observation tokens: the multi-turn per-row fields)."""
+    out = {}
+    for r in _records(run_dir, "trace.jsonl"):
+        if r.get("stage") != "rollout_sessions":
+            continue
+        for t in r["trajectories"]:
+            out[(r["step"], t["key"])] = {k: t[k] for k in ("role_spans", "num_turns", "tool_calls",
+                                                             "observation_tokens", "obs_mask_sum", "min_version")}
+    return out
+
+
 def _val_generations(run_dir):
     path = os.path.join(str(run_dir), "generations.jsonl")
     return [json.loads(x) for x in open(path) if x.strip() and json.loads(x)["split"] == "val"]
 
 
 @pytest.mark.slow
-def test_two_processes_split_validation_and_episodes_like_one(tmp_path):
+def test_two_processes_split_validation_and_filtered_episodes_like_one(tmp_path):
     one = tmp_path / "one"
     out = launch("--run-dir", str(one), *ARGS)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -70,7 +92,22 @@ def test_two_processes_split_validation_and_episodes_like_one(tmp_path):
     assert "note" not in topo["rollout_share"], topo["rollout_share"]  # no "every process runs every episode"
     assert "rollout across 2 processes: 4 prompt groups each" in two.stdout
 
-    # Training episodes: each process ran its own groups; the union is the one-process rollout.
+    # Dynamic sampling: the processes kept and dropped the one-process groups (with the same reasons),
+    # and each trained its share of the one-process batch, some of it generated by the other process.
+    one_uids = {r["step"]: r for r in _records(one, "rollout_uids.jsonl")}
+    two_uids = {r["step"]: r for r in _records(tmp_path / "two", "rollout_uids.jsonl")}
+    assert sorted(one_uids) == sorted(two_uids) == [1, 2]
+    exchanged = 0
+    for step, rec in two_uids.items():
+        ref = one_uids[step]
+        assert rec["dropped"] == ref["dropped"], step
+        assert rec["by_process"]["0"] + rec["by_process"]["1"] == ref["by_process"]["0"], step
+        for p, uids in rec["by_process"].items():  # uid index i: draw i // 8, group i % 8, generated by (i % 8) // 4
+            exchanged += sum((int(u.split("-")[1]) % 8) // 4 != int(p) for u in uids)
+    assert exchanged, "no kept episode was trained by a process other than its generator: the exchange is untested"
+    assert any(r["dropped"] for r in one_uids.values()), "a random policy fails every episode of some groups"
+
+    # Training episodes: the union of the processes' trained rows is the one-process batch, token for token.
     ref, ref_logp, ref_seen = _trained_rows(one)
     got, got_logp, seen = _trained_rows(tmp_path / "two")
     assert len(ref) == 2 * 8 * 4 and set(ref_seen.values()) == {1}
@@ -79,9 +116,12 @@ def test_two_processes_split_validation_and_episodes_like_one(tmp_path):
     assert all(got[k] == ref[k] for k in ref), [k for k in ref if got[k] != ref[k]][:4]
     for k in ref:
         np.testing.assert_allclose(got_logp[k], ref_logp[k], rtol=1e-5, atol=1e-6, err_msg=str(k))
-    for p in (0, 1):
-        uids = set(np.load(tmp_path / "two" / "rollouts" / f"process{p}" / "step2.npz")["uid"].tolist())
-        assert uids == {f"2-{i}" for i in range(4 * p, 4 * p + 4)}, (p, uids)
+    # ... and their multi-turn fields travelled with them: process 0 traces its share of each batch
+    # (exchanged episodes included) as the one-process run traces those episodes.
+    ep_one, ep_two = _traced_episodes(one), _traced_episodes(tmp_path / "two")
+    assert len(ep_two) == 2 * 4 * 4 and ep_two.keys() <= ep_one.keys()
+    assert {k: ep_one[k] for k in ep_two} == ep_two
+    assert any((int(key.split("_")[0].split("-")[1]) % 8) // 4 for _, key in ep_two), "no exchanged episode traced"
 
     # Validation: the held-out rows logged by process 0 are every process's, the one-process rows.
     val_one, val_two = _val_generations(one), _val_generations(tmp_path / "two")
@@ -103,7 +143,7 @@ def test_two_processes_split_validation_and_episodes_like_one(tmp_path):
             compared += 1
     assert compared > 60
     for key in ("val/score/mean", "val/env/tool_call_rate", "val/env/num_turns/mean", "env/tool_calls",
-                "env/num_turns/mean", "perf/learner_padding_frac"):
+                "env/num_turns/mean", "perf/learner_padding_frac", "train/num_gen_batches", "train/dropped_groups"):
         assert sum(key in r for r in b) >= 1, key
     assert sum("val/score/mean" in r for r in b) == 2
     # The packed learner planned from the rows' spans: 3 x [32] int32 all-gathered a pass, no tokens.
@@ -116,3 +156,4 @@ def test_two_processes_split_validation_and_episodes_like_one(tmp_path):
     results = run_checks(str(tmp_path / "two"))
     assert not [r for r in results if r[0] == "FAIL"], results
     assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
+    assert ("PASS", "no dropped group trained (dynamic sampling)") in [(r[0], r[1]) for r in results]
