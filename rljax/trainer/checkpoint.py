@@ -468,6 +468,10 @@ class Checkpointer:
             return []
         return structure_diff(saved, like) if saved else []
 
+    def _mismatch(self, step: int, diff: list[str]) -> CheckpointMismatch:
+        return CheckpointMismatch(f"checkpoint {step} in {self.directory} is intact but does not fit this run "
+                                  f"(the configuration changed): {'; '.join(diff)}")
+
     # ------------------------------------------------------------------ restore
 
     def select(self, resume_from: Optional[int] = None, *, past_undigested: bool = False) -> Optional[int]:
@@ -538,6 +542,12 @@ class Checkpointer:
                                     what="is unverified")
             self.echo(f"checkpoint: checkpoint {step} {reason}; restoring it unverified (--resume-unverified; "
                       "its values are still checked to be finite)")
+        # An array whose saved shape differs from this run's is refused from the checkpoint's metadata,
+        # before orbax starts a read: a read failing mid-restore left the other arrays' reads suspended
+        # (coroutines collected later as "Exception ignored in ... _read_array_index_and_device_put").
+        diff = self._structure_diff(step, like)
+        if any(" in the checkpoint, " in d for d in diff):
+            raise self._mismatch(step, diff)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
@@ -545,8 +555,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for unreadable files
             diff = self._structure_diff(step, like)
             if diff:
-                raise CheckpointMismatch(f"checkpoint {step} in {self.directory} is intact but does not fit this run "
-                                         f"(the configuration changed): {'; '.join(diff)}") from e
+                raise self._mismatch(step, diff) from e
             first = " ".join(str(e).split())[:200]
             raise self._damaged(step, f"orbax cannot read it ({type(e).__name__}: {first})") from e
         bad = nonfinite_leaves(out["state"])
