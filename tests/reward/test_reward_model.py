@@ -195,3 +195,47 @@ def test_reward_model_in_async_and_multi_turn_runs(tmp_path):
             np.testing.assert_allclose(r["critic/score/mean"], r["reward/function/mean"] + 2.0 * r["reward/model/mean"],
                                        rtol=1e-5, atol=1e-6)
     assert all("env/num_turns/mean" in r for r in tool)
+
+
+@pytest.mark.slow
+def test_reward_model_on_two_processes_equals_one_process(tmp_path):
+    """launch/local_multiprocess.sh, 2 processes x 2 CPU devices (dp4) against one process with 4:
+    the reward model scores the global learner batch on the learner mesh and each process combines
+    its own rows' rule scores with its rows of the model's scores, so every batch metric equals the
+    one-process run's (``reward/model/*``, ``critic/score/mean`` and the combined sum included)
+    and the trace check, the reward tie on each process's combined scores included, passes."""
+    import math
+    import os
+    import subprocess
+
+    from launching import REPO, launch, launch_env
+    from launching import metrics as read_metrics
+    from test_launch import _NOT_COMPARED
+
+    path = tiny_reward_model(tmp_path / "rm_ckpt", scale=5.0)
+    # RM_RUN on dp4 with 8 prompts a step (later keys win): each process generates 4 groups
+    args = [*RM_RUN, "--mesh=dp4", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", f"reward.model.path={path}"]
+    out = launch("--run-dir", str(tmp_path / "one"), *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    two = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2",
+                          "--run-dir", str(tmp_path / "two"), *args],
+                         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    compared = 0
+    for ra, rb in zip(a, b):
+        for key, va in ra.items():
+            if key.startswith(_NOT_COMPARED) or not isinstance(va, (int, float)):
+                continue
+            assert key in rb, (ra["step"], key)
+            assert math.isclose(va, rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key, va, rb[key])
+            compared += 1
+    assert compared > 60
+    rows = [r for r in b if "reward/model/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["reward/model/max"] > r["reward/model/min"]
+        np.testing.assert_allclose(r["critic/score/mean"], r["reward/function/mean"] + 2.0 * r["reward/model/mean"],
+                                   rtol=1e-5, atol=1e-6)
+    _no_failed_check(tmp_path / "two")
