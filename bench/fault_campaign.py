@@ -201,6 +201,45 @@ def fresh_into_old(work):
             _observed(out), ok)
 
 
+def _check(run: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rljax.trace", "check", run], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def finished_resume(work):
+    run = os.path.join(work, "finished")
+    shutil.copytree(_trained(work), run)
+    before = _digests(run)
+    out = _launch("--run-dir", run, "--resume")
+    lines = [l for l in out.stdout.splitlines() if l.strip()]
+    chk = _check(run)
+    ok = out.returncode == 0 and len(lines) == 1 and "nothing to train" in lines[0] and _digests(run) == before
+    ok = ok and chk.returncode == 0
+    return ("--resume of a run that trained every step", "one line, exit 0, no file changed, trace check passes",
+            f"exit {out.returncode}, {len(lines)} line(s): {_short(lines[0] if lines else '', 110)}; files "
+            f"{'unchanged' if _digests(run) == before else 'CHANGED'}; trace check exit {chk.returncode}", ok)
+
+
+def sigterm_in_last_step(work):
+    run = os.path.join(work, "last_step")
+    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--run-dir", run, *SMALL, "trainer.total_steps=3",
+                             "trainer.save_freq=1"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None and len(_steps(run)) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # while step 3, the last, runs
+    _, err = proc.communicate(timeout=300)
+    out = _launch("--run-dir", run, "--resume")
+    line = next((l for l in out.stdout.splitlines() if "nothing to train" in l), "")
+    chk = _check(run)
+    ok = proc.returncode == 143 and out.returncode == 0 and "was completed" in line and chk.returncode == 0
+    return ("SIGTERM in the last step, then --resume", "step saved, exit 143; the resume trains nothing, completes "
+            "trace_summary.json in its one line; trace check passes",
+            f"exit {proc.returncode}; then --resume: exit {out.returncode}: {_short(line[line.find('nothing'):], 230)}"
+            f"; trace check exit {chk.returncode}", ok)
+
+
 def _plugin(work, name, body):
     path = os.path.join(work, f"{name}.py")
     open(path, "w").write(textwrap.dedent(body))
@@ -344,7 +383,8 @@ def disk_full(work):
             "checkpoint", f"exit {rc}, {len(lines)} line(s) besides progress: {_short(_last(err))}", ok)
 
 
-FAULTS = [sigint, sigterm_group, unverified_checkpoint, changed_shape, other_task, fresh_into_old,
+FAULTS = [sigint, sigterm_group, unverified_checkpoint, changed_shape, other_task, fresh_into_old, finished_resume,
+          sigterm_in_last_step,
           reward_exit_at_import, reward_hang_at_import, reward_huge, reward_all_fail, reward_inprocess_timeout,
           hostile_tool_code, hostile_tool_code_no_sys_admin, sandbox_cannot_drop_root, bad_data_surrogate, disk_full]
 
