@@ -57,8 +57,9 @@ REWARD_BUILTINS = ("auto", "embedded", "gsm8k", "exact_match")
 
 
 def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None, needs: tuple[str, ...] = ()):
-    """A leaf key. ``needs``: full keys of which at least one must be set (not null / false / 0)
-    for the run to read this one; set to a non-default without them it is a usage error
+    """A leaf key. ``needs``: full keys of which at least one must be set (not null / false / 0),
+    or ``key=pattern`` (that key's value matches the ``fnmatch`` pattern), for the run to read
+    this one; set to a non-default without them it is a usage error
     (:func:`rljax.config._validate.check_switched_off`)."""
     meta = {"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le}
     if needs:
@@ -161,19 +162,28 @@ class FilterGroupsConfig:
                                       "too easy or too hard for the filter); 0: no limit (verl's 0)", ge=0)
 
 
+#: ``needs`` entry: an estimator of one's own (``path/to/file.py:function``) is handed every
+#: ``algorithm.*`` hyper-parameter, so it may read any of them.
+_OWN_ESTIMATOR = "algorithm.adv_estimator=*:*"
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: str = _f("grpo", "advantage estimator: grpo, rloo, reinforce_plus_plus_baseline, gae, or "
                                     "path/to/file.py:function (your own, with the registry's signature)")
-    norm_adv_by_std_in_grpo: bool = _f(True, "grpo: divide by the group standard deviation (false: Dr. GRPO)")
+    norm_adv_by_std_in_grpo: bool = _f(True, "grpo: divide by the group standard deviation (false: Dr. GRPO); read "
+                                             "by grpo and an estimator of your own only (with another, a usage error)",
+                                       needs=("algorithm.adv_estimator=grpo", _OWN_ESTIMATOR))
     use_kl_in_reward: bool = _f(False, "subtract a KL penalty to the reference policy from the token rewards")
     kl_penalty: Literal[KL_LOSS_TYPES] = _f(
         "kl", "KL estimator of the in-reward penalty"
     )
     kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward controller",
                                         switch=("algorithm.use_kl_in_reward", "the KL penalty in the reward"))
-    gamma: float = _f(1.0, "discount factor (gae, reinforce_plus_plus)", ge=0.0, le=1.0)
-    lam: float = _f(1.0, "GAE lambda", ge=0.0, le=1.0)
+    gamma: float = _f(1.0, "discount factor; read by gae and an estimator of your own only (with another, a usage "
+                           "error)", ge=0.0, le=1.0, needs=("algorithm.adv_estimator=gae", _OWN_ESTIMATOR))
+    lam: float = _f(1.0, "GAE lambda; read by gae and an estimator of your own only (with another, a usage error)",
+                    ge=0.0, le=1.0, needs=("algorithm.adv_estimator=gae", _OWN_ESTIMATOR))
     bypass_mode: bool = _f(
         False, "use the sampler's rollout_logp as old_logp (skip the learner's old log-prob pass; "
         "PPO ratios are then taken against the sampling policy)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 import string
 from collections.abc import Mapping
@@ -203,10 +204,19 @@ def check_switched_off(config) -> None:
                               f"{'it' if len(changed) == 1 else 'them'}; accepted: set {turn_on} as well, "
                               f"or leave {section}.* at the defaults")
     for key, needs, value, default in needing_keys(config):
-        if value != default and not any(_get(config, k) for k in needs):
-            off = " and ".join(f"{k}={_shown(_get(config, k))}" for k in needs)
+        if value != default and not any(_need_met(config, n) for n in needs):
+            keys = list(dict.fromkeys(n.partition("=")[0] for n in needs))
+            off = " and ".join(f"{k}={_shown(_get(config, k))}" for k in keys)
+            wanted = " or ".join(n.replace("=*:*", "=path/to/file.py:function") for n in needs)
             raise ConfigError(f"{key}={_shown(value)} is set, but {off}, so nothing would read it; accepted: set "
-                              f"{' or '.join(needs)} as well, or leave {key} at its default {_shown(default)}")
+                              f"{wanted} as well, or leave {key} at its default {_shown(default)}")
+
+
+def _need_met(config, need: str) -> bool:
+    """A ``needs`` entry: ``key`` set (not null / false / 0), or ``key=pattern`` matched by its value."""
+    key, eq, pattern = need.partition("=")
+    value = _get(config, key)
+    return fnmatch.fnmatchcase(str(value), pattern) if eq else bool(value)
 
 
 def _changed_leaves(value, default, prefix: str) -> list[tuple[str, object]]:

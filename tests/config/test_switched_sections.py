@@ -116,9 +116,15 @@ def test_presets_and_their_defaults_pass():
 
 
 #: The keys read only when another is set (``_f(..., needs=...)``): at least one of these.
-EXPECTED_NEEDS = {"reward.combine.function_weight": ("reward.model.path", "reward.judge.path"),
-                  "reward.combine.model_weight": ("reward.model.path",),
-                  "reward.combine.judge_weight": ("reward.judge.path",)}
+PATH_NEEDS = {"reward.combine.function_weight": ("reward.model.path", "reward.judge.path"),
+              "reward.combine.model_weight": ("reward.model.path",),
+              "reward.combine.judge_weight": ("reward.judge.path",)}
+#: ... or read only with one estimator (or the user's own, which is handed every algorithm.* key).
+OWN = "algorithm.adv_estimator=*:*"
+ESTIMATOR_NEEDS = {"algorithm.gamma": ("algorithm.adv_estimator=gae", OWN),
+                   "algorithm.lam": ("algorithm.adv_estimator=gae", OWN),
+                   "algorithm.norm_adv_by_std_in_grpo": ("algorithm.adv_estimator=grpo", OWN)}
+EXPECTED_NEEDS = {**PATH_NEEDS, **ESTIMATOR_NEEDS}
 
 
 def test_the_needing_keys_are_the_listed_ones():
@@ -127,18 +133,40 @@ def test_the_needing_keys_are_the_listed_ones():
     assert {k: n for k, n, _, _ in needing_keys(Config())} == EXPECTED_NEEDS
 
 
-@pytest.mark.parametrize("key", sorted(EXPECTED_NEEDS))
+@pytest.mark.parametrize("key", sorted(PATH_NEEDS))
 def test_a_key_without_what_it_needs_is_a_usage_error(key, tmp_path):
     with pytest.raises(ConfigError) as e:
         resolve("default", [f"{key}=0.5"])
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{key}=0.5 is set, but ") and all(f"{k}=null" in msg
-                                                                                 for k in EXPECTED_NEEDS[key]), msg
-    for need in EXPECTED_NEEDS[key]:  # any one of them turns it on
+                                                                                 for k in PATH_NEEDS[key]), msg
+    for need in PATH_NEEDS[key]:  # any one of them turns it on
         path = "ref" if need == "reward.judge.path" else str(tmp_path)
         cfg, _ = resolve("default", [f"{key}=0.5", f"{need}={path}"])
         section, name = key.rsplit(".", 1)
         assert getattr(_section(cfg, section), name) == 0.5
+
+
+@pytest.mark.parametrize("key,value,on,off", [
+    ("algorithm.gamma", "0.9", "gae", ("grpo", "rloo", "reinforce_plus_plus_baseline")),
+    ("algorithm.lam", "0.95", "gae", ("grpo", "rloo", "reinforce_plus_plus_baseline")),
+    ("algorithm.norm_adv_by_std_in_grpo", "false", "grpo", ("rloo", "reinforce_plus_plus_baseline", "gae")),
+])
+def test_an_estimator_key_with_another_estimator_is_a_usage_error(key, value, on, off, tmp_path):
+    """algorithm.lam=0.95 with grpo trained without it (exit 0): GAE's gamma / lam are read by gae
+    only, norm_adv_by_std_in_grpo by grpo only, and all three by an estimator of one's own."""
+    assert ESTIMATOR_NEEDS[key][0] == f"algorithm.adv_estimator={on}"
+    for estimator in off:
+        with pytest.raises(ConfigError) as e:
+            resolve("default", [f"algorithm.adv_estimator={estimator}", f"{key}={value}"])
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"{key}={value} is set, but algorithm.adv_estimator='{estimator}', "
+                                                  f"so nothing would read it; accepted: set algorithm.adv_estimator="
+                                                  f"{on} or algorithm.adv_estimator=path/to/file.py:function"), msg
+    own = tmp_path / "est.py"
+    for estimator in (on, f"{own}:advantages"):
+        cfg, _ = resolve("default", [f"algorithm.adv_estimator={estimator}", f"{key}={value}"])
+        assert str(_section(cfg, key)).lower() == value
 
 
 def _section(cfg, dotted):
