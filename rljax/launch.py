@@ -147,8 +147,8 @@ def resume_config(args, cfg, prov, run_dir: str) -> tuple:
 def finished_run(args, cfg, run_dir: str, *, main: bool) -> Optional[str]:
     """One line when a resume has nothing to train (:func:`rljax._resume.nothing_to_train`: its
     checkpoint is at ``trainer.total_steps``), else None. Nothing is written, but for a run whose
-    last launch was stopped after its last step, before it closed ``trace_summary.json``: the main
-    process completes it (:func:`rljax.trace.tracer.complete_summary`)."""
+    last launch was stopped after its last step, before it closed ``trace_summary.json`` or drew
+    ``report.png``: the main process completes them (:func:`rljax.trace.tracer.complete_summary`)."""
     step = nothing_to_train(run_dir, cfg, unverified=args.resume_unverified)
     if step is None:
         return None
@@ -157,13 +157,15 @@ def finished_run(args, cfg, run_dir: str, *, main: bool) -> Optional[str]:
             f"in {run_dir} is complete, nothing to train; to train on, raise it (--resume trainer.total_steps=N, "
             f"N > {step})")
     if main and not summary_closed(run_dir):
-        from rljax.trace import plot_report  # JAX: only for a launch killed after its last step
-        from rljax.trace.tracer import complete_summary  # JAX, as above
+        from rljax.trace.tracer import complete_summary  # JAX: only for a launch stopped after its last step
 
         note = complete_summary(run_dir, step)
         line += f"; {note}" if note else ""
-        if not os.path.exists(os.path.join(run_dir, "report.png")):  # drawn after the summary
-            plot_report(run_dir)
+    if main and not os.path.exists(os.path.join(run_dir, "report.png")):  # a launch stopped before drawing it
+        from rljax.trace import plot_report  # JAX and matplotlib, as above
+
+        plot_report(run_dir)
+        line += "; report.png drawn (it was missing)"
     return line
 
 

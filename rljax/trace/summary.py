@@ -172,6 +172,11 @@ def summarize_run(run_dir: str) -> str:
         out.append(f"{s['records']} records over {s['steps']} steps ({s['groups_per_step']} group(s) per step); "
                    f"tracing overhead {100 * s.get('overhead_frac_median', 0):.2f}% of step time (median; "
                    f"max {100 * s.get('overhead_frac_max', 0):.2f}%), ledgers {s.get('ledger_s', 0):.2f} s once")
+        if s.get("status") != "completed":
+            out.append(f"status: {s.get('status')} (records up to step {s.get('last_step')})"
+                       + (f": {s['error']}" if s.get("error") else ""))
+        elif s.get("stopped"):  # completed by the resume of a run that trained every step
+            out.append(f"status: completed by a resume: {s['stopped'].get('how')}")
         out.append("alerts: " + (", ".join(f"{k} x{v}" for k, v in s["alerts"].items()) if s.get("alerts") else "none"))
         inv = s.get("invariants") or {}
         if inv.get("error") or inv.get("skipped"):

@@ -5,6 +5,7 @@ Everything here stops before JAX starts (seconds); the runs that train are in
 tests/launch/test_reliability_signals.py (slow).
 """
 
+import argparse
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 from launching import launch
 
 from rljax._resume import ResumeRefused, nothing_to_train, plan
+from rljax.launch import finished_run
 from rljax.config import resolve, write_resolved
 from rljax.trainer.guard import StopSignals, cut_jsonl
 
@@ -136,6 +138,7 @@ def _finished(tmp_path, steps=(10, 20), digested=(10, 20)):
     for name in ("trace.jsonl", "rollout_uids.jsonl"):
         (run / name).write_text("".join(json.dumps({"step": s, "uid": f"{s}-0"}) + "\n" for s in range(1, 21)))
     (run / "trace_summary.json").write_text(json.dumps({"status": "completed", "last_step": 20, "steps": 20}))
+    (run / "report.png").write_bytes(b"\x89PNG")
     (run / "rljax.lock").write_text("")
     return run
 
@@ -172,3 +175,21 @@ def test_which_resumes_have_nothing_to_train(tmp_path):
     (run / "checkpoints" / "20" / "rljax_digest.json").unlink()  # killed between the commit and the digest
     assert nothing_to_train(str(run), cfg) is None  # step 20 is trained again from checkpoint 10
     assert nothing_to_train(str(run), cfg, unverified=True) == 20
+
+
+def test_a_finished_run_whose_last_launch_stopped_early_gets_its_summary_and_plot(tmp_path):
+    """The launch that trained the last step was stopped before it closed trace_summary.json and drew
+    report.png: the resume with nothing to train completes both, and says so in its one line."""
+    run = _finished(tmp_path)
+    (run / "trace_summary.json").write_text(json.dumps({"status": "running", "last_step": 20, "steps": 20}))
+    (run / "report.png").unlink()
+    cfg, _ = resolve(str(run / "config.resolved.yaml"), [])
+    args = argparse.Namespace(resume_unverified=False)
+    line = finished_run(args, cfg, str(run), main=False)  # other processes: the line, nothing written
+    assert "nothing to train" in line and "completed" not in line and not (run / "report.png").exists()
+    line = finished_run(args, cfg, str(run), main=True)
+    assert "its trace_summary.json was completed" in line and line.endswith("report.png drawn (it was missing)")
+    assert json.loads((run / "trace_summary.json").read_text())["status"] == "completed"
+    assert (run / "report.png").read_bytes()[:4] == b"\x89PNG"
+    before = _digests(run)
+    assert "completed" not in finished_run(args, cfg, str(run), main=True) and _digests(run) == before

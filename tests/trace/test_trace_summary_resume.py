@@ -8,6 +8,7 @@ import json
 import shutil
 
 from rljax.trace.check import FAIL, PASS, Run, check_invariants, check_summary
+from rljax.trace.summary import summarize_run
 from rljax.trace.tracer import complete_summary
 
 from test_trace_alerts import _step
@@ -24,10 +25,12 @@ def test_the_summary_after_each_step_is_what_close_writes_once_completed(tmp_pat
     assert s["status"] == "running" and s["last_step"] == 2 and s["steps"] == 2 and s["records"] > 0
     status, _, detail = check_summary(Run(str(run)))
     assert status == FAIL and "without closing its summary" in detail, detail
+    assert "status: running (records up to step 2)" in summarize_run(str(run))
     shutil.copytree(run, copy)
     line = complete_summary(str(copy), 2)
     assert line.startswith("its trace_summary.json was completed") and "killed" in line, line
     assert check_summary(Run(str(copy)))[0] == PASS and check_invariants(Run(str(copy)))[0] == PASS
+    assert "status: completed by a resume: the launch that trained step 2 ended" in summarize_run(str(copy))
     completed = _summary(copy)
     assert completed.pop("stopped")["how"].endswith("ended before closing it: killed")
     closed = json.loads(json.dumps(tracer.close()))  # what the launch would have written
