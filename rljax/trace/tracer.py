@@ -484,8 +484,11 @@ class Tracer:
         self._uids.extend(sorted({r["uid"] for r in records}))
         self._last_step = int(report.step)
         if self.enabled and not self._closed:  # the summary so far: a kill after the last step loses nothing of it
-            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE),
-                         json.dumps(self._summary(), separators=(",", ":")))
+            try:
+                write_atomic(os.path.join(self.run_dir, SUMMARY_FILE),
+                             json.dumps(self._summary(), separators=(",", ":")))
+            except OSError:  # a full disk: the records' own writes stop the run and name the file; the summary
+                pass  # on disk stays the previous step's (whole: written atomically)
 
     def _alert(self, step: int, name: str, msg: str, out: Optional[dict]) -> None:
         sev = A.SEVERITY.get(name, "warning")

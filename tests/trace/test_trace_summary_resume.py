@@ -65,3 +65,19 @@ def test_an_async_summary_gets_final_queue_counts_said_to_be_the_last_batchs(tmp
     assert (a["final_dropped_stale"], a["final_dropped_overflow"], a["final_generated_rows"], a["batches_put"]) == \
         (32, 0, 192, 6)
     assert "as of the last trained batch (step 4)" in a["final_counts"]
+
+
+def test_a_summary_that_cannot_be_written_between_steps_does_not_stop_the_run(tmp_path, monkeypatch):
+    """On a full disk the records' own writes stop the run and name their file (tests/launch/
+    test_disk_faults.py); the summary between steps is best effort and never the first to fail it."""
+    import errno
+
+    import rljax.trace.tracer as tracer_module
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(tracer_module, "write_atomic", full)
+    run = tmp_path / "run"
+    _step(run, steps=2)
+    assert (run / "trace.jsonl").read_text().count("\n") > 0 and not (run / "trace_summary.json").exists()
