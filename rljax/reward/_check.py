@@ -72,17 +72,19 @@ def check(cfg) -> None:
 
 
 def check_reward_model(config) -> None:
-    """``reward.model.path``: a checkpoint directory, not with the filter (sync and async, single- and
-    multi-turn runs take it)."""
+    """``reward.model.path``: a checkpoint directory; with the filter only on ``metric=acc`` (sync and
+    async, single- and multi-turn runs take it)."""
     path = config.reward.model.path
     if path is None:
         return
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"reward.model.path={path} is not a Hugging Face checkpoint directory (no config.json); "
                           "accepted: a local LlamaForSequenceClassification / Qwen2ForSequenceClassification directory")
-    if config.algorithm.filter_groups.enable:
-        raise ConfigError("reward.model.path with algorithm.filter_groups.enable=true is not supported yet (the filter "
-                          "scores with reward.function before the learner batch exists)")
+    fg = config.algorithm.filter_groups
+    if fg.enable and fg.metric != "acc":
+        raise ConfigError(f"reward.model.path with algorithm.filter_groups.metric={fg.metric} is not supported yet (the "
+                          "filter keeps groups before the learner batch, which the model scores, exists); accepted: "
+                          "algorithm.filter_groups.metric=acc (reward.function's score decides)")
 
 
 def check_reward_shaping(config) -> None:

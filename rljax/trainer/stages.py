@@ -273,6 +273,15 @@ def _filtered_stages(s: Services, rollout_fn):
 
     def kept_reward(s, b):
         d = b["dynamic_sampling"]
+        if "rm_scores" in b:  # reward.model.path: the kept rows' rule scores (the filter kept them by acc,
+            # the rule's) combined with the model's scores of the learner batch; the filter's scores are the
+            # rule's plus the overlong penalty, so the rule's are those minus the penalty (float32)
+            traj = b["trajectories"]
+            p = overlong_penalty(s, traj)
+            p = np.zeros(traj.batch_size, np.float32) if p is None else p
+            rule = np.asarray(d["scores"], np.float32) - p
+            return dict(combine(s, b, traj, rule, penalty=p, digest=d["scored_rows"]["digest"]),
+                        reward_report=d["reward_report"])
         # scored_rows: each kept row's score with the digest of the tokens it was computed for, taken
         # where it was scored (before the processes' exchange): the trace ties them to what is trained
         scores = np.array(d["scores"], np.float32)
@@ -461,14 +470,16 @@ def reward(s: Services, b) -> dict:
             "scored_rows": scored}
 
 
-def combine(s: Services, b, traj, scores) -> dict:
+def combine(s: Services, b, traj, scores, *, penalty=None, digest=None) -> dict:
     """``reward.combine``: ``function_weight * rule + penalty + model_weight * rm_scores +
     judge_weight * judge_scores`` on the learner mesh (``scores``, with ``function_scores``), and
     ``scored_rows``: the same sum of this process's rows computed on the host from the same
     terms (the reward model's rows fetched from the learner mesh), beside the digest of the
-    tokens the rule and the judge read (the trace's reward tie)."""
+    tokens the rule and the judge read (the trace's reward tie). ``penalty`` / ``digest``: the
+    rows' overlong penalty and token digests where the caller has them (dynamic sampling's kept
+    rows: the digests taken where they were scored); else computed from ``traj``."""
     share = s.rollout.share
-    penalty = overlong_penalty(s, traj)
+    penalty = overlong_penalty(s, traj) if penalty is None else penalty
     host = {"function_scores": np.asarray(scores, np.float32),
             "penalty": np.zeros(traj.batch_size, np.float32) if penalty is None else penalty}
     if "judge_scores" in b:
@@ -479,7 +490,7 @@ def combine(s: Services, b, traj, scores) -> dict:
         expect = expect + np.float32(w.model_weight) * local_rows(b["rm_scores"], share)
     if "judge_scores" in b:
         expect = expect + np.float32(w.judge_weight) * host["judge_scores"]
-    scored = {"digest": response_digest(traj), "scores": expect.astype(np.float32)}
+    scored = {"digest": response_digest(traj) if digest is None else digest, "scores": expect.astype(np.float32)}
     host["function_scores"] = host["function_scores"].copy()
     faults.reward_scores(host["function_scores"], traj, seed=s.cfg.trainer.seed, step=b["step"],
                          groups=s.cfg.trace.groups)

@@ -5,7 +5,8 @@ import pytest
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["algorithm.filter_groups.enable=true"], "filter_groups"),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score"],
+     "reward.model.path with algorithm.filter_groups.metric=score is not supported yet"),
     (["reward.model.label=-1"], "label"),
 ])
 def test_reward_model_misuse_is_one_config_error_line(overrides, match, tmp_path):
@@ -18,9 +19,11 @@ def test_reward_model_misuse_is_one_config_error_line(overrides, match, tmp_path
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("preset,overrides", [("default", ["trainer.mode=async"]), ("tool_lookup", [])])
+@pytest.mark.parametrize("preset,overrides", [("default", ["trainer.mode=async"]), ("tool_lookup", []),
+                                              ("default", ["algorithm.filter_groups.enable=true"])])
 def test_reward_model_runs_in_async_and_multi_turn_runs(preset, overrides, tmp_path):
-    """Both accepted: async runs the reward stage on the learner, multi-turn scores prompt + episode."""
+    """Accepted: async runs the reward stage on the learner, multi-turn scores prompt + episode, the
+    filter keeps groups by the rule's score (metric=acc, the default) and the kept rows combine."""
     from rljax.config import resolve
     from rljax.reward import check
 
