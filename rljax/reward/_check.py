@@ -112,9 +112,11 @@ def check_judge(cfg) -> None:
                           "config.json); accepted: ref (the policy's initial weights) or a local LlamaForCausalLM / "
                           "Qwen2ForCausalLM directory")
     check_judge_template(j.prompt_template)
+    fg = cfg.algorithm.filter_groups
     for key, value, why in (("trainer.mode", cfg.trainer.mode != "sync", "not yet in the async producer"),
-                            ("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable,
-                             "the filter scores with reward.function before the judge runs")):
+                            ("algorithm.filter_groups.metric", fg.enable and fg.metric != "acc",
+                             "the filter keeps groups before the judge reads them; accepted: "
+                             "algorithm.filter_groups.metric=acc, reward.function's score decides")):
         if value:
             raise ConfigError(f"reward.judge.path with {key}={_value(cfg, key)} is not supported yet ({why})")
     if j.parse is not None:

@@ -273,9 +273,10 @@ def _filtered_stages(s: Services, rollout_fn):
 
     def kept_reward(s, b):
         d = b["dynamic_sampling"]
-        if "rm_scores" in b:  # reward.model.path: the kept rows' rule scores (the filter kept them by acc,
-            # the rule's) combined with the model's scores of the learner batch; the filter's scores are the
-            # rule's plus the overlong penalty, so the rule's are those minus the penalty (float32)
+        if "rm_scores" in b or "judge_scores" in b:  # reward.model / reward.judge: the kept rows' rule scores
+            # (the filter kept them by acc, the rule's) combined with the model's scores of the learner batch and
+            # the judge's verdicts on the kept rows; the filter's scores are the rule's plus the overlong
+            # penalty, so the rule's are those minus the penalty (float32)
             traj = b["trajectories"]
             p = overlong_penalty(s, traj)
             p = np.zeros(traj.batch_size, np.float32) if p is None else p

@@ -75,12 +75,17 @@ def test_parse_functions_are_checked(tmp_path):
     (["reward.judge.path=/nonexistent/judge"], "neither ref nor a Hugging Face checkpoint directory"),
     (["reward.judge.path=ref", "reward.judge.prompt_template=no placeholder"], r"no \{response\} placeholder"),
     (["reward.judge.path=ref", "trainer.mode=async"], "reward.judge.path with trainer.mode=async is not supported"),
-    (["reward.judge.path=ref", "algorithm.filter_groups.enable=true"], "filter_groups.enable=true is not supported"),
+    (["reward.judge.path=ref", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score"],
+     "reward.judge.path with algorithm.filter_groups.metric=score is not supported"),
 ])
 def test_judge_misuse_is_one_config_error_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
         check(_cfg(*overrides))
     assert "\n" not in str(e.value)
+
+
+def test_the_judge_with_the_filter_keeping_by_the_rule_is_accepted():
+    check(_cfg("reward.judge.path=ref", "algorithm.filter_groups.enable=true"))  # metric=acc, the default
 
 
 def test_a_parse_function_that_is_not_callable_exits_2_before_writing(tmp_path):
@@ -227,6 +232,39 @@ def test_grpo_with_only_the_judges_reward_runs_and_its_verdicts_are_traced(fitte
         assert v["status"] in ("ok", "unparseable") and v["key"].count("_") == 2
         assert v["score"] == (float(v["text"]) if v["status"] == "ok" else 0.0)
     checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+
+
+@pytest.mark.slow
+def test_the_judge_with_dynamic_sampling_judges_the_kept_rows_and_combines(fitted_judge, tmp_path):
+    """algorithm.filter_groups (metric=acc: the rule's score decides which groups are kept) with the
+    judge: the judge reads the trained (kept) rows and the step's reward is rule + 0.5 x verdict
+    every step; groups were dropped, every batch is full and the trace check (no dropped uid
+    trained, the reward tie on the combined score) passes."""
+    from judge_helper import TEMPLATE
+    from launching import launch, train_rows
+
+    from rljax.trace.check import run_checks
+
+    path, _ = fitted_judge
+    parse = tmp_path / "parse.py"
+    parse.write_text(PARSE_DIGIT)
+    run = tmp_path / "run"
+    out = launch("--run-dir", str(run), "--mesh=dp2", "data.train_batch_size=4", "rollout.n=4",
+                 "actor.ppo_mini_batch_size=4", "trainer.total_steps=2", "trainer.val_before_train=false",
+                 "trainer.test_freq=0", f"reward.judge.path={path}", f"reward.judge.prompt_template={TEMPLATE}",
+                 f"reward.judge.parse={parse}:digit", "reward.judge.response_length=4", "reward.combine.judge_weight=0.5",
+                 "reward.max_error_fraction=1.0", "algorithm.filter_groups.enable=true",
+                 "algorithm.filter_groups.max_num_gen_batches=0", timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = train_rows(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["train/kept_groups"] == 4
+        assert r["critic/score/mean"] == pytest.approx(r["reward/function/mean"] + 0.5 * r["reward/judge/mean"], abs=1e-6)
+    assert sum(r["train/dropped_groups"] for r in rows) > 0, "no group dropped: the filter is untested here"
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    assert checks["no dropped group trained (dynamic sampling)"][0] == "PASS"
     assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
 
 
