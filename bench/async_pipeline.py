@@ -1,7 +1,13 @@
 """Synchronous colocated vs asynchronous disaggregated training, measured here and modelled at scale.
 
     python bench/async_pipeline.py [--steps 12] [--response-length 24] [--split 48,16] [--tau 2]
-                                   [--measured-slots 0] [--lr 3e-4]
+                                   [--measured-slots 0] [--lr 3e-4] [--task default|tool] [--filter]
+
+``--task tool`` measures the multi-turn tool task instead (the ``tool_lookup`` preset: episodes
+that park on a tool call between turns; ``--turn-tokens`` per model turn, ``--response-length``
+of turns and observations); it prints part 1 only (the model is of single-turn decoding).
+``--filter`` turns on DAPO dynamic sampling (``algorithm.filter_groups``) in every run: a step
+draws prompt batches until ``data.train_batch_size`` groups have reward variance.
 
 Part 1, measured (one process, 8 CPU devices, side by side): the embedded task with a
 long-tailed response length (``data.max_response_length=--response-length``; the policy
@@ -79,14 +85,14 @@ import numpy as np  # noqa: E402
 # ---------------------------------------------------------------------------- measured runs
 
 
-def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) -> dict:
+def _run(label: str, overrides: list[str], steps: int, learner: int, root: str, preset: str = "default") -> dict:
     import jax
 
     from rljax.config import resolve
     from rljax.sharding import make_mesh
     from rljax.trainer.loop import Trainer
 
-    cfg, _ = resolve("default", overrides + [f"trainer.total_steps={steps}", "trace.groups=0", "trace.ledgers=false",
+    cfg, _ = resolve(preset, overrides + [f"trainer.total_steps={steps}", "trace.groups=0", "trace.ledgers=false",
                                               "trainer.val_before_train=false", "trainer.test_freq=-1"])
     mesh = make_mesh(f"dp{learner}", jax.devices()[:learner])
     trainer = Trainer(cfg, mesh, os.path.join(root, label.replace(" ", "_").replace("=", "")), echo=lambda *a: None)
@@ -140,13 +146,15 @@ def _run(label: str, overrides: list[str], steps: int, learner: int, root: str) 
         learner_idle = sum(r["async/learner_wait_s"] for r in steady) / span
         rollout_idle = sum(r["async/rollout_wait_s"] for r in steady) / span
         staleness = float(np.mean([r["async/staleness_mean"] for r in rows]))
-    occupancy = float(np.mean([r["rollout/slot_occupancy"] for r in steady if "rollout/slot_occupancy" in r]))
+    occ = [r["rollout/slot_occupancy"] for r in steady if "rollout/slot_occupancy" in r]
+    occupancy = float(np.mean(occ)) if occ else float("nan")  # none: every token sampled at prefill / extend
     ahead = float(np.mean([r.get("rollout/admitted_ahead", 0) for r in steady]))
     learner_s = statistics.median(r.get("timing_s/old_log_prob", 0) + r.get("timing_s/adv", 0) +
                                   r.get("timing_s/update_actor", 0) for r in rows[1:] or rows)
     return {"label": label, "rows": rows, "wall": wall, "step_s": statistics.median(step_s),
             "learner_idle": learner_idle, "rollout_idle": rollout_idle, "staleness": staleness,
             "occupancy": occupancy, "ahead": ahead,
+            "draws": float(np.mean([r.get("train/num_gen_batches", 1) for r in steady])),
             "lengths": np.asarray(lengths), "t_step": decode["s"] / max(decode["steps"], 1), "learner_s": learner_s,
             "sync_s": statistics.median(r.get("timing_s/update_weights", 0) for r in rows[1:] or rows),
             "devices": learner}
@@ -233,6 +241,10 @@ def main() -> None:
                     help="measured runs' rollout.max_slots (0: the whole batch)")
     ap.add_argument("--lr", type=float, default=3e-4,
                     help="measured runs' actor.optim.lr (a small one keeps the untrained model's length distribution)")
+    ap.add_argument("--task", choices=("default", "tool"), default="default",
+                    help="tool: the multi-turn tool_lookup preset (part 1 only)")
+    ap.add_argument("--turn-tokens", type=int, default=3, help="--task tool: env.max_turn_tokens")
+    ap.add_argument("--filter", action="store_true", help="algorithm.filter_groups.enable=true in every run")
     ap.add_argument("--save", default=None, help="write the model's measured inputs to this JSON file")
     ap.add_argument("--model-from", default=None,
                     help="skip the measured runs: feed the model the inputs a --save wrote (e.g. other --length-scale)")
@@ -244,6 +256,8 @@ def main() -> None:
         print(f"model inputs from {args.model_from} (measured {base.get('measured_at', '?')})")
     else:
         base = measure(args)
+        if args.task == "tool":
+            return
         if args.save:
             with open(args.save, "w") as fh:
                 json.dump({k: base[k] for k in ("t_step", "learner_s", "sync_s", "devices")}
@@ -255,31 +269,39 @@ def measure(args) -> dict:
     """Part 1: the measured runs, side by side; returns the sync run (the model's inputs)."""
     common = [f"data.max_response_length={args.response_length}", "data.train_batch_size=16", "rollout.n=8",
               "actor.ppo_mini_batch_size=8", f"actor.optim.lr={args.lr}"]
+    preset = "default"
+    if args.task == "tool":
+        preset = "tool_lookup"
+        common += [f"env.max_turn_tokens={args.turn_tokens}", "data.embedded.num_test=16"]
+    if args.filter:
+        common += ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=0"]
     if args.measured_slots:
         common.append(f"rollout.max_slots={args.measured_slots}")
     runs = []
     with tempfile.TemporaryDirectory() as root:
-        runs.append(_run("sync colocated dp8", common, args.steps, 8, root))
+        runs.append(_run("sync colocated dp8", common, args.steps, 8, root, preset))
         for tau, streaming in ((args.tau, False), (args.tau, True)):
             label = f"async dp4+4 tau={tau} " + ("streaming" if streaming else "batch/call")
             runs.append(_run(label, common + [
                 "trainer.mode=async", "rollout.placement=disaggregated", "rollout.num_devices=4",
                 f"async_training.max_staleness={tau}", f"async_training.queue_size={tau + 1}",
                 f"async_training.streaming={str(streaming).lower()}",
-                f"async_training.partial_rollout={str(streaming).lower()}"], args.steps, 4, root))
+                f"async_training.partial_rollout={str(streaming).lower()}"], args.steps, 4, root, preset))
     base = runs[0]
-    ln = np.log(np.maximum(base["lengths"], 1))
-    print(f"\nmeasured on 8 CPU devices (2 cores), {args.steps} steps, max_response_length {args.response_length}, "
-          f"lengths mean {base['lengths'].mean():.1f} p50 {np.percentile(base['lengths'], 50):.0f} "
-          f"p90 {np.percentile(base['lengths'], 90):.0f} p99 {np.percentile(base['lengths'], 99):.0f} "
-          f"max {base['lengths'].max()}, std of log-length {ln.std():.2f}")
+    lengths = base["lengths"]  # single-turn rollouts' (episodes are assembled by rljax.env: not recorded)
+    spread = (f", lengths mean {lengths.mean():.1f} p50 {np.percentile(lengths, 50):.0f} p90 "
+              f"{np.percentile(lengths, 90):.0f} p99 {np.percentile(lengths, 99):.0f} max {lengths.max()}, std of "
+              f"log-length {np.log(np.maximum(lengths, 1)).std():.2f}") if lengths.size else ""
+    print(f"\nmeasured on 8 CPU devices (2 cores), task {args.task}{' + filter_groups' if args.filter else ''}, "
+          f"{args.steps} steps, max_response_length {args.response_length}{spread}")
     print(f"{'run':30s} {'step s':>7s} {'vs sync':>8s} {'slot occ.':>9s} {'ahead':>6s} {'learner idle':>13s} "
-          f"{'rollout idle':>13s} {'staleness':>9s} {'reward (wall s)':>30s}")
+          f"{'rollout idle':>13s} {'staleness':>9s} {'reward (wall s)':>30s}" + ("  draws/step" if args.filter else ""))
     for r in runs:
         marks = [r["rows"][i] for i in sorted({len(r["rows"]) // 3, 2 * len(r["rows"]) // 3, len(r["rows"]) - 1})]
         curve = " ".join(f"{m['critic/score/mean']:.2f}@{m['wall']:.0f}" for m in marks)
         print(f"{r['label']:30s} {r['step_s']:7.2f} {base['step_s'] / r['step_s']:7.2f}x {r['occupancy']:9.2f} "
-              f"{r['ahead']:6.1f} {r['learner_idle']:13.2f} {r['rollout_idle']:13.2f} {r['staleness']:9.2f} {curve:>30s}")
+              f"{r['ahead']:6.1f} {r['learner_idle']:13.2f} {r['rollout_idle']:13.2f} {r['staleness']:9.2f} {curve:>30s}"
+              + (f"  {r['draws']:10.2f}" if args.filter else ""))
 
     return base
 

@@ -65,7 +65,7 @@ from rljax.loss import Role
 from rljax.reward import score_batch
 from rljax.rollout import DecodeParams, trajectory_keys
 from rljax.rollout.driver import NO_VERSION, Request
-from rljax.rollout.stream import RolloutStream, StreamBatch
+from rljax.rollout.stream import RolloutStream, StreamBatch, empty_stats
 from rljax.rollout.trajectory import RolloutStats, Trajectories
 
 CONTINUATIONS = ("kv", "reprefill")
@@ -415,7 +415,7 @@ class EpisodeStream(RolloutStream):
                 continue
             batch = ev.session.request.tag
             if ev.kind == "finished":
-                batch.finished += 1
+                self._finished(ev.session)
             elif ev.kind == "turn_ended":
                 r = ev.session.row
                 s = batch.episodes[r]
@@ -452,6 +452,19 @@ class EpisodeStream(RolloutStream):
                 driver.end(handle)  # the episode ended: its slot takes a waiting session
                 s.decode_s = now - batch.t_submit - s.queue_s
         return self._completed()
+
+    def take(self, batch: EpisodeBatch, groups) -> EpisodeTrajectories:
+        """The episodes of ``groups`` (prompt indices whose episodes all ended), in that order,
+        group ids ``0..``, before the batch is complete; their stats are empty."""
+        groups = [int(g) for g in groups]
+        rows = [g * self.n + s for g in groups for s in range(self.n)]
+        if any(batch.sessions[r].status != "finished" for r in rows):
+            raise ValueError(f"take: an episode of groups {groups} of batch {batch.key!r} has not ended")
+        episodes = [dataclasses.replace(batch.episodes[r], min_version=batch.sessions[r].min_version,
+                                        max_version=batch.sessions[r].max_version) for r in rows]
+        return _assemble(self.sampler, [batch.prompts[g] for g in groups], self.n, [batch.uids[g] for g in groups],
+                         self.episode_decode, episodes, empty_stats(self.sampler.engine.num_slots), {},
+                         self.lim.max_response_tokens, 1)
 
     def _assemble(self, batch: EpisodeBatch) -> EpisodeTrajectories:
         for s, h in zip(batch.episodes, batch.sessions):

@@ -28,6 +28,10 @@ Tokens: session ``s`` of a prompt with uid ``u`` samples from ``(decode.seed, u,
 (:func:`~rljax.rollout.sampling.trajectory_keys`), exactly as in ``generate``: the same
 prompts and weights give the same tokens however batches overlap.
 
+Groups: a batch's ``groups_done`` lists each prompt once all its sessions finished (in the order
+they did), and :meth:`~RolloutStream.take` gives those groups' trajectories before the batch is
+complete: dynamic sampling in the asynchronous producer scores each group as it completes.
+
 Per batch (its :class:`~rljax.rollout.trajectory.RolloutStats`): ``wall_s`` runs from its
 first admission to its last finished session; ``prefill_s``, ``decode_s``, the prefill
 counts and ``slot_occupancy`` are the driver's over that window (windows of overlapping
@@ -67,6 +71,10 @@ class StreamBatch:
     marks: Optional[dict] = None  # the driver's counters at the first admission
     #: When it was returned: prompts of later batches admitted by then (in flight or finished).
     admitted_ahead: int = 0
+    #: Per prompt (group), its sessions finished; and the prompts whose every session finished,
+    #: in the order they completed (a client may score whole groups before the batch completes).
+    group_finished: list = dataclasses.field(default_factory=list, repr=False)
+    groups_done: list = dataclasses.field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -155,8 +163,34 @@ class RolloutStream:
         batch complete before an earlier one is returned after it)."""
         for ev in self.driver.step():
             if ev.kind == "finished":
-                ev.session.request.tag.finished += 1
+                self._finished(ev.session)
         return self._completed()
+
+    def _finished(self, session: Session) -> None:
+        batch, g = session.request.tag, session.row // self.n
+        batch.finished += 1
+        if not batch.group_finished:
+            batch.group_finished = [0] * len(batch.prompts)
+        batch.group_finished[g] += 1
+        if batch.group_finished[g] == self.n:
+            batch.groups_done.append(g)
+
+    def take(self, batch: StreamBatch, groups) -> Trajectories:
+        """The trajectories of ``groups`` (prompt indices of ``batch``, each of whose sessions
+        finished: :attr:`StreamBatch.groups_done`), in that order, group ids ``0..``, before the batch
+        is complete (e.g. to score whole groups as they complete). Their stats are empty."""
+        groups = [int(g) for g in groups]
+        rows = np.array([g * self.n + s for g in groups for s in range(self.n)], np.int64)
+        sessions = [batch.sessions[r] for r in rows]
+        if any(s.status != "finished" for s in sessions):
+            raise ValueError(f"take: a session of groups {groups} of batch {batch.key!r} has not finished")
+        tokens, logp = batch.results.fetch()
+        return self.sampler.assemble(
+            [batch.prompts[g] for g in groups], self.n, [batch.uids[g] for g in groups], self.decode, tokens[rows],
+            logp[rows], np.array([s.length for s in sessions], np.int32),
+            np.array([s.min_version for s in sessions], np.int64), np.array([s.max_version for s in sessions], np.int64),
+            np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32),
+            empty_stats(self.sampler.engine.num_slots), 1, token_version=batch.results.versions[rows])
 
     def close(self) -> None:
         """Releases what the stream holds beside the driver (nothing here; a client's threads in subclasses)."""
@@ -197,4 +231,11 @@ class RolloutStream:
                                      token_version=token_version)
 
 
-__all__ = ["RolloutStream", "StreamBatch"]
+def empty_stats(num_slots: int) -> RolloutStats:
+    """The stats of trajectories taken out of a batch in flight (their work counts in the batch's)."""
+    return RolloutStats(wall_s=0.0, prefill_s=0.0, decode_s=0.0, weight_sync_s=0.0, generated_tokens=0,
+                        prefill_calls=0, prefill_rows=0, decode_chunks=0, num_slots=int(num_slots), version_start=0,
+                        version_end=0)
+
+
+__all__ = ["RolloutStream", "StreamBatch", "empty_stats"]

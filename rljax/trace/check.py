@@ -796,8 +796,7 @@ def check_every_prompt_trained_once(run: Run) -> Result:
     f = run.files["rollout_uids.jsonl"]
     if not os.path.exists(f.path):
         return NA, name, "no rollout_uids.jsonl in the run directory"
-    if run.config_values.get("algorithm.filter_groups.enable"):
-        return NA, name, "algorithm.filter_groups draws several batches a step ('no dropped group trained')"
+    filtered = bool(run.config_values.get("algorithm.filter_groups.enable"))
     by_step, resumes, twice = _rollout_steps(f.records)
     if twice:
         return FAIL, name, f"step {twice[0]} recorded twice with no resume between: its prompts were trained twice"
@@ -812,6 +811,7 @@ def check_every_prompt_trained_once(run: Run) -> Result:
     trained: dict[int, int] = {}  # batch -> step
     dropped: dict[int, str] = {}  # batch -> reason
     cursors = []
+    draws: dict[int, int] = {}  # algorithm.filter_groups: batch -> prompt batches it drew
     for step in steps:
         rec = by_step[step]
         batch = int(rec.get("batch_index", step))
@@ -827,6 +827,13 @@ def check_every_prompt_trained_once(run: Run) -> Result:
             if u in seen_uids:
                 return FAIL, name, f"uid {u} trained at steps {seen_uids[u]} and {step}"
             seen_uids[u] = step
+        if filtered and want:  # every prompt the batch drew was trained or dropped with its reason, none lost
+            drawn = set(uids) | set(rec.get("dropped") or {})
+            count = -(-len(drawn) // int(want))
+            if drawn != {f"{batch}-{i}" for i in range(count * int(want))}:
+                return FAIL, name, (f"step {step}: the {len(drawn)} uids batch {batch} trained or dropped are not its "
+                                    f"{count} prompt batch(es) of data.train_batch_size={want}: a drawn prompt was lost")
+            draws[batch] = count
         for reason, index in rec.get("dropped_batches", []):
             dropped.setdefault(int(index), reason)
         if "data_after" in rec:
@@ -839,18 +846,34 @@ def check_every_prompt_trained_once(run: Run) -> Result:
         gaps = sorted(set(range(1, top + 1)) - set(trained) - set(dropped))
         if gaps:
             return FAIL, name, f"batch(es) {gaps[:5]} neither trained nor counted as dropped: their prompts were lost"
+    unknown = 0  # filter_groups: batches whose data position the record cannot tell (after a dropped batch's draws)
     if cursors and want:
         n = cursors[0][2].get("num_examples")
-        expected = _cursors(int(n), int(want), max(b for b, _, _ in cursors)) if n else None
+        ends = {b: b for b, _, _ in cursors}  # the prompt batches of the data order drawn up to each batch's end
+        if filtered:
+            total, ends = 0, {}
+            for b in range(1, max(b for b, _, _ in cursors) + 1):
+                total = total + draws[b] if b in draws and total is not None else None
+                ends[b] = total
+            unknown = sum(1 for b, _, _ in cursors if ends[b] is None)
+        known = [e for e in ends.values() if e is not None]
+        expected = _cursors(int(n), int(want), max(known)) if n and known else None
         for batch, step, cur in cursors:
-            if expected is not None and (cur.get("epoch"), cur.get("position")) != expected[batch - 1]:
+            if ends[batch] is None:
+                continue
+            if expected is not None and (cur.get("epoch"), cur.get("position")) != expected[ends[batch] - 1]:
+                e = expected[ends[batch] - 1]
                 return FAIL, name, (f"step {step}: batch {batch} drew its prompts ending at data position "
                                     f"{cur.get('epoch')}/{cur.get('position')} (epoch/position); the data order's "
-                                    f"batch {batch} ends at {expected[batch - 1][0]}/{expected[batch - 1][1]}")
+                                    f"batch {batch} ends at {e[0]}/{e[1]}"
+                                    + (f" (prompt batch {ends[batch]}: dynamic sampling's draws)" if filtered else ""))
     restored = ", ".join(str(r.get("restored_step")) for r in resumes)
     return PASS, name, (f"{len(steps)} step(s), {len(seen_uids)} prompts once each"
                         + (f", {len(dropped)} batch(es) dropped and counted" if dropped else "")
-                        + (f", data positions of {len(cursors)} batch(es) checked" if cursors else "")
+                        + (f", data positions of {len(cursors) - unknown} batch(es) checked" if cursors else "")
+                        + (f" ({unknown} after a dropped batch's unrecorded draws not)" if unknown else "")
+                        + (f", {sum(draws.values())} prompt batch(es) drawn by dynamic sampling, each prompt "
+                           "trained or dropped" if filtered and draws else "")
                         + (f"; {len(resumes)} resume(s) from step(s) {restored}" if resumes else ""))
 
 

@@ -55,14 +55,17 @@ import dataclasses
 import logging
 import threading
 import time
+import types
 from typing import Any, Optional
 
 import jax
 import numpy as np
 
+from rljax.env import episode_scores
 from rljax.rollout.queue import QueueClosed, QueueItem, TrajectoryQueue
 from rljax.trainer.distribute import check_async_share
 from rljax.trainer.runner import Stage, StepRunner
+from rljax.trainer import dynamic_sampling as ds
 from rljax.trainer import stages as S
 
 log = logging.getLogger("rljax")
@@ -266,12 +269,11 @@ def streaming_limit(services) -> Optional[str]:
     """Why ``async_training.streaming`` does not apply to this run (the line the log gives), or
     ``None``. It applies to single-turn rollouts and to multi-turn episodes with
     ``env.continuation=kv`` (one stream per process, each over its share of the prompt groups),
-    without ``algorithm.filter_groups``."""
+    with or without ``algorithm.filter_groups`` (one process: several are refused at launch in
+    ``trainer.mode=async``)."""
     env = services.rollout.env
     if env is not None and env.continuation != "kv":
         return "env.continuation=reprefill re-prefills every turn in one generate call per turn"
-    if services.cfg.algorithm.filter_groups.enable:
-        return "algorithm.filter_groups draws, scores and refills each batch in one call"
     return None
 
 
@@ -347,8 +349,20 @@ class StreamingProducer(Producer):
     def _admit(self, batch) -> bool:
         if not self.partial and self.weights.latest_version(self.services.rollout.sampler) > self.stream.driver.version:
             return False  # a push waits for the slots to drain
-        ahead = sum(1 for b in self.stream.batches if b.key < batch.key)  # in flight before it, not yet queued
-        return self.queue.admits(ahead, self.stream.driver.version)
+        return self.queue.admits(self._ahead(batch), self.stream.driver.version)
+
+    def _ahead(self, batch) -> int:
+        """The batches before ``batch`` in flight, not yet queued."""
+        return sum(1 for b in self.stream.batches if b.key < batch.key)
+
+    def _maybe_draw(self) -> None:
+        """Draws the next batch once every queued session of the submitted ones holds a slot."""
+        if not self.stream.driver.waiting:
+            self._draw()
+
+    def _round(self) -> list:
+        """One stream round; the queue items of the batches it completed, in batch order."""
+        return [self._complete(batch, traj) for batch, traj in self.stream.step()]
 
     def _install(self) -> None:
         if self.partial or not self.stream.driver.holding:
@@ -400,14 +414,12 @@ class StreamingProducer(Producer):
                     if self._stop.is_set():
                         break
                     self._install()
-                    if not self.stream.driver.waiting:
-                        self._draw()
-                    done = self.stream.step()
-                    items = [self._complete(batch, traj) for batch, traj in done]
-                    idle = not done and not self.stream.active
+                    self._maybe_draw()
+                    items = self._round()
+                    idle = not items and not self.stream.active
                 for item in items:
                     q.put(item)
-                del items, done
+                del items
                 if idle:  # every queued prompt refused: wait for the learner (a taken batch, a push)
                     t = time.perf_counter()
                     q.wait_change(0.05)
@@ -420,6 +432,185 @@ class StreamingProducer(Producer):
         finally:
             if self.stream is not None:
                 self.stream.close()  # multi-turn: its environment threads
+
+
+@dataclasses.dataclass(eq=False)
+class _Draw:
+    """One prompt batch drawn for a batch being filled (``algorithm.filter_groups``), its groups
+    scored as they complete."""
+
+    batch: Any  # its StreamBatch
+    prompts: list
+    uids: list
+    data_after: Any  # the data iterator's position after this draw
+    keep: list  # per group: None (not yet complete), True, False
+    first: np.ndarray  # per group: its first real row's metric value
+    count: np.ndarray  # per group: real rows
+    shaped: np.ndarray  # per row: the score placed (task + overlong shaping)
+    digests: np.ndarray  # per row: the digest of the tokens scored
+    reports: dict = dataclasses.field(default_factory=dict)  # group -> its reward report
+    traj: Any = None  # the whole draw, once every session finished
+
+    @property
+    def complete(self) -> bool:
+        return self.traj is not None and all(k is not None for k in self.keep)
+
+
+@dataclasses.dataclass(eq=False)
+class _Filling:
+    """A batch being filled with kept groups: its draws, contiguous in the data order."""
+
+    index: int
+    draws: list
+    t_draw: float
+    draw_s: float = 0.0
+    marks: tuple = (0, 0)  # the driver's (live slot-steps, slot-steps) when its first draw was submitted
+
+
+class FilteredStreamingProducer(StreamingProducer):
+    """Streaming admission with DAPO dynamic sampling (``algorithm.filter_groups``, one process).
+
+    A batch is filled with kept groups: as each prompt group's sessions all finish it is scored
+    (the step's task reward and overlong shaping) and its metric's variance checked
+    (:func:`rljax.trainer.dynamic_sampling.group_facts`: the synchronous rule); the batch is queued
+    once its first ``data.train_batch_size`` kept groups, in draw and group order, are known and
+    every session of its draws finished (:func:`~rljax.trainer.dynamic_sampling.streamed_rollout`:
+    the synchronous accounting, dropped and excess uids with their reasons).
+
+    Draws. A batch's prompt batches come from the data iterator in order and stay contiguous: a
+    further prompt batch is drawn for it only when even keeping every undecided group would leave
+    it short (:func:`~rljax.trainer.dynamic_sampling.fill_state`) -- as soon as a group is dropped,
+    not after the whole draw -- and the next batch's first draw only once the batch is full. So
+    the draws, their uids (``{batch}-{draw * size + i}``) and the data position after a batch are
+    the synchronous filter's, and a resume restarts at the oldest untrained batch's first draw.
+    ``max_num_gen_batches`` bounds the draws per batch with the synchronous error. A draw's
+    sessions take free slots while the previous draw's tail decodes; the next batch's prompts take
+    them while the full batch's excess groups finish, under the staleness gate.
+    """
+
+    def __init__(self, services, queue: TrajectoryQueue, weights: WeightPush, *, first_index: int):
+        super().__init__(services, queue, weights, first_index=first_index)
+        cfg = services.cfg
+        self.fg, self.want, self.n = cfg.algorithm.filter_groups, int(cfg.data.train_batch_size), int(cfg.rollout.n)
+        self._fill: list[_Filling] = []  # batches being filled, oldest first
+        self._out: Optional[dict] = None  # the rollout outputs of the batch being completed
+
+    def _ahead(self, batch) -> int:
+        return sum(1 for f in self._fill if f.index < batch.key[0])
+
+    def _maybe_draw(self) -> None:
+        if self.stream.driver.waiting:
+            return
+        f = self._fill[-1] if self._fill else None
+        if f is not None:
+            full, kept, undecided, zero = ds.fill_state([d.keep for d in f.draws], self.want)
+            if not full:
+                if kept + undecided >= self.want:
+                    return  # the groups in flight may fill it: no further draw yet, the next batch's neither
+                if self.fg.max_num_gen_batches and len(f.draws) >= self.fg.max_num_gen_batches:
+                    if undecided == 0:
+                        raise ds.too_few_kept(f.index, kept, len(f.draws), zero, want=self.want, fg=self.fg)
+                    return
+                self._draw_for(f)
+                return
+        self._draw_for(None)
+
+    def _draw_for(self, f: Optional[_Filling]) -> None:
+        """A further prompt batch for ``f``, or the first of the next batch."""
+        s = self.services
+        t = time.perf_counter()
+        if f is None:
+            d = S.draw_prompts(s, {"step": self.next_index})
+            prompts, uids = d["prompts"], d["uids"]
+            f = _Filling(self.next_index, [], t, marks=(self.stream.driver.live_slot_steps, self.stream.driver.slot_steps))
+            self._fill.append(f)
+            self.next_index += 1
+        else:
+            prompts = list(next(s.rollout.prompts))
+            uids = [f"{f.index}-{len(f.draws) * self.want + i}" for i in range(len(prompts))]
+        data_after = s.rollout.prompts.state()
+        f.draw_s += time.perf_counter() - t
+        episodes = s.rollout.env is not None
+        batch = self.stream.submit((f.index, len(f.draws)), prompts if episodes else [p.ids for p in prompts], uids)
+        g, rows = len(prompts), len(prompts) * self.n
+        f.draws.append(_Draw(batch, list(prompts), list(uids), data_after, [None] * g, np.zeros(g, np.float64),
+                             np.zeros(g, np.int32), np.zeros(rows, np.float32), np.zeros(rows, np.uint32)))
+
+    def _score(self, d: _Draw, groups: list) -> None:
+        """Scores whole groups of a draw (each on its own, so a draw's merged report is the synchronous one)."""
+        s, n = self.services, self.n
+        sub = ds.take_groups(d.traj, groups) if d.traj is not None else self.stream.take(d.batch, groups)
+        for i, g in enumerate(groups):
+            traj, prompts = ds.take_groups(sub, [i]), [d.prompts[g]]
+            if s.rollout.env is not None:  # the episode's reward; the bound applies to the whole draw (below)
+                task, report = episode_scores(traj, s.reward.fn, prompts, max_error_fraction=1.0)
+            else:
+                task, report = S.score(s, traj, prompts, max_error_fraction=1.0)
+            shaped = np.asarray(S.overlong_shaping(s, traj, task), np.float32)
+            facts = ds.group_facts(traj, task if self.fg.metric == "acc" else shaped)
+            d.keep[g], d.first[g], d.count[g] = bool(facts["keep"][0]), facts["first"][0], facts["count"][0]
+            d.shaped[g * n:(g + 1) * n], d.digests[g * n:(g + 1) * n] = shaped, S.response_digest(traj)
+            d.reports[g] = report
+
+    def _round(self) -> list:
+        draws = {d.batch.key: d for f in self._fill for d in f.draws}
+        for batch, traj in self.stream.step():
+            draws[batch.key].traj = traj
+        for d in draws.values():
+            new = [g for g in d.batch.groups_done if d.keep[g] is None]
+            if new:
+                self._score(d, new)
+                if d.complete:  # the reward bound over the whole draw, as the synchronous filter scores it
+                    ds.check_draw_report(self._report(d), self.s_bound)
+        items = []
+        while self._fill and all(d.complete for d in self._fill[0].draws) and \
+                ds.fill_state([d.keep for d in self._fill[0].draws], self.want)[0]:
+            items.append(self._complete_filled(self._fill.pop(0)))
+        return items
+
+    @property
+    def s_bound(self) -> float:
+        return float(self.services.cfg.reward.max_error_fraction)
+
+    @staticmethod
+    def _report(d: _Draw):
+        return ds.merge_reports([d.reports[g] for g in range(len(d.keep))])
+
+    def _streamed(self, b) -> dict:
+        return self._out
+
+    def _complete_filled(self, f: _Filling) -> QueueItem:
+        t_done = time.perf_counter()
+        out = ds.streamed_rollout(
+            [{"traj": d.traj, "facts": {"keep": np.asarray(d.keep, bool), "first": d.first, "count": d.count},
+              "shaped": d.shaped, "digests": d.digests, "report": self._report(d), "prompts": d.prompts,
+              "uids": d.uids} for d in f.draws], want=self.want, metric=self.fg.metric, share=self.services.rollout.share)
+        drv = self.stream.driver
+        steps = drv.slot_steps - f.marks[1]
+        first = f.draws[0]
+        traj = out["trajectories"]
+        # the batch's generation: from its first draw's submission to now, its draws overlapping other batches'
+        traj = traj.replace(stats=dataclasses.replace(
+            traj.stats, wall_s=t_done - first.batch.t_submit,
+            slot_occupancy=(drv.live_slot_steps - f.marks[0]) / steps if steps else float("nan")))
+        out = dict(out, trajectories=traj)
+        ahead = types.SimpleNamespace(admitted_ahead=sum(d.batch.admitted for g in self._fill for d in g.draws))
+        self._out, self._done = out, (_Drawn(first.prompts, first.uids, first.data_after, f.t_draw, f.draw_s), ahead,
+                                      traj)
+        try:
+            produced = self.runner.produce(f.index, {"step": f.index})
+        finally:
+            self._out = self._done = None
+        produced.timings.update(data=f.draw_s, gen=t_done - first.batch.t_submit)
+        window = {"dataset_item": (f.t_draw, f.t_draw + f.draw_s), "rollout_sessions": (first.batch.t_submit, t_done)}
+        for ev in produced.events:
+            if ev.stage in window:
+                ev.t_start, ev.t_end = window[ev.stage]
+        real = ~np.asarray(traj.is_padding)
+        return QueueItem(index=f.index, min_version=np.asarray(traj.min_version)[real].tolist(),
+                         max_version=np.asarray(traj.max_version)[real].tolist(),
+                         uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]],
+                         payload=(produced, f.draws[-1].data_after))
 
 
 class AsyncSchedule:
@@ -444,8 +635,10 @@ class AsyncSchedule:
         if at.streaming and not self.streaming:
             log.info("rljax: async_training.streaming does not apply (%s); this run generates one batch per call",
                      streaming_limit(services))
-        self.producer = (StreamingProducer if self.streaming else Producer)(services, self.queue, self.weights,
-                                                                            first_index=state.produced)
+        producer = Producer
+        if self.streaming:
+            producer = FilteredStreamingProducer if services.cfg.algorithm.filter_groups.enable else StreamingProducer
+        self.producer = producer(services, self.queue, self.weights, first_index=state.produced)
         self.runner = StepRunner(self._learner_stages(stages), observers=observers)
         self._rollout_wait_prev = 0.0
         self._dropped_seen = 0  # the queue's dropped batches already reported (rollout_uids.jsonl)

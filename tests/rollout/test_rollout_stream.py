@@ -94,3 +94,35 @@ def test_bad_batches_are_one_line_errors_before_anything_is_queued():
     with pytest.raises(ValueError, match="n is 0"):
         s.stream(DECODE, n=0)
     assert not st.busy and st.batches == ()
+
+
+def test_groups_complete_one_by_one_and_can_be_taken_before_their_batch():
+    """A client may score whole groups as they complete (dynamic sampling in the asynchronous
+    producer): ``groups_done`` lists each prompt once all its sessions finished, and ``take`` gives
+    those rows, before the batch is complete, as the batch's trajectories hold them at its end."""
+    s = sampler()
+    st = s.stream(DECODE, n=2)
+    for k, p in enumerate(BATCHES):
+        st.submit(k, p, uids(k, p))
+    early, final, seen = {}, {}, {}
+    while st.busy:
+        live = {b.key: b for b in st.batches}
+        for batch, traj in st.step():
+            final[batch.key] = traj
+        for key, b in live.items():
+            new = b.groups_done[seen.get(key, 0):]
+            seen[key] = len(b.groups_done)
+            if new and key not in final:
+                early[(key, tuple(new))] = st.take(b, new)
+    assert early, "no group completed before its batch: nothing was taken early"
+    for (key, groups), traj in early.items():
+        ref = final[key]
+        rows = [g * 2 + i for g in groups for i in range(2)]
+        np.testing.assert_array_equal(traj.response_ids, np.asarray(ref.response_ids)[rows])
+        np.testing.assert_array_equal(traj.token_version, np.asarray(ref.token_version)[rows])
+        np.testing.assert_allclose(traj.rollout_logp, np.asarray(ref.rollout_logp)[rows], rtol=0, atol=0)
+        assert traj.uid == tuple(ref.uid[r] for r in rows) and list(traj.group_id) == [i // 2 for i in range(len(rows))]
+    with pytest.raises(ValueError, match="has not finished"):
+        st2 = s.stream(DECODE, n=2)
+        b = st2.submit(9, BATCHES[0], uids(9, BATCHES[0]))
+        st2.take(b, [0])

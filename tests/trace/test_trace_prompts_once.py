@@ -7,7 +7,7 @@ tests/trainer/test_async_kill_resume.py."""
 
 import json
 
-from rljax.trace.check import FAIL, NA, PASS, Run, check_every_prompt_trained_once, check_rollout_unique
+from rljax.trace.check import FAIL, PASS, Run, check_every_prompt_trained_once, check_rollout_unique
 from rljax.trainer.guard import cut_jsonl, mark_resume
 
 BATCH, N = 4, 64  # data.train_batch_size, examples in the split
@@ -86,7 +86,8 @@ def test_uids_twice_or_of_another_batch_fail(tmp_path):
 def test_sync_records_and_dynamic_sampling(tmp_path):
     sync = [{"step": s, "by_process": {"0": [f"{s}-{i}" for i in range(BATCH)]}} for s in (1, 2, 3)]
     assert _check(tmp_path, sync)[0] == PASS
-    assert _check(tmp_path, sync, **{"algorithm.filter_groups.enable": True})[0] == NA
+    # dynamic sampling: every drawn prompt trained or dropped (no record of a drop here: one draw each)
+    assert _check(tmp_path, sync, **{"algorithm.filter_groups.enable": True})[0] == PASS
 
 
 def test_resume_cuts_the_later_records_and_marks_the_file(tmp_path):
@@ -97,3 +98,28 @@ def test_resume_cuts_the_later_records_and_marks_the_file(tmp_path):
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x.get("step") for x in lines] == [1, None] and lines[1] == {"resume": {"restored_step": 1, "superseded": 3}}
     assert not mark_resume(str(tmp_path / "absent.jsonl"), 1, 0)
+
+
+def _filtered(step, draws, end, kept=None, lost=()):
+    """A dynamic-sampling step: batch ``step`` drew ``draws`` prompt batches (uids ``{step}-0..``), trained
+    ``kept`` of them and dropped the rest, ending at prompt batch ``end`` of the data order."""
+    drawn = [f"{step}-{i}" for i in range(draws * BATCH)]
+    kept = kept or drawn[-BATCH:]
+    rec = _rec(step, uids=kept)
+    rec["dropped"] = {u: "zero variance" for u in drawn if u not in kept and u not in lost}
+    rec["data_after"] = {"epoch": (end - 1) // 16, "position": ((end - 1) % 16 + 1) * BATCH, "num_examples": N}
+    return rec
+
+
+def test_dynamic_sampling_draws_are_each_trained_or_dropped_and_end_at_the_data_orders_position(tmp_path):
+    ok = [_filtered(1, 2, 2), _filtered(2, 1, 3), _filtered(3, 3, 6)]
+    status, detail = _check(tmp_path, ok, **{"algorithm.filter_groups.enable": True})
+    assert status == PASS and "6 prompt batch(es) drawn by dynamic sampling" in detail, detail
+    assert "data positions of 3 batch(es) checked" in detail
+    # a drawn prompt neither trained nor dropped
+    status, detail = _check(tmp_path, [_filtered(1, 2, 2, lost=("1-2",))], **{"algorithm.filter_groups.enable": True})
+    assert status == FAIL and "a drawn prompt was lost" in detail, detail
+    # batch 2 drew from the position after prompt batch 1, not after batch 1's two draws
+    status, detail = _check(tmp_path, [_filtered(1, 2, 2), _filtered(2, 1, 2)], **{"algorithm.filter_groups.enable": True})
+    assert status == FAIL and "batch 2 drew its prompts ending at data position 0/8" in detail, detail
+    assert "the data order's batch 2 ends at 0/12 (prompt batch 3" in detail

@@ -142,3 +142,34 @@ def test_streaming_multi_turn_tau1_admits_ahead_and_trains_each_prompt_once(tmp_
     assert chk.returncode == 0, chk.stdout
     for name in ("trained staleness within tau", "every prompt trained once", "token versions tie to min_version"):
         assert f"PASS  {name}" in chk.stdout, chk.stdout
+
+
+@pytest.mark.slow
+def test_streaming_dynamic_sampling_resume_draws_and_keeps_what_the_uninterrupted_run_does(tmp_path):
+    """algorithm.filter_groups with streaming (tau=0: deterministic): the next batch's first prompt batch
+    is in flight when the run stops after step 2; the resumed run restarts at the data position after
+    batch 2's last draw, so every step draws, keeps and drops the uninterrupted run's uids, and the
+    trace check proves every drawn prompt trained or dropped once across the resume."""
+    import json
+
+    base = ["--mesh=dp2", "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+            "data.embedded.num_train=64", "data.embedded.num_test=16", "trainer.test_freq=-1",
+            "trainer.val_before_train=false", "trace.ledgers=false", "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.max_num_gen_batches=0", "rollout.max_slots=8", "trainer.save_freq=1", *ASYNC,
+            "async_training.max_staleness=0"]
+    full, split = full_and_resumed(base, tmp_path)
+
+    def records(run):
+        with open(run / "rollout_uids.jsonl") as fh:
+            recs = [json.loads(x) for x in fh]
+        return {r["step"]: {k: r[k] for k in ("by_process", "dropped", "batch_index", "data_after")}
+                for r in recs if "step" in r}
+
+    f, s = records(full), records(split)
+    assert sorted(f) == [1, 2, 3, 4] and f == s
+    assert any(r["dropped"] for r in f.values()), "the tiny random policy should fail every sample of some groups"
+    chk = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(split)], cwd=REPO, env=launch_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert chk.returncode == 0, chk.stdout
+    line = next(x for x in chk.stdout.splitlines() if "every prompt trained once" in x)
+    assert line.startswith("PASS") and "1 resume(s)" in line and "drawn by dynamic sampling" in line, line

@@ -141,6 +141,49 @@ def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
     np.testing.assert_array_equal(a["prompt_ids"], b["prompt_ids"])
 
 
+@pytest.mark.parametrize("draws,full,kept,undecided,zero", [
+    ([[True, None, True, False]], False, 2, 1, 1),  # the undecided group may still be the 3rd kept one
+    ([[True, True, False, True, None]], True, 3, 1, 1),  # the first 3 kept groups are decided: full
+    ([[True, False, False, False], [None, True]], False, 2, 1, 3),  # a later draw's undecided group blocks
+    ([[True, False], [False, True, True, None]], True, 3, 1, 2),
+    ([[False, False, None]], False, 0, 1, 2),
+])
+def test_streamed_batch_is_full_only_when_its_first_kept_groups_are_decided(draws, full, kept, undecided, zero):
+    """Streaming with the filter (trainer.mode=async): a batch of 3 groups is full once its first 3
+    kept groups in draw and group order are known; a further draw is needed only when kept +
+    undecided < 3 (the synchronous filter draws exactly then)."""
+    from rljax.trainer.dynamic_sampling import fill_state
+
+    assert fill_state(draws, 3) == (full, kept, undecided, zero)
+
+
+def test_streamed_rollout_keeps_what_the_synchronous_filter_keeps():
+    """Two draws scored group by group give the synchronous accounting: the first 4 kept groups in
+    order, zero-variance and excess uids with their reasons, the kept rows' scores and digests."""
+    from rljax.reward import RewardReport
+    from rljax.trainer.distribute import Share
+    from rljax.trainer.dynamic_sampling import group_facts, streamed_rollout
+
+    n, want = 2, 4
+    draws, values = [], {0: [1, 1, 0, 1, 1, 0, 0, 0], 1: [0, 1, 1, 1, 1, 0, 0, 1]}  # per row: 4 groups x 2 sessions
+    for d, v in values.items():
+        traj = _episodes(4, n, f"{d}-")
+        facts = group_facts(traj, np.asarray(v, np.float32))
+        draws.append({"traj": traj, "facts": facts, "shaped": np.asarray(v, np.float32) + d,
+                      "digests": np.arange(8, dtype=np.uint32) + 10 * d,
+                      "report": RewardReport(8, 0, 0, (), None), "prompts": [f"p{d}{g}" for g in range(4)],
+                      "uids": [f"1-{4 * d + g}" for g in range(4)]})
+    out = streamed_rollout(draws, want=want, metric="acc", share=Share(0, 1, 0, want, n, want, True, (0,)))
+    assert out["uids"] == ["1-1", "1-2", "1-4", "1-6"] and out["prompts"] == ["p01", "p02", "p10", "p12"]
+    ds = out["dynamic_sampling"]
+    assert ds["dropped"] == {"1-0": "zero variance: acc=1.0 in all 2", "1-3": "zero variance: acc=0.0 in all 2",
+                             "1-5": "zero variance: acc=1.0 in all 2", "1-7": "excess: the batch was full (4 groups kept)"}
+    assert (ds["num_gen_batches"], ds["kept_groups"], ds["dropped_groups"], ds["excess_groups"]) == (2, 4, 3, 1)
+    assert out["trajectories"].final_text == ("0-2", "0-3", "0-4", "0-5", "1-0", "1-1", "1-4", "1-5")
+    np.testing.assert_array_equal(ds["scores"], [0, 1, 1, 0, 1, 2, 2, 1])
+    np.testing.assert_array_equal(ds["scored_rows"]["digest"], [2, 3, 4, 5, 10, 11, 14, 15])
+
+
 def test_filter_groups_runs_in_async_mode_too():
     from rljax.config import resolve
     from rljax.trainer import check
@@ -162,13 +205,20 @@ def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path):
     base = [*RUN, "trainer.total_steps=3", "trainer.save_freq=-1"]
     out = launch("--run-dir", str(tmp_path / "sync"), *base)
     assert out.returncode == 0, out.stderr[-3000:]
-    out = launch("--run-dir", str(tmp_path / "tau0"), *base, "trainer.mode=async", "async_training.max_staleness=0")
-    assert out.returncode == 0, out.stderr[-3000:]
-    sync, tau0 = train_rows(tmp_path / "sync"), train_rows(tmp_path / "tau0")
-    _compare(sync, tau0)
-    assert _records(tmp_path / "sync" / "rollout_uids.jsonl") == {
-        s: {k: v for k, v in r.items() if k not in ASYNC_ONLY}
-        for s, r in _records(tmp_path / "tau0" / "rollout_uids.jsonl").items()}
+    sync = train_rows(tmp_path / "sync")
+    for streaming in ("false", "true"):  # one batch per call; streaming admission scoring group by group
+        run = tmp_path / f"tau0-{streaming}"
+        out = launch("--run-dir", str(run), *base, "trainer.mode=async", "async_training.max_staleness=0",
+                     f"async_training.streaming={streaming}")
+        assert out.returncode == 0, out.stderr[-3000:]
+        tau0 = train_rows(run)
+        if streaming == "true":  # a draw's sessions take the slots the previous draw's tail frees: only the
+            for r in sync + tau0:  # occupancy differs, not the tokens
+                r.pop("rollout/slot_occupancy", None)
+        _compare(sync, tau0)
+        assert _records(tmp_path / "sync" / "rollout_uids.jsonl") == {
+            s: {k: v for k, v in r.items() if k not in ASYNC_ONLY}
+            for s, r in _records(run / "rollout_uids.jsonl").items()}
 
     run = tmp_path / "tau1"
     out = launch("--run-dir", str(run), *base, "trainer.mode=async", "async_training.max_staleness=1",
@@ -185,7 +235,25 @@ def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path):
     checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
     name = "no dropped group trained (dynamic sampling)"
     assert checks[name][0] == "PASS", checks[name]
+    # streaming (the default): every prompt drawn was trained or dropped, each batch's draws at the data order's
+    assert checks["every prompt trained once"][0] == "PASS", checks["every prompt trained once"]
+    assert "data positions of 3 batch(es) checked" in checks["every prompt trained once"][1]
     assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
+
+
+@pytest.mark.slow
+def test_streaming_dynamic_sampling_stops_at_max_num_gen_batches_like_sync(tmp_path):
+    """The draws per batch are bounded as in the synchronous filter, with its error."""
+    from launching import launch
+
+    base = [*RUN, "trainer.total_steps=3", "trainer.save_freq=-1", "algorithm.filter_groups.max_num_gen_batches=1"]
+    errors = []
+    for mode in (["trainer.mode=sync"], ["trainer.mode=async", "async_training.max_staleness=0"]):
+        out = launch("--run-dir", str(tmp_path / mode[0][-5:]), *base, *mode)
+        assert out.returncode != 0
+        errors.append(next(ln for ln in out.stderr.splitlines() if "max_num_gen_batches=1" in ln))
+    assert "prompt groups kept after 1 prompt batches" in errors[0], errors
+    assert errors[0].split("RuntimeError: ")[-1] == errors[1].split("RuntimeError: ")[-1], errors
 
 
 @pytest.mark.slow  # a real sampler: ~17 s of compiling on this loaded host
