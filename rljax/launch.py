@@ -189,11 +189,8 @@ def check_inputs(cfg) -> None:
 
 def check_process_split(cfg, processes) -> None:
     """Each process generates ``data.train_batch_size / processes`` whole prompt groups
-    (:mod:`rljax.trainer.distribute`): the batch must split evenly (but for a multi-turn run with a
-    judge, which still generates the whole batch on every process)."""
-    # distribute.whole_batch_reason (not imported: JAX is not configured yet)
-    whole = cfg.env.function is not None and cfg.reward.judge.path is not None
-    if processes and processes > 1 and not whole and cfg.data.train_batch_size % processes:
+    (:mod:`rljax.trainer.distribute`): the batch must split evenly."""
+    if processes and processes > 1 and cfg.data.train_batch_size % processes:
         raise UsageError(f"data.train_batch_size={cfg.data.train_batch_size} prompts do not split over "
                          f"--num-processes={processes}: each process generates whole prompt groups; use a multiple "
                          f"of {processes}")
@@ -422,24 +419,20 @@ def _run(args, cfg, prov, run_dir) -> int:
     topo = topology(mesh)
     topo["placement"] = placement_topology(cfg, mesh)
     # JAX: imported only after setup_devices has configured it
-    from rljax.trainer.distribute import (check_async_share, check_judge_share, rollout_share, share_kwargs,
-                                          whole_batch_reason)
+    from rljax.trainer.distribute import check_async_share, rollout_share
 
     try:  # which prompts (uids) each process generates
-        share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n, **share_kwargs(cfg))
+        share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n)
     except ValueError as e:  # --distributed: the process count is known only now
         _stderr_line(f"rljax.launch: error: {e}")
         return 2
     try:
         if cfg.trainer.mode == "async":  # the rollout threads must not communicate
             check_async_share(share, spec, filter_groups=cfg.algorithm.filter_groups.enable)
-        check_judge_share(share, cfg.reward.judge.path)
     except ValueError as e:
         _stderr_line(f"rljax.launch: error: {e}")
         return 2
     topo["rollout_share"] = share.describe()
-    if whole_batch_reason(cfg) and jax.process_count() > 1:
-        topo["rollout_share"]["note"] = whole_batch_reason(cfg)
     topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["placement"]["rollout"]["replicas_per_process"],
                 actor_dp_derivation=f"world_size / (tp * sp) = {topo['world_size']} / "
                                     f"({topo['mesh']['tp']} * {topo['mesh']['sp']}) = {topo['actor_dp']}",

@@ -76,16 +76,33 @@ class SampleLog:
 
 class TrainSamples:
     """A step-runner observer: the first ``limit`` rows of each step's ``reward`` stage, written
-    at the end of the step (single-process runs: the scores are read from the global array)."""
+    at the end of the step.
 
-    def __init__(self, log: SampleLog, *, decode, limit: int):
+    Several processes (``rows`` and ``gather`` given): each process makes the sample records of
+    the rows it holds at the end of the step (their scores are its rows ``[first, first + count)``
+    of the learner batch's global scores, all-gathered: a ``[B]`` float) and ``gather`` hands
+    process 0 every process's, in batch order: the log holds the first ``limit`` rows of the whole
+    batch, as one process writes it. Every process must run :meth:`step_end` (collectives).
+
+    Args:
+      log: where the rows go (enabled on process 0 only).
+      decode: ``ids -> text``.
+      limit: rows per step.
+      rows: ``(first row, row count)`` of this process's rows in the learner batch.
+      gather: ``records -> every process's records in batch order``.
+    """
+
+    def __init__(self, log: SampleLog, *, decode, limit: int, rows=None, gather=None):
         self.log, self.decode, self.limit = log, decode, int(limit)
+        self._span, self._gather = rows, gather
         self._rows: list[dict] = []
         self._judge = None  # reward.judge: (texts, scores) of this step's rows
+        self._pending = None  # several processes: (trajectories, prompts, global scores, step) until step_end
 
     def step_start(self, step: int, t: float) -> None:
         self._rows = []
         self._judge = None
+        self._pending = None
 
     def stage(self, event) -> None:
         if event.stage == "reward_judge":  # reward.judge: the verdicts go with the rows
@@ -95,14 +112,31 @@ class TrainSamples:
         if event.stage != "reward" or "scores" not in event.writes:
             return
         traj, prompts, scores = event.reads.get("trajectories"), event.reads.get("prompts"), event.writes["scores"]
-        if traj is None or prompts is None or not getattr(scores, "is_fully_addressable", True):
+        if traj is None or prompts is None:
+            return
+        if self._gather is not None:  # several processes: this process's rows of the global scores, at step_end
+            self._pending = (traj, prompts, scores, event.step)
             return
         self._rows = sample_rows(traj, prompts, np.asarray(scores), decode=self.decode, step=event.step,
                                  split="train", limit=self.limit, judge=self._judge)
 
     def step_end(self, step: int, metrics) -> None:
+        if self._gather is not None:
+            self._rows = self._gather(self._local_rows())[: self.limit]
         self.log.write("train", step, self._rows)
-        self._rows, self._judge = [], None
+        self._rows, self._judge, self._pending = [], None, None
+
+    def _local_rows(self) -> list[dict]:
+        """This process's first ``limit`` sample records of the step (none when it had no ``reward`` stage)."""
+        if self._pending is None:
+            return []
+        from rljax.sharding import host_array  # JAX: only several processes read the global scores here
+
+        traj, prompts, scores, step = self._pending
+        first, count = self._span
+        mine = np.asarray(host_array(scores))[first:first + count]
+        return sample_rows(traj, prompts, mine, decode=self.decode, step=step, split="train", limit=self.limit,
+                           judge=self._judge)
 
     def cleanup(self, report) -> None:
         pass

@@ -671,6 +671,7 @@ class AsyncSchedule:
         real = ~np.asarray(rows.is_padding)
         facts.update(staleness_facts(facts["learner_version"], np.asarray(rows.min_version)[real],
                                      np.asarray(rows.max_version)[real]))
+        facts["version_span_max"] = int(np.asarray(rows.version_span)[real].max(initial=0))  # every process's rows
         self._global_facts = facts
         out["dequeue"] = facts
         return out

@@ -266,7 +266,7 @@ def _rollout(cfg: Config, mesh, model: Model, tokenizer, params, run_dir: str) -
     context = d.max_prompt_length + (d.max_response_length if env is not None else 0)
     # Each process runs a sampler on its own devices (same prompts, same random streams); with
     # several processes each generates train_batch_size / P whole groups (single- or multi-turn).
-    share = distribute.rollout_share(mesh, d.train_batch_size, r.n, **distribute.share_kwargs(cfg))
+    share = distribute.rollout_share(mesh, d.train_batch_size, r.n)
     # slots for the sessions this process generates (its share: a process sized for the whole
     # batch decoded half-empty slots on 2 processes)
     engine = RljaxEngine(model.config, num_slots=r.max_slots or share.num_rows,

@@ -18,12 +18,17 @@ token arrays of the batch are all-gathered before placement (``gathered``).
 
 The learner side needs global facts of every row (lengths, padding, versions, uids) for
 metrics and the trace; :func:`gather_rows` all-gathers those per-row scalars, never the
-token arrays. On one process every function is the identity of the one-process code path.
+token arrays. The same all-gather carries each row's weight-version spread (``async/version_span_max``)
+and a generative judge's verdict scores; :func:`merge_judge_reports` merges the judges' reports
+as :func:`merge_reward_reports` merges the reward's, and :func:`gather_records` hands process 0
+every process's sample rows (the generations log). On one process every function is the
+identity of the one-process code path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Mapping, Optional
 
 import jax
@@ -111,22 +116,6 @@ def rollout_share(mesh, num_prompts: int, n: int, *, process: Optional[int] = No
     return Share(p, P, starts[p], starts[p] + per, n, num_prompts, direct, starts)
 
 
-def whole_batch_reason(cfg) -> Optional[str]:
-    """Why every process of a run of ``cfg`` still generates the whole batch, or ``None`` (each
-    generates its share): a multi-turn run (``env.function``) with a generative judge (its verdicts
-    are not merged across processes)."""
-    if cfg.env.function is not None and cfg.reward.judge.path is not None:
-        return "multi-turn with reward.judge.path: every process runs and judges every episode (the verdict " \
-               "reports are not merged across processes)"
-    return None
-
-
-def share_kwargs(cfg) -> dict:
-    """:func:`rollout_share`'s ``processes`` / ``process`` for a run of ``cfg``: JAX's (none), or one
-    process when :func:`whole_batch_reason` says every process generates the whole batch."""
-    return {"processes": 1, "process": 0} if whole_batch_reason(cfg) else {}
-
-
 def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = False) -> None:
     """``trainer.mode=async``: each process's rollout thread enqueues only its own rows and never
     communicates, so the learner batch must be assembled from process-local rows
@@ -140,17 +129,6 @@ def check_async_share(share: Share, mesh_spec: str, *, filter_groups: bool = Fal
         raise ValueError(f"trainer.mode=async over {share.processes} processes needs dp across the processes (each "
                          f"process's learner devices holding one block of batch rows); mesh {mesh_spec} puts rows of "
                          "several processes on one process's devices")
-
-
-def check_judge_share(share: Share, judge_path) -> None:
-    """``reward.judge.path`` runs on one process (or a multi-turn run, where every process has every
-    row: :func:`whole_batch_reason`): each process would judge its own rows and the verdict
-    reports are not merged yet; a one-line ``ValueError`` otherwise (the launcher exits 2 on it
-    before the run starts)."""
-    if judge_path is not None and share.processes > 1:
-        raise ValueError(f"reward.judge.path runs on one process, not {share.processes} (each process would judge its "
-                         "own rows and the verdict reports are not merged yet); drop reward.judge.path or run one "
-                         "process")
 
 
 def _process_order(share: Share, per: int) -> np.ndarray:
@@ -217,8 +195,10 @@ class RolloutRows:
     truncated: np.ndarray
     min_version: np.ndarray
     max_version: np.ndarray
+    version_span: np.ndarray  # max - min weight version over the row's sampled tokens (0 without token_version)
 
     episodes: Optional["EpisodeRows"] = None  # multi-turn runs: every process's episodes
+    judge_scores: Optional[np.ndarray] = None  # reward.judge: every row's parsed verdict score (0 on padding)
 
     @property
     def batch_size(self) -> int:
@@ -266,9 +246,24 @@ def gather_episodes(traj, share: Share) -> EpisodeRows:
     return EpisodeRows(**{k: np.asarray(v) for k, v in allgather(local, share).items()}, episode_stats=stats)
 
 
-def gather_rows(traj, share: Share) -> RolloutRows:
+def version_spans(traj) -> np.ndarray:
+    """``[B]`` int64: each row's spread of weight versions over its sampled tokens (max - min of
+    ``token_version`` where it is set; 0 on padding rows, rows without sampled tokens, and
+    trajectories without ``token_version``)."""
+    tv = getattr(traj, "token_version", None)
+    if tv is None:
+        return np.zeros(traj.batch_size, np.int64)
+    tv = np.asarray(tv, np.int64)
+    real = (tv >= 0) & ~np.asarray(traj.is_padding, bool)[:, None]
+    hi = np.where(real, tv, -1).max(axis=1, initial=-1)  # versions are >= 0
+    lo = np.where(real, tv, hi[:, None]).min(axis=1, initial=np.iinfo(np.int64).max)
+    return np.where(real.any(axis=1), hi - lo, 0)
+
+
+def gather_rows(traj, share: Share, *, judge_scores=None) -> RolloutRows:
     """:class:`RolloutRows` of the step from this process's trajectories (a small all-gather; with
-    multi-turn episodes their :class:`EpisodeRows` too)."""
+    multi-turn episodes their :class:`EpisodeRows` too; ``judge_scores``: this process's rows'
+    verdict scores, gathered beside)."""
     local = {"session": np.asarray(traj.session, np.int32),
              "process": np.full(traj.batch_size, share.process, np.int32),
              "is_padding": np.asarray(traj.is_padding, bool),
@@ -276,7 +271,10 @@ def gather_rows(traj, share: Share) -> RolloutRows:
              "response_length": np.asarray(traj.response_length, np.int32),
              "truncated": np.asarray(traj.truncated, bool),
              "min_version": np.asarray(traj.min_version, np.int64),
-             "max_version": np.asarray(traj.max_version, np.int64)}
+             "max_version": np.asarray(traj.max_version, np.int64),
+             "version_span": version_spans(traj)}
+    if judge_scores is not None:
+        local["judge_scores"] = np.asarray(judge_scores, np.float32)
     glob = allgather(local, share)
     episodes = gather_episodes(traj, share) if getattr(traj, "num_turns", None) is not None else None
     return RolloutRows(uid=tuple(allgather_strings(traj.uid, share)), **{k: np.asarray(v) for k, v in glob.items()},
@@ -293,10 +291,41 @@ def merge_reward_reports(report, share: Share):
     counts = np.array([report.num_scored, report.num_padding, report.errors, report.timeouts,
                        report.worker_restarts], np.int64)
     total = per_process(counts).sum(axis=0)
-    firsts = [bytes(r).rstrip(b"\0").decode() for r in per_process(_encode([report.first_error or ""], 512))[:, 0]]
-    first = next((firsts[q] for q in np.argsort(share.starts, kind="stable") if firsts[q]), None)
-    return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids), first, int(total[3]),
-                        int(total[4]))
+    return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids),
+                        _first_of_processes(report.first_error, share), int(total[3]), int(total[4]))
+
+
+def merge_judge_reports(report, share: Share):
+    """The whole batch's :class:`~rljax.reward.JudgeReport` from every process's (each judged its own
+    rows): counts summed, the first error or unparseable verdict of the first process (in batch
+    order) that had one."""
+    if share.processes == 1:
+        return report
+    counts = np.array([report.num_scored, report.errors, report.unparseable, report.truncated,
+                       report.prompt_truncated], np.int64)
+    total = per_process(counts).sum(axis=0)
+    return dataclasses.replace(report, num_scored=int(total[0]), errors=int(total[1]), unparseable=int(total[2]),
+                               truncated=int(total[3]), prompt_truncated=int(total[4]),
+                               first_error=_first_of_processes(report.first_error, share))
+
+
+def _first_of_processes(text: Optional[str], share: Share) -> Optional[str]:
+    """The first non-empty ``text`` of the processes in batch order (each process's cut to 512 bytes)."""
+    firsts = [bytes(r).rstrip(b"\0").decode(errors="replace") for r in per_process(_encode([text or ""], 512))[:, 0]]
+    return next((firsts[q] for q in np.argsort(share.starts, kind="stable") if firsts[q]), None)
+
+
+def gather_records(records, share: Share) -> list:
+    """JSON-able records of every process (any number each), concatenated in batch order (the
+    processes ordered by their first prompt): e.g. each process's first sample rows of its share."""
+    records = list(records)
+    if share.processes == 1:
+        return records
+    counts = per_process(np.array([len(records)], np.int64))[:, 0]
+    texts = allgather_texts([json.dumps(r, ensure_ascii=False) for r in records], share)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return [json.loads(texts[i]) for q in np.argsort(share.starts, kind="stable")
+            for i in range(bounds[q], bounds[q + 1])]
 
 
 def block(num_prompts: int, share: Share) -> tuple[int, int]:

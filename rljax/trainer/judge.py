@@ -5,7 +5,10 @@ It is a client of the rollout engine like the policy's sampler: an :class:`~rlja
 and :class:`~rljax.rollout.Sampler` of its own (the public API only), on the policy sampler's
 devices and layout (``rollout.tp``), greedy by default (``reward.judge.temperature=0``). One
 ``generate`` call per step judges every real row of the batch, so the engine batches them across
-its slots as it batches the policy's rollouts. In the synchronous step it runs as the
+its slots as it batches the policy's rollouts. With several processes each judges the rows it
+holds (its share of the batch; greedy, or with the rows' own ``(seed, uid, session)`` random
+streams, so the verdicts are the one-process run's) and ``gather_rollout`` merges the reports
+(:func:`rljax.trainer.distribute.merge_judge_reports`). In the synchronous step it runs as the
 ``reward_judge`` stage, after ``trajectory_fields`` and before ``reward``, which combines its
 scores (``reward.combine.judge_weight``).
 
@@ -50,7 +53,8 @@ class Judge:
     prompt_length: int
 
     @classmethod
-    def from_config(cls, cfg, *, policy_config, policy_tokenizer, devices, initial_params: Callable[[], Any]) -> "Judge":
+    def from_config(cls, cfg, *, policy_config, policy_tokenizer, devices, initial_params: Callable[[], Any],
+                    rows: Optional[int] = None) -> "Judge":
         """Builds the judge of ``cfg.reward.judge``.
 
         Args:
@@ -59,16 +63,21 @@ class Judge:
             without ``tokenizer.json`` reads with it).
           devices: the policy sampler's devices (the judge's engine uses the same layout).
           initial_params: ``() -> params``: the policy's initial weights (called for ``path=ref``).
+          rows: the most rows one call judges (the engine's slots unless ``rollout.max_slots``
+            is set; default the whole batch: several processes pass their share).
 
         Raises:
           ValueError: a judge vocabulary smaller than its tokenizer's, or inputs plus verdicts
             longer than the judge's ``max_position_embeddings``.
         """
         j, d = cfg.reward.judge, cfg.data
+        mesh = sampler_mesh(cfg.rollout.tp, devices)
         if j.path == "ref":
             config, params, tokenizer = policy_config, initial_params(), policy_tokenizer
         else:
-            config, params = load_hf_checkpoint(j.path, dtype=cfg.model.dtype)
+            # read onto the judge's own (process-local) devices: on several processes the default
+            # placement, the first global device, is another process's
+            config, params = load_hf_checkpoint(j.path, dtype=cfg.model.dtype, mesh=mesh)
             tokenizer = policy_tokenizer
             if os.path.isfile(os.path.join(j.path, "tokenizer.json")):
                 tokenizer = load_tokenizer(j.path)
@@ -82,9 +91,9 @@ class Judge:
             raise ValueError(f"the judge's inputs and verdicts need {prompt_length} + {j.response_length} positions "
                              f"(reward.judge.prompt_length + reward.judge.response_length), more than its "
                              f"max_position_embeddings={config.max_position_embeddings}; set reward.judge.prompt_length")
-        rows = cfg.rollout.max_slots or d.train_batch_size * cfg.rollout.n
+        rows = cfg.rollout.max_slots or rows or d.train_batch_size * cfg.rollout.n
         engine = RljaxEngine(config, num_slots=rows, max_prefill_length=prompt_length,
-                             max_decode_length=j.response_length, mesh=sampler_mesh(cfg.rollout.tp, devices),
+                             max_decode_length=j.response_length, mesh=mesh,
                              prefill_batch_size=min(rows, 64))
         sampler = Sampler(engine, params, version=0, truncation="left")
         decode = DecodeParams(max_new_tokens=j.response_length, temperature=j.temperature, seed=cfg.trainer.seed,

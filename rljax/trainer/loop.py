@@ -159,9 +159,12 @@ class Trainer:
             echo(env.sandbox_probe["line"])
             self.out.tracer.sandbox = env.sandbox_probe
         observers = [self.out.tracer]
-        if cfg.trace.log_train_generations:
+        if cfg.trace.log_train_generations:  # several processes: process 0 writes every process's rows
+            share = self.services.rollout.share
+            multi = {"rows": (share.row_lo, share.num_rows),
+                     "gather": lambda recs: distribute.gather_records(recs, share)} if share.processes > 1 else {}
             observers.append(TrainSamples(samples, decode=self.services.rollout.tokenizer.decode,
-                                          limit=cfg.trace.log_train_generations))
+                                          limit=cfg.trace.log_train_generations, **multi))
         if cfg.trainer.mode == "async":
             self.schedule = AsyncSchedule(self.services, self.state, stages, observers)
         else:

@@ -20,9 +20,10 @@ trajectory_fields     ``reshard``         trajectories -> input_ids, attention_m
                                           positions, loss_mask, rollout_logp, group_id,
                                           row_mask (global arrays on the learner mesh)
 reward                ``reward``          trajectories, prompts -> scores, reward_report
-gather_rollout        ``gather_rollout``  trajectories, reward_report -> rollout_rows,
-                                          reward_report (the whole batch's; only with
-                                          several processes, :mod:`rljax.trainer.distribute`)
+gather_rollout        ``gather_rollout``  trajectories, reward_report, judge_report ->
+                                          rollout_rows, reward_report, judge_report (the
+                                          whole batch's; only with several processes,
+                                          :mod:`rljax.trainer.distribute`)
 old_log_prob          ``old_log_prob``    input_ids, ... -> old_logp, entropy (not in bypass
                                           mode: the update then reads ``rollout_logp``; not
                                           when the update is exactly on-policy, see below)
@@ -76,7 +77,7 @@ from rljax.trace.facts import GroupView, message_count, number, padding_abs_sum
 from rljax.trace.fields import host_rows
 from rljax.trace.invariants import position_digest
 from rljax.trainer import distribute, dynamic_sampling as ds
-from rljax.trainer.distribute import assemble, check_async_share, check_judge_share, local_rows
+from rljax.trainer.distribute import assemble, check_async_share, local_rows
 from rljax.trainer.dynamic_sampling import metrics as ds_metrics
 from rljax.trainer.judge import Judge, initial_policy_params, judge_metrics
 from rljax.trainer.runner import Stage
@@ -155,7 +156,7 @@ READS = {
     "reward_model": MODEL_INPUTS,
     "reward_judge": ("trajectories", "prompts"),
     "reward": ("step", "trajectories", "prompts", "rm_scores", "judge_scores", "dynamic_sampling"),
-    "gather_rollout": ("queue_item", "trajectories", "reward_report"),
+    "gather_rollout": ("queue_item", "trajectories", "reward_report", "judge_scores", "judge_report"),
     "old_log_prob": (*MODEL_INPUTS, "rollout_logp", "loss_mask"),
     "reference": MODEL_INPUTS,
     "values": MODEL_INPUTS,
@@ -174,7 +175,7 @@ WRITES = {
     "reward_model": ("rm_scores",),
     "reward_judge": ("judge_scores", "judge_texts", "judge_status", "judge_report"),
     "reward": ("scores", "function_scores", "reward_report", "scored_rows"),
-    "gather_rollout": ("rollout_rows", "reward_report", "rollout_tokens_per_s"),
+    "gather_rollout": ("rollout_rows", "reward_report", "rollout_tokens_per_s", "judge_report"),
     "old_log_prob": ("old_logp", "entropy", "rollout_mismatch"),
     "reference": ("ref_logp",),
     "values": ("values",),
@@ -547,38 +548,43 @@ def reward_judge(s: Services, state: RunState, b) -> tuple[RunState, dict]:
     """``reward.judge``: the generative judge's verdict on each row (:mod:`rljax.trainer.judge`):
     ``judge_scores [B]`` (host), the verdict texts and statuses, and the verdicts' report. The
     judge loads on the first call (``path=ref``: from the policy's weights as the state holds
-    them then, before any update)."""
+    them then, before any update). Several processes: each judges the rows it holds; the
+    reports are merged and the ``reward.max_error_fraction`` bound applied to the whole batch in
+    ``gather_rollout``, so every process stops together."""
     judge = s.reward.judge.get(s, state)
-    return state, judge(b["trajectories"], b["prompts"], policy_tokenizer=s.rollout.tokenizer,
-                        max_error_fraction=s.cfg.reward.max_error_fraction)
+    bound = s.cfg.reward.max_error_fraction if s.rollout.share.processes == 1 else 1.0
+    return state, judge(b["trajectories"], b["prompts"], policy_tokenizer=s.rollout.tokenizer, max_error_fraction=bound)
 
 
 def reward_judge_facts(ev, v: GroupView) -> dict:
-    """Each traced row's verdict text (cut to 200 characters), parsed score and status; the batch's report."""
+    """Each traced row's verdict text (cut to 200 characters), parsed score and status; the batch's
+    report (several processes: every process's, merged in ``gather_rollout``)."""
     w = ev.writes
     texts, status, scores = w.get("judge_texts") or (), w.get("judge_status") or (), w.get("judge_scores")
     verdicts = [{"key": v.key_of[int(i)], "text": texts[i][:200], "score": float(scores[i]), "status": status[i]}
                 for i in v.rows if i < len(texts)]
-    report = w.get("judge_report")
+    report = v.fields.get("judge_report", w.get("judge_report"))
     return dict(verdicts=verdicts, batch=report.metrics() if report is not None else None)
 
 
 def load_judge(s: Services, state: RunState):
-    """The :class:`~rljax.trainer.judge.Judge` of ``reward.judge``, on the policy sampler's devices;
-    ``path=ref``: the policy's initial weights (the reference's copy when the run keeps one)."""
-    check_judge_share(s.rollout.share, s.cfg.reward.judge.path)  # launch refuses it first, with exit status 2
-
-    engine = s.rollout.sampler.engine
+    """The :class:`~rljax.trainer.judge.Judge` of ``reward.judge``, on the policy sampler's devices,
+    with a slot for each row this process judges (its share of the batch); ``path=ref``: the
+    policy's initial weights (the reference's copy when the run keeps one; on several processes
+    their gathered values, as the policy's sampler takes its weights: its mesh is process-local)."""
+    engine, share = s.rollout.sampler.engine, s.rollout.share
 
     def initial():
         if s.learner.ref_params is not None:
-            return s.learner.ref_params
-        if s.learner.ref_is_base:
-            return disable(state.actor.params)
-        return initial_policy_params(s.cfg, engine.config, s.mesh)
+            params = s.learner.ref_params
+        elif s.learner.ref_is_base:
+            params = disable(state.actor.params)
+        else:
+            params = initial_policy_params(s.cfg, engine.config, s.mesh)
+        return to_host(params) if jax.process_count() > 1 else params
 
     return Judge.from_config(s.cfg, policy_config=engine.config, policy_tokenizer=s.rollout.tokenizer,
-                             devices=list(engine.mesh.devices.flat), initial_params=initial)
+                             devices=list(engine.mesh.devices.flat), initial_params=initial, rows=share.num_rows)
 
 
 def overlong_penalty(s: Services, rows) -> Optional[np.ndarray]:
@@ -630,17 +636,24 @@ def gather_rollout(s: Services, b) -> dict:
         if len(set(indices.tolist())) > 1:
             raise RuntimeError(f"the processes dequeued different batches {indices.tolist()} for one learner step "
                                "(the staleness gate or an overflow drop differed between processes)")
-    rows = distribute.gather_rows(b["trajectories"], share)
+    rows = distribute.gather_rows(b["trajectories"], share, judge_scores=b.get("judge_scores"))
     report = distribute.merge_reward_reports(b["reward_report"], share)
     bound = s.cfg.reward.max_error_fraction
     if report.error_fraction > bound:
         raise RewardError(f"reward failed for {report.errors}/{report.num_scored} rows ({report.error_fraction:.1%}) "
                           f"over {share.processes} processes, more than reward.max_error_fraction={bound}; first "
                           f"error: {report.first_error}")
+    judged = {}
+    if "judge_report" in b:  # reward.judge: every process judged its own rows
+        j = judged["judge_report"] = distribute.merge_judge_reports(b["judge_report"], share)
+        if j.error_fraction > bound:
+            raise RewardError(f"the judge's verdict failed to parse for {j.errors + j.unparseable}/{j.num_scored} rows "
+                              f"({j.errors} error(s), {j.unparseable} unparseable) over {share.processes} processes, "
+                              f"more than reward.max_error_fraction={bound}; first: {j.first_error}")
     stats = b["trajectories"].stats  # the batch's generation rate: every process's tokens over the slowest's time
     per = distribute.per_process(np.array([stats.generated_tokens, stats.wall_s], np.float64))
     rate = float(per[:, 0].sum() / per[:, 1].max()) if per[:, 1].max() > 0 else 0.0
-    return {"rollout_rows": rows, "reward_report": report, "rollout_tokens_per_s": rate}
+    return {"rollout_rows": rows, "reward_report": report, "rollout_tokens_per_s": rate, **judged}
 
 
 # ---------------------------------------------------------------------------- learner side
@@ -819,9 +832,9 @@ def step_metrics(s: Services, b) -> dict:
         rm = np.asarray(to_host(b["rm_scores"]))[real]
         m.update({"reward/model/mean": float(rm.mean()), "reward/model/max": float(rm.max()),
                   "reward/model/min": float(rm.min())})
-    if "judge_report" in b:  # reward.judge: the parsed verdicts and how many failed to parse
-
-        m.update(judge_metrics(b["judge_scores"], b["judge_report"], ~np.asarray(traj.is_padding)))
+    if "judge_report" in b:  # reward.judge: the parsed verdicts and how many failed to parse (every process's)
+        judged = rows.judge_scores if "rollout_rows" in b else b["judge_scores"]
+        m.update(judge_metrics(judged, b["judge_report"], real))
     if "dynamic_sampling" in b:
         m.update(ds_metrics(b["dynamic_sampling"]))
     penalty = overlong_penalty(s, rows)

@@ -104,18 +104,6 @@ def test_a_parse_function_that_is_not_callable_exits_2_before_writing(tmp_path):
 # ---------------------------------------------------------------------------- a fitted judge
 
 
-def test_judge_over_processes_is_refused_in_one_line():
-    """reward.judge.path on several processes (each would judge its own rows, the reports are not
-    merged): one line, launch exits 2 on it; one process (or a multi-turn run's share) accepted."""
-    from rljax.trainer.distribute import Share, check_judge_share
-
-    check_judge_share(Share(0, 1, 0, 8, 4, 8, True, (0,)), "ref")
-    check_judge_share(Share(0, 2, 0, 4, 4, 8, True, (0, 4)), None)
-    with pytest.raises(ValueError, match="reward.judge.path runs on one process, not 2") as e:
-        check_judge_share(Share(0, 2, 0, 4, 4, 8, True, (0, 4)), "ref")
-    assert "\n" not in str(e.value)
-
-
 @pytest.fixture(scope="module")
 def fitted_judge(tmp_path_factory):
     """The tiny judge of :mod:`judge_helper`, saved as a Qwen2ForCausalLM checkpoint."""
@@ -287,40 +275,89 @@ def test_ref_is_the_policys_initial_weights(lora):
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(disable(params)), jax.device_get(rebuilt))
 
 
+#: The lookup tool task judged by the fitted judge alone (function_weight=0), one step of 4 prompts x
+#: 4 sessions on dp4, every group traced, the first 10 rows logged (process 0's 8 and 2 of process 1's).
+def _episode_args(path, parse):
+    from judge_helper import TEMPLATE
+
+    return ["--config", "tool_lookup", "--mesh=dp4", "data.train_batch_size=4", "rollout.n=4",
+            "actor.ppo_mini_batch_size=4", "trainer.total_steps=1", "trainer.val_before_train=false",
+            "trainer.test_freq=0", f"reward.judge.path={path}", f"reward.judge.prompt_template={TEMPLATE}",
+            f"reward.judge.parse={parse}:digit", "reward.judge.response_length=4", "reward.combine.function_weight=0",
+            "reward.max_error_fraction=1.0", "trace.groups=4", "trace.log_train_generations=10",
+            "trace.rollout_dump=true"]
+
+
+def _judge_records(run):
+    import json
+
+    return {r["uid"]: r for r in map(json.loads, open(run / "trace.jsonl")) if r.get("stage") == "reward_judge"}
+
+
 @pytest.mark.slow
-def test_the_judge_reads_whole_episodes_in_multi_turn_runs(fitted_judge, tmp_path):
+def test_the_judge_reads_whole_episodes_and_splits_over_processes_like_one(fitted_judge, tmp_path):
     """env.function (the lookup tool task): the judge reads prompt + the whole episode (tool calls
     and observations included) and its parsed verdict is the step's reward (function_weight=0):
     every row judged, each score its verdict's, the trace check passes (the reward tie on the
-    combined score included)."""
+    combined score included). On 2 processes x 2 devices each process runs and judges its share of
+    the episodes; the verdict reports are merged (every reward/judge/* metric, the trace's batch
+    report), the training generations log holds every process's rows, all as the one-process run's."""
     import json
+    import math
+    import os
+    import subprocess
 
-    from judge_helper import TEMPLATE
-    from launching import launch, train_rows
+    from launching import REPO, launch, launch_env, train_rows
+    from test_launch import _NOT_COMPARED
 
     from rljax.trace.check import run_checks
 
     path, _ = fitted_judge
     parse = tmp_path / "parse.py"
     parse.write_text(PARSE_DIGIT)
-    run = tmp_path / "run"
-    out = launch("--config", "tool_lookup", "--run-dir", str(run), "--mesh=dp2", "data.train_batch_size=4",
-                 "rollout.n=4", "actor.ppo_mini_batch_size=4", "trainer.total_steps=1",
-                 "trainer.val_before_train=false", "trainer.test_freq=0", f"reward.judge.path={path}",
-                 f"reward.judge.prompt_template={TEMPLATE}", f"reward.judge.parse={parse}:digit",
-                 "reward.judge.response_length=4", "reward.combine.function_weight=0",
-                 "reward.max_error_fraction=1.0", "trace.groups=4", timeout=900)
+    one, two = tmp_path / "one", tmp_path / "two"
+    out = launch("--run-dir", str(one), *_episode_args(path, parse), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    (row,) = train_rows(run)
+    (row,) = train_rows(one)
     assert row["critic/score/mean"] == pytest.approx(row["reward/judge/mean"], abs=1e-6)
     assert "env/num_turns/mean" in row and row["reward/judge/errors"] == 0
-    verdicts = [v for r in map(json.loads, open(run / "trace.jsonl")) if r.get("stage") == "reward_judge"
-                for v in r["verdicts"]]
+    verdicts = [v for r in _judge_records(one).values() for v in r["verdicts"]]
     assert len(verdicts) == 16
     for v in verdicts:
         assert v["status"] in ("ok", "unparseable")
         assert v["score"] == (float(v["text"]) if v["status"] == "ok" else 0.0)
-    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(one))}
     assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
-    inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
+    inv = json.loads((one / "trace_summary.json").read_text())["invariants"]
     assert inv["scores_tied"] and inv["violating_rows"] == 0, inv
+
+    res = subprocess.run(["bash", os.path.join(REPO, "launch", "local_multiprocess.sh"), "2", "--run-dir", str(two),
+                          *_episode_args(path, parse)], cwd=REPO, env=launch_env(), capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    topo = json.loads((two / "topology.json").read_text())
+    assert topo["rollout_share"]["prompts_by_process"] == {"0": [0, 2], "1": [2, 4]}, topo["rollout_share"]
+    for p in (0, 1):  # each process ran (and judged) its own episodes only
+        uids = set(np.load(two / "rollouts" / f"process{p}" / "step1.npz")["uid"].tolist())
+        assert uids == {f"1-{i}" for i in range(2 * p, 2 * p + 2)}, (p, uids)
+    (row2,) = train_rows(two)
+    compared = 0
+    for key, va in row.items():
+        if key.startswith(_NOT_COMPARED) or not isinstance(va, (int, float)):
+            continue
+        assert key in row2, key
+        assert math.isclose(va, row2[key], rel_tol=1e-5, abs_tol=1e-6), (key, va, row2[key])
+        compared += key.startswith("reward/judge/")
+    assert compared == 8, compared  # mean, max, min, errors, unparseable, error_fraction, truncated, prompt_truncated
+    assert row["reward/judge/unparseable"] > 0 or row["reward/judge/min"] < row["reward/judge/max"], row
+    # process 0 traces its own groups: their verdicts as one process's, and the batch report is the merged one
+    rec_one, rec_two = _judge_records(one), _judge_records(two)
+    assert sorted(rec_two) == ["1-0", "1-1"] and set(rec_two) <= set(rec_one)
+    for uid, r in rec_two.items():
+        assert r["verdicts"] == rec_one[uid]["verdicts"] and r["batch"] == rec_one[uid]["batch"], uid
+    # the training generations log: process 0 wrote the batch's first 10 rows, process 1's included
+    gens = [[json.loads(x) for x in open(run / "generations.jsonl")] for run in (one, two)]
+    assert len(gens[0]) == 10 and [g["uid"] for g in gens[0]].count("1-2") == 2
+    assert gens[1] == gens[0]
+    checks = {name: (status, detail) for status, name, detail in run_checks(str(two))}
+    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}

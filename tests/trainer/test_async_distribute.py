@@ -115,3 +115,29 @@ def test_a_batch_that_does_not_split_over_the_processes_is_a_usage_error(tmp_pat
     assert rc == 2 and len(err) == 1, err
     assert "data.train_batch_size=8 prompts do not split over --num-processes=3" in err[0]
     assert not run_dir.exists()
+
+
+def test_version_span_max_is_every_process_s_rows_max():
+    """``async/version_span_max`` on several processes: the largest per-row version spread of every
+    process's rows (``RolloutRows.version_span``, all-gathered in ``gather_rollout``), not the
+    dequeuing process's own batch facts."""
+    from types import SimpleNamespace
+
+    from rljax.trainer.async_loop import AsyncSchedule
+    from rljax.trainer.distribute import RolloutRows, version_spans
+
+    tv = np.array([[0, 1, 2, -1], [3, 3, -1, -1], [-1, -1, -1, -1], [0, 5, 0, 0]])
+    traj = SimpleNamespace(token_version=tv, is_padding=np.array([0, 0, 0, 1], bool), batch_size=4)
+    assert version_spans(traj).tolist() == [2, 0, 0, 0]  # no sampled token, or padding: 0
+    rows = RolloutRows(uid=("1-0", "1-0", "1-1", "1-1"), session=np.array([0, 1, 0, 1]), process=np.array([0, 0, 1, 1]),
+                       is_padding=np.array([0, 0, 0, 1], bool), prompt_length=np.ones(4), response_length=np.ones(4),
+                       truncated=np.zeros(4, bool), min_version=np.array([1, 2, 0, 0]), max_version=np.array([2, 2, 3, 0]),
+                       version_span=np.array([1, 0, 3, 9]))  # process 1's real row spans 3 versions (padding: ignored)
+    # what process 0 dequeued: its own rows' spread (1)
+    dequeued = {"learner_version": 3, "version_span_max": 1, "dropped_stale": 0, "dropped_overflow": 0,
+                "queue_depth": 0, "learner_wait_s": 0.0, "rollout_wait_s": 0.0, "batch_index": 1}
+    sched = AsyncSchedule.__new__(AsyncSchedule)  # the learner-side facts only: no producer, no queue
+    sched.weights = SimpleNamespace(pushes=0)
+    out = sched._gather_rollout(lambda b: {"rollout_rows": rows}, {"dequeue": dequeued})
+    assert out["dequeue"]["version_span_max"] == 3
+    assert sched._metrics(dequeued)["async/version_span_max"] == 3
