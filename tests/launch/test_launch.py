@@ -250,6 +250,13 @@ def test_resume_gives_the_uninterrupted_metrics(tmp_path):
     for step in (3, 4):
         for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"):
             assert math.isclose(a[step][key], b[step][key], rel_tol=1e-5, abs_tol=1e-6), (step, key)
+    from rljax.trace.check import run_checks
+
+    # a finished run resumed with a raised trainer.total_steps trains on; its provenance (the recorded
+    # file, then the command line) and its trace pass the check
+    results = {name: (status, detail) for status, name, detail in run_checks(str(tmp_path / "half"))}
+    assert not [r for r in results.items() if r[1][0] == "FAIL"], results
+    assert results["config provenance recorded"][0] == "PASS"
 
 
 def _rollouts(run_dir):
