@@ -98,20 +98,24 @@ class TrainSamples:
         self._rows: list[dict] = []
         self._judge = None  # reward.judge: (texts, scores) of this step's rows
         self._pending = None  # several processes: (trajectories, prompts, global scores, step) until step_end
+        self._prompts = None  # algorithm.filter_groups: the trained groups' prompts (its reward stage reads none)
 
     def step_start(self, step: int, t: float) -> None:
         self._rows = []
-        self._judge = None
-        self._pending = None
+        self._judge = self._pending = self._prompts = None
 
     def stage(self, event) -> None:
+        if event.stage == "rollout_sessions":  # dynamic sampling writes the prompts of the groups it kept
+            self._prompts = event.writes.get("prompts")
+            return
         if event.stage == "reward_judge":  # reward.judge: the verdicts go with the rows
             # host copies (a list, not the batch's array: the runner's leak check follows the batch's arrays)
             self._judge = (event.writes["judge_texts"], [float(x) for x in event.writes["judge_scores"]])
             return
         if event.stage != "reward" or "scores" not in event.writes:
             return
-        traj, prompts, scores = event.reads.get("trajectories"), event.reads.get("prompts"), event.writes["scores"]
+        traj, scores = event.reads.get("trajectories"), event.writes["scores"]
+        prompts = event.reads.get("prompts", self._prompts)
         if traj is None or prompts is None:
             return
         if self._gather is not None:  # several processes: this process's rows of the global scores, at step_end
@@ -124,7 +128,7 @@ class TrainSamples:
         if self._gather is not None:
             self._rows = self._gather(self._local_rows())[: self.limit]
         self.log.write("train", step, self._rows)
-        self._rows, self._judge, self._pending = [], None, None
+        self._rows, self._judge, self._pending, self._prompts = [], None, None, None
 
     def _local_rows(self) -> list[dict]:
         """This process's first ``limit`` sample records of the step (none when it had no ``reward`` stage)."""

@@ -85,7 +85,8 @@ ASYNC_ONLY = ("batch_index", "dropped_batches", "data_after")
 RUN = ["--mesh=dp2", "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
        "data.embedded.num_train=64", "data.embedded.num_test=16", "trainer.test_freq=-1",
        "trainer.val_before_train=false", "trace.ledgers=false", "algorithm.filter_groups.enable=true",
-       "algorithm.filter_groups.max_num_gen_batches=0", "trainer.save_freq=1", "trace.rollout_dump=true"]
+       "algorithm.filter_groups.max_num_gen_batches=0", "trainer.save_freq=1", "trace.rollout_dump=true",
+       "trace.log_train_generations=16"]
 
 
 def _records(path):
@@ -114,6 +115,10 @@ def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
         # the trained rows: every kept group has some reward spread (the dump holds this process's rows)
         dump = np.load(run / "rollouts" / "process0" / f"step{step}.npz")
         assert sorted(set(dump["uid"].tolist())) == sorted(trained)
+        # the training generations log holds the trained (kept) rows, each with its own group's prompt
+        gens = [g for g in map(json.loads, open(run / "generations.jsonl")) if g["step"] == step]
+        assert [g["uid"] for g in gens] == [u for u in trained for _ in range(4)], gens
+        assert len({g["prompt"] for g in gens}) == 4 and all(g["prompt"] for g in gens)
     dropped_zero = [u for r in uids.values() for u, why in r["dropped"].items() if why.startswith("zero variance")]
     assert dropped_zero, "the tiny random policy should fail every sample of some groups"
     checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
