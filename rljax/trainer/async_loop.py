@@ -351,6 +351,13 @@ class StreamingProducer(Producer):
             return False  # a push waits for the slots to drain
         return self.queue.admits(self._ahead(batch), self.stream.driver.version)
 
+    def _make_stream(self):
+        """The run's stream: single-turn rollouts or multi-turn episodes, gated by :meth:`_admit`."""
+        r, n = self.services.rollout, self.services.cfg.rollout.n
+        if r.env is None:
+            return r.sampler.stream(r.decode, n=n, admit=self._admit)
+        return r.env.stream(r.sampler, n=n, decode=r.decode, tokenizer=r.tokenizer, admit=self._admit)
+
     def _ahead(self, batch) -> int:
         """The batches before ``batch`` in flight, not yet queued."""
         return sum(1 for b in self.stream.batches if b.key < batch.key)
@@ -400,13 +407,11 @@ class StreamingProducer(Producer):
                          payload=(produced, drawn.data_after))
 
     def _loop(self) -> None:
-        q, r = self.queue, self.services.rollout
+        q = self.queue
         try:
             with self.sampler_lock:
                 self.install_pending()
-                n = self.services.cfg.rollout.n
-                self.stream = (r.sampler.stream(r.decode, n=n, admit=self._admit) if r.env is None else
-                               r.env.stream(r.sampler, n=n, decode=r.decode, tokenizer=r.tokenizer, admit=self._admit))
+                self.stream = self._make_stream()
             while not self._stop.is_set():
                 while self.pause_requested.is_set() and not self._stop.is_set():
                     time.sleep(0.005)
@@ -497,6 +502,13 @@ class FilteredStreamingProducer(StreamingProducer):
 
     def _ahead(self, batch) -> int:
         return sum(1 for f in self._fill if f.index < batch.key[0])
+
+    def _make_stream(self):
+        stream = super()._make_stream()
+        # the next batch is drawn only once a batch is full, so the queue empties at each batch's tail: a
+        # compacted decode state would keep its smaller width for every later batch (the driver never grows)
+        stream.driver.compact = False
+        return stream
 
     def _maybe_draw(self) -> None:
         if self.stream.driver.waiting:
