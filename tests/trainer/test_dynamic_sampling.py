@@ -483,3 +483,37 @@ def test_filtered_episodes_keep_their_own_turns_and_text():
     assert out.final_text == ("a4", "a5", "a0", "a1", "b2", "b3")
     assert [s[0][1] for s in out.turn_spans] == out.obs_tokens.tolist() == [4, 5, 0, 1, 2, 3]
     assert out.episode_stats == {"continuation": "kv", "tool_calls": 6 + 4}
+
+
+@pytest.mark.parametrize("keeps,max_draws,want_call", [
+    ([[True, True, True, None]], 0, None),  # the undecided group may fill it: draw nothing (not the next batch)
+    ([[True, False, True, None]], 0, "more"),  # short even if the last is kept: a further prompt batch for it
+    ([[True, True, True, True]], 0, "next"),  # full: the next batch's first prompt batch
+    ([[True, False, True, None]], 1, None),  # at max_num_gen_batches: wait for the undecided group
+    ([[True, False, True, False]], 1, "error"),  # at max_num_gen_batches, short: the synchronous error
+])
+def test_streaming_producer_draws_what_the_synchronous_filter_would(keeps, max_draws, want_call):
+    """The streaming producer's draw decision (FilteredStreamingProducer._maybe_draw) over a batch
+    being filled: a further prompt batch only when even keeping every undecided group leaves it
+    short, the next batch's only once it is full, so the draws stay contiguous in the data order."""
+    import types
+
+    from rljax.trainer.async_loop import FilteredStreamingProducer, _Filling
+
+    p = object.__new__(FilteredStreamingProducer)
+    p.want = 4
+    p.fg = types.SimpleNamespace(max_num_gen_batches=max_draws, metric="acc")
+    p.stream = types.SimpleNamespace(driver=types.SimpleNamespace(waiting=0))
+    p._fill = [_Filling(7, [types.SimpleNamespace(keep=k) for k in keeps], 0.0)]
+    calls = []
+    p._draw_for = lambda f: calls.append("next" if f is None else "more")
+    if want_call == "error":
+        with pytest.raises(RuntimeError, match="step 7: 2 of data.train_batch_size=4 prompt groups kept after 1"):
+            p._maybe_draw()
+        return
+    p._maybe_draw()
+    assert calls == ([] if want_call is None else [want_call])
+    p.stream.driver.waiting = 3  # sessions wait for a slot: nothing is drawn
+    calls.clear()
+    p._maybe_draw()
+    assert calls == []
