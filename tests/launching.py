@@ -45,6 +45,24 @@ def metrics(run_dir) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def assert_same_metrics(a: list[dict], b: list[dict], *, skip: tuple, least: int = 60) -> None:
+    """Records ``b`` have the steps of records ``a`` and every numeric metric of ``a`` (but keys
+    starting with one of ``skip``: wall clocks, per-process facts) equal to rel 1e-5 / abs 1e-6;
+    at least ``least`` values compared, so an empty comparison cannot pass."""
+    import math
+
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    compared = 0
+    for ra, rb in zip(a, b):
+        for key, va in ra.items():
+            if key.startswith(skip) or not isinstance(va, (int, float)):
+                continue
+            assert key in rb, (ra["step"], key)
+            assert math.isclose(va, rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key, va, rb[key])
+            compared += 1
+    assert compared > least, compared
+
+
 def train_rows(run_dir) -> list[dict]:
     """The per-step training records (not the data counts at step 0 nor the final validation)."""
     return [r for r in metrics(run_dir) if "actor/pg_loss" in r]

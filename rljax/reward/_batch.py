@@ -54,6 +54,16 @@ class RewardReport:
     def error_fraction(self) -> float:
         return self.errors / self.num_scored if self.num_scored else 0.0
 
+    def check(self, max_error_fraction: float, *, where: str = "") -> None:
+        """Raises :class:`RewardError` (one line: the count, the bound, the first error) when
+        more than ``max_error_fraction`` of the scored rows failed; ``where`` says over what
+        (e.g. ``" over 2 processes"``) when the report merges several."""
+        if self.error_fraction > max_error_fraction:
+            every = ("every sample of the batch" if self.errors == self.num_scored
+                     else f"{self.error_fraction:.1%} of the batch")
+            raise RewardError(f"reward failed on {every} ({self.errors}/{self.num_scored}){where}, more than "
+                              f"reward.max_error_fraction={max_error_fraction}; first error: {self.first_error}")
+
     def metrics(self) -> dict[str, float]:
         """``reward/errors``, ``reward/error_fraction``, ``reward/timeouts``, ``reward/worker_restarts``."""
         return {"reward/errors": float(self.errors), "reward/error_fraction": self.error_fraction,
@@ -161,12 +171,7 @@ def score_batch(
             failed.append((uids[i], out.error))
     num_scored = len(rows)
     report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first, timeouts, restarts)
-    if report.error_fraction > max_error_fraction:
-        every = "every sample of the batch" if report.errors == num_scored else f"{report.error_fraction:.1%} of the batch"
-        raise RewardError(
-            f"reward failed on {every} ({report.errors}/{num_scored}), more than "
-            f"reward.max_error_fraction={max_error_fraction}; first error: {first}"
-        )
+    report.check(max_error_fraction)
     for uid, error in failed[:_MAX_WARNINGS]:
         logger.warning("reward failed for uid %s (scored 0): %s", uid, error)
     if len(failed) > _MAX_WARNINGS:

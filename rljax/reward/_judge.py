@@ -109,6 +109,15 @@ class JudgeReport:
     def error_fraction(self) -> float:
         return (self.errors + self.unparseable) / self.num_scored if self.num_scored else 0.0
 
+    def check(self, max_error_fraction: float, *, where: str = "") -> None:
+        """Raises :class:`~rljax.reward.RewardError` (one line) when more than
+        ``max_error_fraction`` of the verdicts failed or did not parse; ``where`` as
+        :meth:`RewardReport.check`'s."""
+        if self.error_fraction > max_error_fraction:
+            raise RewardError(f"the judge's verdict failed to parse for {self.errors + self.unparseable}/"
+                              f"{self.num_scored} rows ({self.errors} error(s), {self.unparseable} unparseable){where}, "
+                              f"more than reward.max_error_fraction={max_error_fraction}; first: {self.first_error}")
+
     def metrics(self) -> dict[str, float]:
         """``reward/judge/{errors,unparseable,error_fraction,truncated,prompt_truncated}``."""
         return {"reward/judge/errors": float(self.errors), "reward/judge/unparseable": float(self.unparseable),
@@ -166,10 +175,7 @@ def parse_verdicts(parse: Callable[[str], float | None], texts: Sequence[str], k
             first = first or f"{keys[i]}: {what}"
     scored = int((~pad).sum())
     report = JudgeReport(scored, errors, unparseable, int(cut[~pad].sum()), int(prompt_truncated), first)
-    if report.error_fraction > max_error_fraction:
-        raise RewardError(f"the judge's verdict failed to parse for {errors + unparseable}/{scored} rows ({errors} "
-                          f"error(s), {unparseable} unparseable), more than reward.max_error_fraction="
-                          f"{max_error_fraction}; first: {first}")
+    report.check(max_error_fraction)
     if errors + unparseable:
         logger.warning("judge: %d verdict error(s), %d unparseable of %d (scored 0); first: %s", errors, unparseable,
                        scored, first)

@@ -63,7 +63,7 @@ import numpy as np
 
 from rljax.env import episode_scores
 from rljax.rollout.queue import QueueClosed, QueueItem, TrajectoryQueue
-from rljax.trainer.distribute import check_async_share
+from rljax.trainer.distribute import check_async_share, version_spans
 from rljax.trainer.runner import Stage, StepRunner
 from rljax.trainer import dynamic_sampling as ds
 from rljax.trainer import stages as S
@@ -91,21 +91,6 @@ def partial_mode(cfg) -> str:
     the earlier boolean spelling of ``keep``)."""
     mode = cfg.async_training.partial_rollout
     return "keep" if mode == "true" else mode
-
-
-def version_span_max(traj) -> int:
-    """The largest spread of weight versions within one real row's sampled tokens
-    (max - min of ``token_version`` over the row's tokens; ``async/version_span_max``)."""
-    if getattr(traj, "token_version", None) is None:
-        return 0
-    tv = np.asarray(traj.token_version)
-    real = (tv >= 0) & ~np.asarray(traj.is_padding)[:, None]
-    if not real.any():
-        return 0
-    hi = np.where(real, tv, np.iinfo(np.int32).min).max(axis=1)
-    lo = np.where(real, tv, np.iinfo(np.int32).max).min(axis=1)
-    rows = real.any(axis=1)
-    return int((hi - lo)[rows].max())
 
 
 def staleness_facts(learner_version: int, min_version: np.ndarray, max_version: np.ndarray) -> dict:
@@ -196,7 +181,7 @@ class Producer:
         return {"enqueue": {"batch_index": int(b["step"]), "queue_depth_before": len(self.queue),
                             "min_version": int(np.asarray(traj.min_version)[real].min()),
                             "max_version": int(np.asarray(traj.max_version)[real].max()),
-                            "version_span_max": version_span_max(traj),
+                            "version_span_max": int(version_spans(traj).max(initial=0)),
                             "sampler_version": int(self.services.rollout.sampler.version)}}
 
     def latest_version(self) -> int:
@@ -286,6 +271,22 @@ class _Drawn:
     data_after: Any  # the data iterator's position after the draw
     t_draw: float  # perf_counter: the draw started
     draw_s: float
+
+
+def _streamed_item(index: int, produced, traj, *, t_draw: float, draw_s: float, t_submit: float, t_done: float,
+                   data_after) -> QueueItem:
+    """The queue item of a streamed batch. Its first two stages only hand over what the rounds
+    did, so their times (timings and trace events) are the draw's and the batch's generation,
+    from its submission to its completion (overlapping other batches')."""
+    produced.timings.update(data=draw_s, gen=t_done - t_submit)
+    window = {"dataset_item": (t_draw, t_draw + draw_s), "rollout_sessions": (t_submit, t_done)}
+    for ev in produced.events:
+        if ev.stage in window:
+            ev.t_start, ev.t_end = window[ev.stage]
+    real = ~np.asarray(traj.is_padding)
+    return QueueItem(index=index, min_version=np.asarray(traj.min_version)[real].tolist(),
+                     max_version=np.asarray(traj.max_version)[real].tolist(),
+                     uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]], payload=(produced, data_after))
 
 
 class StreamingProducer(Producer):
@@ -393,18 +394,8 @@ class StreamingProducer(Producer):
             produced = self.runner.produce(batch.key, {"step": batch.key})
         finally:
             self._done = None
-        # the first two stages above only hand over what the rounds did: their times (timings and trace events) are
-        # the draw's and the batch's generation, from its submission to its completion (overlapping other batches')
-        produced.timings.update(data=drawn.draw_s, gen=t_done - batch.t_submit)
-        window = {"dataset_item": (drawn.t_draw, drawn.t_draw + drawn.draw_s), "rollout_sessions": (batch.t_submit, t_done)}
-        for ev in produced.events:
-            if ev.stage in window:
-                ev.t_start, ev.t_end = window[ev.stage]
-        real = ~np.asarray(traj.is_padding)
-        return QueueItem(index=batch.key, min_version=np.asarray(traj.min_version)[real].tolist(),
-                         max_version=np.asarray(traj.max_version)[real].tolist(),
-                         uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]],
-                         payload=(produced, drawn.data_after))
+        return _streamed_item(batch.key, produced, traj, t_draw=drawn.t_draw, draw_s=drawn.draw_s,
+                              t_submit=batch.t_submit, t_done=t_done, data_after=drawn.data_after)
 
     def _loop(self) -> None:
         q = self.queue
@@ -573,7 +564,7 @@ class FilteredStreamingProducer(StreamingProducer):
             if new:
                 self._score(d, new)
                 if d.complete:  # the reward bound over the whole draw, as the synchronous filter scores it
-                    ds.check_draw_report(self._report(d), self.s_bound)
+                    self._report(d).check(self.s_bound)
         items = []
         while self._fill and all(d.complete for d in self._fill[0].draws) and \
                 ds.fill_state([d.keep for d in self._fill[0].draws], self.want)[0]:
@@ -613,16 +604,8 @@ class FilteredStreamingProducer(StreamingProducer):
             produced = self.runner.produce(f.index, {"step": f.index})
         finally:
             self._out = self._done = None
-        produced.timings.update(data=f.draw_s, gen=t_done - first.batch.t_submit)
-        window = {"dataset_item": (f.t_draw, f.t_draw + f.draw_s), "rollout_sessions": (first.batch.t_submit, t_done)}
-        for ev in produced.events:
-            if ev.stage in window:
-                ev.t_start, ev.t_end = window[ev.stage]
-        real = ~np.asarray(traj.is_padding)
-        return QueueItem(index=f.index, min_version=np.asarray(traj.min_version)[real].tolist(),
-                         max_version=np.asarray(traj.max_version)[real].tolist(),
-                         uids=[str(u) for u in np.asarray(traj.uid, dtype=object)[real]],
-                         payload=(produced, f.draws[-1].data_after))
+        return _streamed_item(f.index, produced, traj, t_draw=f.t_draw, draw_s=f.draw_s, t_submit=first.batch.t_submit,
+                              t_done=t_done, data_after=f.draws[-1].data_after)
 
 
 class AsyncSchedule:

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from rljax.reward import RewardError, groups_to_keep
+from rljax.reward import groups_to_keep
 
 #: Host fields with one entry per row (multi-turn episodes add the final turn's text and the turn spans).
 ROW_FIELDS = ("uid", "session", "index", "final_text", "turn_spans")
@@ -189,10 +189,7 @@ def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn, digest_fn) -> dict
         if acc.kept >= want:
             break
         if fg.max_num_gen_batches and acc.batches >= fg.max_num_gen_batches:
-            raise RuntimeError(f"step {step}: {acc.kept} of data.train_batch_size={want} prompt groups kept after "
-                               f"{acc.batches} prompt batches (algorithm.filter_groups.max_num_gen_batches="
-                               f"{fg.max_num_gen_batches}; {acc.zero_var} groups had zero {fg.metric} variance): the "
-                               "data are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")
+            raise too_few_kept(step, acc.kept, acc.batches, acc.zero_var, want=want, fg=fg)
         prompts = list(next(s.rollout.prompts))
         uids = [f"{step}-{acc.batches * want + i}" for i in range(len(prompts))]
         # the next draw's weights: the learner's in the synchronous step; in trainer.mode=async with
@@ -383,18 +380,9 @@ def fill_state(draws: list, want: int) -> tuple[bool, int, int, int]:
 
 
 def too_few_kept(step: int, kept: int, batches: int, zero_var: int, *, want: int, fg) -> RuntimeError:
-    """:func:`filtered_rollout`'s error at ``max_num_gen_batches`` draws without a full batch."""
+    """The error at ``max_num_gen_batches`` draws without a full batch (:func:`filtered_rollout`,
+    the streaming producer)."""
     return RuntimeError(f"step {step}: {kept} of data.train_batch_size={want} prompt groups kept after "
                         f"{batches} prompt batches (algorithm.filter_groups.max_num_gen_batches="
                         f"{fg.max_num_gen_batches}; {zero_var} groups had zero {fg.metric} variance): the "
                         "data are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")
-
-
-def check_draw_report(report, bound: float) -> None:
-    """A draw scored group by group with no bound: its merged report against
-    ``reward.max_error_fraction``, with the error :func:`rljax.reward.score_batch` raises for a whole draw."""
-    if report.error_fraction > bound:
-        every = ("every sample of the batch" if report.errors == report.num_scored
-                 else f"{report.error_fraction:.1%} of the batch")
-        raise RewardError(f"reward failed on {every} ({report.errors}/{report.num_scored}), more than "
-                          f"reward.max_error_fraction={bound}; first error: {report.first_error}")

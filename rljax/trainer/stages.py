@@ -70,7 +70,7 @@ from rljax import loss as rl
 from rljax.env import episode_metrics, episode_scores
 from rljax.models import abstract_params, flops, load_hf_reward_model, reward_scores
 from rljax.models.lora import disable
-from rljax.reward import RewardError, overlong_metrics, overlong_penalty as reward_overlong_penalty, score_batch
+from rljax.reward import overlong_metrics, overlong_penalty as reward_overlong_penalty, score_batch
 from rljax.sharding import to_host
 from rljax.trace import faults
 from rljax.trace.facts import GroupView, message_count, number, padding_abs_sum
@@ -639,17 +639,11 @@ def gather_rollout(s: Services, b) -> dict:
     rows = distribute.gather_rows(b["trajectories"], share, judge_scores=b.get("judge_scores"))
     report = distribute.merge_reward_reports(b["reward_report"], share)
     bound = s.cfg.reward.max_error_fraction
-    if report.error_fraction > bound:
-        raise RewardError(f"reward failed for {report.errors}/{report.num_scored} rows ({report.error_fraction:.1%}) "
-                          f"over {share.processes} processes, more than reward.max_error_fraction={bound}; first "
-                          f"error: {report.first_error}")
+    report.check(bound, where=f" over {share.processes} processes")
     judged = {}
     if "judge_report" in b:  # reward.judge: every process judged its own rows
-        j = judged["judge_report"] = distribute.merge_judge_reports(b["judge_report"], share)
-        if j.error_fraction > bound:
-            raise RewardError(f"the judge's verdict failed to parse for {j.errors + j.unparseable}/{j.num_scored} rows "
-                              f"({j.errors} error(s), {j.unparseable} unparseable) over {share.processes} processes, "
-                              f"more than reward.max_error_fraction={bound}; first: {j.first_error}")
+        judged["judge_report"] = distribute.merge_judge_reports(b["judge_report"], share)
+        judged["judge_report"].check(bound, where=f" over {share.processes} processes")
     stats = b["trajectories"].stats  # the batch's generation rate: every process's tokens over the slowest's time
     per = distribute.per_process(np.array([stats.generated_tokens, stats.wall_s], np.float64))
     rate = float(per[:, 0].sum() / per[:, 1].max()) if per[:, 1].max() > 0 else 0.0

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from launching import REPO, launch, launch_env, metrics, train_rows
+from launching import REPO, assert_same_metrics, launch, launch_env, metrics, train_rows
 
 # A small, fast configuration of the embedded default.
 SMALL = ["data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64",
@@ -355,16 +355,7 @@ def test_two_local_processes_match_one_process(tmp_path, one_process_run, mode, 
     assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
 
     a, b = metrics(one), metrics(tmp_path / "two")
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    compared = 0
-    for ra, rb in zip(a, b):
-        for key, va in ra.items():
-            if key.startswith(_NOT_COMPARED) or not isinstance(va, (int, float)):
-                continue
-            assert key in rb, (ra["step"], key)
-            assert math.isclose(va, rb[key], rel_tol=1e-5, abs_tol=1e-6), (ra["step"], key, va, rb[key])
-            compared += 1
-    assert compared > 60
+    assert_same_metrics(a, b, skip=_NOT_COMPARED)
     # data.trim_prompt_padding: the processes agree on the one-process prompt width (here both
     # halves' longest prompts also bucket alike, so this holds even without the agreement:
     # tests/trainer/test_prompt_trim.py lays out halves of different widths)
