@@ -439,17 +439,32 @@ class _Draw:
     prompts: list
     uids: list
     data_after: Any  # the data iterator's position after this draw
-    keep: list  # per group: None (not yet complete), True, False
-    first: np.ndarray  # per group: its first real row's metric value
-    count: np.ndarray  # per group: real rows
+    groups: "_Groups"  # its prompt groups as they are scored
     shaped: np.ndarray  # per row: the score placed (task + overlong shaping)
     digests: np.ndarray  # per row: the digest of the tokens scored
-    reports: dict = dataclasses.field(default_factory=dict)  # group -> its reward report
     traj: Any = None  # the whole draw, once every session finished
 
     @property
     def complete(self) -> bool:
-        return self.traj is not None and all(k is not None for k in self.keep)
+        return self.traj is not None and all(k is not None for k in self.groups.keep)
+
+
+@dataclasses.dataclass(eq=False)
+class _Groups:
+    """A draw's prompt groups as they are scored (:meth:`FilteredStreamingProducer._score`)."""
+
+    keep: list  # per group: None (not yet complete), True, False
+    first: np.ndarray  # per group: its first real row's metric value
+    count: np.ndarray  # per group: real rows
+    reports: dict = dataclasses.field(default_factory=dict)  # group -> its reward report
+
+    @classmethod
+    def unscored(cls, num_groups: int) -> "_Groups":
+        return cls([None] * num_groups, np.zeros(num_groups, np.float64), np.zeros(num_groups, np.int32))
+
+    def facts(self) -> dict:
+        """The keep flags and facts :func:`~rljax.trainer.dynamic_sampling.streamed_rollout` reads."""
+        return {"keep": np.asarray(self.keep, bool), "first": self.first, "count": self.count}
 
 
 @dataclasses.dataclass(eq=False)
@@ -506,7 +521,7 @@ class FilteredStreamingProducer(StreamingProducer):
             return
         f = self._fill[-1] if self._fill else None
         if f is not None:
-            full, kept, undecided, zero = ds.fill_state([d.keep for d in f.draws], self.want)
+            full, kept, undecided, zero = ds.fill_state([d.groups.keep for d in f.draws], self.want)
             if not full:
                 if kept + undecided >= self.want:
                     return  # the groups in flight may fill it: no further draw yet, the next batch's neither
@@ -536,8 +551,8 @@ class FilteredStreamingProducer(StreamingProducer):
         episodes = s.rollout.env is not None
         batch = self.stream.submit((f.index, len(f.draws)), prompts if episodes else [p.ids for p in prompts], uids)
         g, rows = len(prompts), len(prompts) * self.n
-        f.draws.append(_Draw(batch, list(prompts), list(uids), data_after, [None] * g, np.zeros(g, np.float64),
-                             np.zeros(g, np.int32), np.zeros(rows, np.float32), np.zeros(rows, np.uint32)))
+        f.draws.append(_Draw(batch, list(prompts), list(uids), data_after, _Groups.unscored(g), np.zeros(rows, np.float32),
+                             np.zeros(rows, np.uint32)))
 
     def _score(self, d: _Draw, groups: list) -> None:
         """Scores whole groups of a draw (each on its own, so a draw's merged report is the synchronous one)."""
@@ -551,23 +566,24 @@ class FilteredStreamingProducer(StreamingProducer):
                 task, report = S.score(s, traj, prompts, max_error_fraction=1.0)
             shaped = np.asarray(S.overlong_shaping(s, traj, task), np.float32)
             facts = ds.group_facts(traj, task if self.fg.metric == "acc" else shaped)
-            d.keep[g], d.first[g], d.count[g] = bool(facts["keep"][0]), facts["first"][0], facts["count"][0]
+            d.groups.keep[g], d.groups.first[g], d.groups.count[g] = (bool(facts["keep"][0]), facts["first"][0],
+                                                                      facts["count"][0])
             d.shaped[g * n:(g + 1) * n], d.digests[g * n:(g + 1) * n] = shaped, S.response_digest(traj)
-            d.reports[g] = report
+            d.groups.reports[g] = report
 
     def _round(self) -> list:
         draws = {d.batch.key: d for f in self._fill for d in f.draws}
         for batch, traj in self.stream.step():
             draws[batch.key].traj = traj
         for d in draws.values():
-            new = [g for g in d.batch.groups_done if d.keep[g] is None]
+            new = [g for g in d.batch.groups_done if d.groups.keep[g] is None]
             if new:
                 self._score(d, new)
                 if d.complete:  # the reward bound over the whole draw, as the synchronous filter scores it
                     self._report(d).check(self.s_bound)
         items = []
         while self._fill and all(d.complete for d in self._fill[0].draws) and \
-                ds.fill_state([d.keep for d in self._fill[0].draws], self.want)[0]:
+                ds.fill_state([d.groups.keep for d in self._fill[0].draws], self.want)[0]:
             items.append(self._complete_filled(self._fill.pop(0)))
         return items
 
@@ -577,7 +593,7 @@ class FilteredStreamingProducer(StreamingProducer):
 
     @staticmethod
     def _report(d: _Draw):
-        return ds.merge_reports([d.reports[g] for g in range(len(d.keep))])
+        return ds.merge_reports([d.groups.reports[g] for g in range(len(d.groups.keep))])
 
     def _streamed(self, b) -> dict:
         return self._out
@@ -585,7 +601,7 @@ class FilteredStreamingProducer(StreamingProducer):
     def _complete_filled(self, f: _Filling) -> QueueItem:
         t_done = time.perf_counter()
         out = ds.streamed_rollout(
-            [{"traj": d.traj, "facts": {"keep": np.asarray(d.keep, bool), "first": d.first, "count": d.count},
+            [{"traj": d.traj, "facts": d.groups.facts(),
               "shaped": d.shaped, "digests": d.digests, "report": self._report(d), "prompts": d.prompts,
               "uids": d.uids} for d in f.draws], want=self.want, metric=self.fg.metric, share=self.services.rollout.share)
         drv = self.stream.driver

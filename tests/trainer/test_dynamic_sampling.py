@@ -511,7 +511,7 @@ def test_streaming_producer_draws_what_the_synchronous_filter_would(keeps, max_d
     p.want = 4
     p.fg = types.SimpleNamespace(max_num_gen_batches=max_draws, metric="acc")
     p.stream = types.SimpleNamespace(driver=types.SimpleNamespace(waiting=0))
-    p._fill = [_Filling(7, [types.SimpleNamespace(keep=k) for k in keeps], 0.0)]
+    p._fill = [_Filling(7, [types.SimpleNamespace(groups=types.SimpleNamespace(keep=k)) for k in keeps], 0.0)]
     calls = []
     p._draw_for = lambda f: calls.append("next" if f is None else "more")
     if want_call == "error":

@@ -21,6 +21,8 @@ ALLOWED = {
     "step.py:StepConfig": "the update's hyper-parameters, a frozen record handed to one jitted function "
                           "(optax-style keyword hyper-parameters); it holds no state and no behaviour",
     "loop.py:RunSummary": "the record run() returns for the end-of-run table; no behaviour",
+    "distribute.py:RolloutRows": "every process's per-row facts, read where a trajectory's own fields would be "
+                                 "(metrics, tracer, staleness): one array per trajectory field it mirrors; a record",
     "step.py:make_train_step": "the whole update as one jitted pure function (epochs x mini-batches x micro-batch "
                                "scan), the room STYLE.md asks to copy; computation, not orchestration",
     "packing.py:pack": "the first-fit row packing algorithm with its balance pass; computation, not orchestration",
