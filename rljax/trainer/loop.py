@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
+from rljax._rundir import resume_checkpoint
 from rljax.config import Config, to_dict
 from rljax.env import episode_scores
 from rljax.models.lora import check_base
@@ -125,6 +126,12 @@ class UpdateWatch:
         return not any(n for n, _ in skipped.values())
 
 
+class RunComplete(RuntimeError):
+    """A resume whose checkpoint is at (or past) ``trainer.total_steps``: the run trained every
+    step and there is nothing to train. Raised before anything is built or written (the
+    launcher says the same in one line and exits 0)."""
+
+
 class Trainer:
     """A run: :func:`~rljax.trainer.build.build`'s services and state, a scheduler, and what
     surrounds the steps (checkpoints, validation, metrics, the trace, stops).
@@ -137,11 +144,22 @@ class Trainer:
       resume_unverified: also restore a checkpoint without a digest (refused otherwise).
       resume_from_weights: take only the policy (and critic) weights of the checkpoint; the
         optimizer state and the data position start fresh (a resume under another task).
+
+    Raises:
+      RunComplete: ``resume`` of a run whose checkpoint is at ``trainer.total_steps``; nothing in
+        ``run_dir`` is touched (raise ``trainer.total_steps`` to train on).
     """
 
     def __init__(self, cfg: Config, mesh, run_dir: str, *, resume: bool = False, echo: Callable = print,
                  resume_unverified: bool = False, resume_from_weights: bool = False):
         self.cfg, self.run_dir, self.echo = cfg, run_dir, echo
+        if resume:  # before build and the restore write anything (records cut, resume markers, the summary)
+            done, _ = resume_checkpoint(os.path.join(run_dir, "checkpoints"), cfg.trainer.resume_from,
+                                        past_undigested=not resume_unverified)
+            if done is not None and done >= cfg.trainer.total_steps:
+                raise RunComplete(f"resume: checkpoint {done} is {'at' if done == cfg.trainer.total_steps else 'past'} "
+                                  f"trainer.total_steps={cfg.trainer.total_steps}: the run in {run_dir} is complete, "
+                                  "nothing to train; raise trainer.total_steps to train on")
         self.services, self.state, stages = build(cfg, mesh, run_dir=run_dir, echo=echo)
         self.progress = Progress()
         os.makedirs(run_dir, exist_ok=True)

@@ -85,3 +85,24 @@ def test_the_run_state_round_trips_through_a_checkpoint(tmp_path):
     np.testing.assert_array_equal(jax.random.key_data(back.key), jax.random.key_data(jax.random.key(77)))
     weights = from_checkpoint(trainer.state, checkpoint_tree(st), checkpoint_meta(st), weights_only=True)
     assert (weights.step, weights.version, weights.produced, weights.data) == (4, 4, 5, trainer.state.data)
+
+
+def test_a_finished_run_resumed_through_the_library_raises_and_writes_nothing(tmp_path):
+    """``Trainer(resume=True)`` on a run whose checkpoint is at ``trainer.total_steps`` (the
+    launcher's one-line exit 0, for library callers): :class:`RunComplete` before anything is
+    built, every file as it was (before, the restore cut and marked the records, and the run
+    closed an empty ``trace_summary.json`` over the finished one)."""
+    import hashlib
+
+    from rljax.trainer.loop import RunComplete
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "3").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 3}\n')
+    (run / "trace_summary.json").write_text('{"status": "completed"}\n')
+    digests = lambda: {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*")) if p.is_file()}
+    before = digests()
+    with pytest.raises(RunComplete, match=r"checkpoint 3 is at trainer.total_steps=3: the run in .* is complete"):
+        _trainer(run, resume=True)
+    assert digests() == before and sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl",
+                                                                             "trace_summary.json"]
