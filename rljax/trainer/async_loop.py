@@ -144,10 +144,15 @@ class WeightPush:
         return pending[1] if pending is not None else int(sampler.version)
 
     def install(self, sampler) -> None:
+        """Installs the pending push; it stays pending (so :meth:`latest_version` names it) until
+        the sampler holds it: the learner reads the version while the producer installs."""
         with self._lock:
-            pending, self._pending = self._pending, None
+            pending = self._pending
         if pending is not None and pending[1] > sampler.version:
             sampler.update_weights(*pending)
+        with self._lock:
+            if self._pending is pending:  # a newer push meanwhile stays pending
+                self._pending = None
 
 
 class Producer:

@@ -141,3 +141,40 @@ def test_version_span_max_is_every_process_s_rows_max():
     out = sched._gather_rollout(lambda b: {"rollout_rows": rows}, {"dequeue": dequeued})
     assert out["dequeue"]["version_span_max"] == 3
     assert sched._metrics(dequeued)["async/version_span_max"] == 3
+
+
+def test_a_push_being_installed_is_the_version_the_learner_reads():
+    """``weight_sync`` records the version the rollout side has or will install next
+    (``WeightPush.latest_version``) while the producer may be installing it: it must name the
+    push during the install too (before, the install took the push first, so the learner read
+    the old version: CI's 2-process async run failed trace check's version check on it)."""
+    import threading
+
+    from test_rollout_stream import sampler
+
+    from rljax.rollout import Sampler
+    from rljax.trainer.async_loop import WeightPush
+
+    s = Sampler(sampler().engine, sampler().params, version=0, steps_per_sync=4, refill_batch=1)
+    push, inside, release = WeightPush(), threading.Event(), threading.Event()
+    real = s.update_weights
+
+    def slow_install(params, version):  # the real install, held open while the learner reads
+        inside.set()
+        release.wait(10)
+        return real(params, version)
+
+    s.update_weights = slow_install
+    push.put(s.params, 1)
+    t = threading.Thread(target=push.install, args=(s,))
+    t.start()
+    try:
+        assert inside.wait(10)
+        assert push.latest_version(s) == 1 and s.version == 0
+    finally:
+        release.set()
+        t.join(10)
+    assert s.version == 1 and push.latest_version(s) == 1
+    push.put(s.params, 2)
+    push.install(s)
+    assert s.version == 2
