@@ -249,8 +249,8 @@ def _plugin(work, name, body):
 def reward_exit_at_import(work):
     p = _plugin(work, "exit_import", "import os\nos._exit(3)\ndef reward(r, a, **k):\n    return 1.0\n")
     out = _launch("--run-dir", os.path.join(work, "r1"), *SMALL, f"reward.function={p}:reward")
-    return ("reward plugin calls os._exit(3) at import", "exit 2, one line", _observed(out),
-            out.returncode == 2 and out.stderr.count("\n") == 1)
+    return ("reward plugin calls os._exit(3) at import", "exit 2, one line, nothing quoted that is not the plugin's",
+            _observed(out), out.returncode == 2 and out.stderr.count("\n") == 1 and "runpy" not in out.stderr)
 
 
 def reward_hang_at_import(work):
@@ -383,10 +383,169 @@ def disk_full(work):
             "checkpoint", f"exit {rc}, {len(lines)} line(s) besides progress: {_short(_last(err))}", ok)
 
 
+# ----------------------------------------------------------------------------- issue 39
+
+
+def _cache_runs(work, name, damage):
+    """A run into a private compilation cache, ``damage(cache, entries)``, then a second launch:
+    ``(second launch, refusal lines, its exit line, entries)``."""
+    cache = os.path.join(work, f"cache-{name}")
+    args = (*SMALL, "trainer.total_steps=1", f"trainer.compilation_cache_dir={cache}")
+    first = _launch("--run-dir", os.path.join(work, f"{name}-a"), *args)
+    if first.returncode:
+        raise RuntimeError(first.stderr[-2000:])
+    entries = sorted(os.path.join(cache, n) for n in os.listdir(cache) if n.endswith("-cache"))
+    damage(cache, entries)
+    checked = os.path.getmtime(os.path.join(cache, ".rljax-checked"))
+    for p in entries:  # older than the start-up check, as in the issue: only the read sees them
+        if os.path.exists(p):
+            os.utime(p, (checked - 5, checked - 5))
+    out = _launch("--run-dir", os.path.join(work, f"{name}-b"), *args)
+    said = [l for l in (out.stdout + out.stderr).splitlines()
+            if ("refused" in l and "this process loaded" not in l) or "Error reading persistent" in l]
+    exit_line = next((l for l in out.stdout.splitlines() if "this process loaded" in l), "")
+    return out, said, exit_line, entries, cache, args
+
+
+def _pair(entries):
+    by_module: dict = {}
+    for p in entries:
+        by_module.setdefault(os.path.basename(p).rsplit("-", 2)[0], []).append(p)
+    return next(v for v in by_module.values() if len(v) >= 2)[:2]
+
+
+def cache_swapped_pair(work):
+    def swap(cache, entries):
+        a, b = _pair(entries)
+        da, db = open(a, "rb").read(), open(b, "rb").read()
+        open(a, "wb").write(db), open(b, "wb").write(da)
+    out, said, exit_line, entries, cache, args = _cache_runs(work, "swap", swap)
+    verify = subprocess.run([sys.executable, "-m", "rljax.compilation_cache", "--verify", cache], cwd=REPO,
+                            env=_env(), capture_output=True, text=True, timeout=120)
+    ok = out.returncode == 0 and len(said) == 1 and "refused 2" in exit_line and verify.returncode == 0
+    return ("two same-named compilation cache entries swapped (both valid)",
+            "one line naming the cache, both compiled again, the cache verified after",
+            f"exit {out.returncode}, {len(said)} line: {_short(said[0] if said else '', 120)}; exit line: "
+            f"{_short(exit_line[exit_line.find('loaded'):], 120)}; --verify exit {verify.returncode}", ok)
+
+
+def cache_flipped_every_entry(work):
+    def flip(cache, entries):
+        for p in entries:
+            data = bytearray(open(p, "rb").read())
+            data[len(data) // 3] ^= 1
+            open(p, "wb").write(bytes(data))
+    out, said, exit_line, entries, cache, args = _cache_runs(work, "flip", flip)
+    again = _launch("--run-dir", os.path.join(work, "flip-c"), *args)
+    said_again = [l for l in (again.stdout + again.stderr).splitlines() if "refused" in l or "Error reading" in l]
+    n = len(entries)
+    again_line = next((l for l in again.stdout.splitlines() if "this process loaded" in l), "")
+    ok = (out.returncode == 0 and len(said) == 1 and f"compiled {n} ({n} written to it; refused {n}" in exit_line
+          and again.returncode == 0 and f"loaded {n} program(s) from it and compiled 0" in again_line
+          and not said_again)
+    return ("a flipped byte in every compilation cache entry",
+            "one line, every entry compiled and written again (counted), the next launch loads them silently",
+            f"exit {out.returncode}, {len(said)} line; exit line: {_short(exit_line[exit_line.find('loaded'):], 110)}"
+            f"; next launch: {_short(again_line[again_line.find('loaded'):], 90)}"
+            f"{'; it said: ' + _short(said_again[0], 100) if said_again else ''}", ok)
+
+
+def cache_wrong_program(work):
+    sys.path.insert(0, REPO)
+    from rljax import compilation_cache as cc
+
+    def forge(cache, entries):  # swapped and sealed again under the new keys: the seal cannot tell
+        stage = sorted(p for p in entries if os.path.basename(p).startswith("jit_stage-"))[:2]
+        keys = [os.path.basename(p)[: -len("-cache")] for p in stage]
+        values = [cc.unseal(k, open(p, "rb").read())[0] for k, p in zip(keys, stage)]
+        for p, k, v in zip(stage, keys, values[::-1]):
+            open(p, "wb").write(cc.seal(k, v))
+    out, said, exit_line, entries, cache, args = _cache_runs(work, "forge", forge)
+    retry = next((l for l in out.stderr.splitlines() if "retrying once" in l), "")
+    ok = out.returncode == 0 and retry and "Traceback" not in out.stderr
+    return ("a wrong program under a valid seal (a pair swapped and resealed)",
+            "the launch fails on it, says so, runs again with the cache bypassed",
+            f"exit {out.returncode}: {_short(retry, 200)}", ok)
+
+
+def resume_with_overrides(work):
+    run = os.path.join(work, "overrides")
+    shutil.copytree(_trained(work), run)
+    out = _launch("--run-dir", run, "--resume", "rollout.n=4", "data.train_batch_size=8", "trainer.total_steps=3")
+    chk = _check(run)
+    noise = "could not be restored" in out.stdout + out.stderr
+    changes = open(os.path.join(run, "config_changes.jsonl")).read().strip() if out.returncode == 0 else ""
+    ok = out.returncode == 0 and chk.returncode == 0 and not noise and '"from_step": 3' in changes
+    return ("--resume rollout.n=4 data.train_batch_size=8 trainer.total_steps=3 on a finished run",
+            "trains on, records the change, trace check passes, no orbax warning",
+            f"exit {out.returncode}; config_changes.jsonl: {_short(changes, 130)}; trace check exit {chk.returncode}"
+            f"{'; orbax warning printed' if noise else ''}", ok)
+
+
+def cut_metrics_line(work):
+    run = os.path.join(work, "cut")
+    shutil.copytree(_trained(work), run)
+    path = os.path.join(run, "metrics.jsonl")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-40])
+    out = _launch("--run-dir", run, "--resume", "trainer.total_steps=3")
+    said = next((l for l in out.stdout.splitlines() if "cut short" in l), "")
+    chk = _check(run)
+    ok = out.returncode == 0 and "step 2 runs again" in said and _steps(run) == [1, 2, 3] and chk.returncode == 0
+    return ("the last 40 bytes of a finished run's metrics.jsonl cut, then --resume trainer.total_steps=3",
+            "step 2 runs again from checkpoint 1 and says so; steps 1-3 recorded; trace check passes",
+            f"exit {out.returncode}: {_short(said, 150)}; steps {_steps(run)}; trace check exit {chk.returncode}", ok)
+
+
+def _gsm8k_dir(work, name, rows):
+    d = os.path.join(work, name)
+    os.makedirs(d)
+    open(os.path.join(d, "train.jsonl"), "wb").write(b"\n".join(rows) + b"\n")
+    open(os.path.join(d, "test.jsonl"), "wb").write(rows[0] + b"\n")
+    return d
+
+
+def null_prompt(work):
+    rows = [json.dumps({"question": f"what is {i}+1?", "answer": f"#### {i + 1}"}).encode() for i in range(16)]
+    rows[3] = json.dumps({"question": None, "answer": "#### 2"}).encode()
+    d = _gsm8k_dir(work, "nullq", rows)
+    out = _launch("data.dataset=gsm8k", f"data.path={d}", "data.max_prompt_length=128", "--run-dir",
+                  os.path.join(work, "nullq-run"))
+    ok = out.returncode == 2 and "1 of 16 rows have an empty or null prompt (first: row 3)" in out.stderr
+    return ('a data row {"question": null, "answer": "#### 2"} (data.truncation=error)',
+            "exit 2 in one line naming the row (with left/right: skipped and counted)", _observed(out), ok)
+
+
+def bad_data_0xff(work):
+    rows = [json.dumps({"question": f"what is {i}+1?", "answer": f"#### {i + 1}"}).encode() for i in range(16)]
+    rows[5] = rows[5].replace(b"what", b"wh\xffat")
+    d = _gsm8k_dir(work, "ff", rows)
+    out = _launch("data.dataset=gsm8k", f"data.path={d}", "data.max_prompt_length=128", "--run-dir",
+                  os.path.join(work, "ff-run"))
+    ok = out.returncode == 2 and "train.jsonl:6: byte 0xFF" in out.stderr
+    return ("a raw 0xFF byte in a JSONL data file", "exit 2 naming the file and line", _observed(out), ok)
+
+
+def sigterm_at_startup(work):
+    run = os.path.join(work, "startup")
+    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--run-dir", run, *SMALL], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "compilation cache" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    ok = proc.returncode == 143 and "--resume starts from step 1" in _last(err) and "Traceback" not in err
+    return ("SIGTERM while the launch starts (compiling)", "exit 143, one line saying where --resume starts",
+            f"exit {proc.returncode}: {_short(_last(err))}", ok)
+
+
 FAULTS = [sigint, sigterm_group, unverified_checkpoint, changed_shape, other_task, fresh_into_old, finished_resume,
           sigterm_in_last_step,
           reward_exit_at_import, reward_hang_at_import, reward_huge, reward_all_fail, reward_inprocess_timeout,
-          hostile_tool_code, hostile_tool_code_no_sys_admin, sandbox_cannot_drop_root, bad_data_surrogate, disk_full]
+          hostile_tool_code, hostile_tool_code_no_sys_admin, sandbox_cannot_drop_root, bad_data_surrogate, disk_full,
+          cache_swapped_pair, cache_flipped_every_entry, cache_wrong_program, resume_with_overrides, cut_metrics_line,
+          null_prompt, bad_data_0xff, sigterm_at_startup]
 
 
 def main() -> int:

@@ -4,11 +4,12 @@
     python bench/logprob_accelerator.py --smoke    # tiny shapes, runs anywhere (CPU: Pallas in
                                                    # interpret mode), checks the script itself
 
-On a TPU the Pallas kernels are compiled for real (Mosaic). On a GPU they are skipped: the
-kernels are written for the TPU backend, and ``impl="auto"`` picks chunked there. Every path
-is compared with a float32, ``precision=highest`` naive reference (max |diff| of logp and
-entropy, and of d_hidden / d_unembed for one random cotangent), so a fast but wrong kernel
-shows up in the same table. Designed to finish in well under five minutes on one chip.
+On a TPU the Pallas TPU kernels are compiled for real (Mosaic), on a GPU the Pallas GPU kernels
+(Triton); ``impl="auto"`` still picks chunked on GPUs until this table shows the kernel faster
+there. Every path
+is compared with a float64 reference computed with NumPy on the host from the same (possibly
+bfloat16-rounded) inputs (max |diff| of logp and entropy, and of d_hidden / d_unembed for one
+random cotangent), so a fast but wrong kernel shows up in the same table. Designed to finish in well under five minutes on one chip.
 """
 
 from __future__ import annotations
@@ -60,31 +61,75 @@ def _median(fn, args, reps):
 
 
 def _max_diff(got, want):
-    return max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32))))
-               for g, w in zip(got, want))
+    return max(float(np.max(np.abs(np.asarray(g, np.float64) - w))) for g, w in zip(got, want))
+
+
+def reference64(hidden, unembed, targets, g_logp, g_ent, chunk=1024):
+    """(logp, entropy, d_hidden, d_unembed) in float64 with NumPy, ``chunk`` tokens at a time
+    (never the whole [N, V] float64 logits)."""
+    h, w = (np.asarray(jax.device_get(x)).astype(np.float64) for x in (hidden, unembed))
+    y, gl, ge = (np.asarray(jax.device_get(x)) for x in (targets, g_logp, g_ent))
+    n = h.shape[0]
+    logp, ent, dh, dw = np.empty(n), np.empty(n), np.empty_like(h), np.zeros_like(w)
+    for t0 in range(0, n, chunk):
+        sl = slice(t0, min(t0 + chunk, n))
+        z = h[sl] @ w
+        z -= z.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
+        lp = z - lse
+        p = np.exp(lp)
+        rows = np.arange(sl.stop - sl.start)
+        logp[sl] = lp[rows, y[sl]]
+        ent[sl] = -(p * lp).sum(axis=1)
+        # d logp / dz = onehot - p; d entropy / dz = -p (lp + entropy)
+        dz = -p * (gl[sl, None] + ge[sl, None] * (lp + ent[sl, None]))
+        dz[rows, y[sl]] += gl[sl]
+        dh[sl] = dz @ w.T
+        dw += h[sl].T @ dz
+    return logp, ent, dh, dw
 
 
 def run_shape(n, h, v, dtype, variants, reps, precision):
     problem = _problem(n, h, v, dtype)
     fwd_args, all_args = problem[:3], problem
-    # The reference: naive, float32 math on the same (possibly bf16-rounded) inputs.
-    ref32 = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in problem)
-    reference = jax.device_get(_fns("naive", {}, "highest")[1](*ref32))
+    # The reference: float64 math on the same (possibly bf16-rounded) inputs.
+    reference = reference64(*problem)
     rows = []
     for label, (impl, blocks) in variants.items():
         forward, fwd_bwd = _fns(impl, blocks, precision)
         try:
-            temp = fwd_bwd.lower(*all_args).compile().memory_analysis().temp_size_in_bytes
-            out = jax.device_get(fwd_bwd(*all_args))
+            compiled = fwd_bwd.lower(*all_args).compile()  # run as compiled: one compile, not two
+            temp = compiled.memory_analysis().temp_size_in_bytes
+            out = jax.device_get(compiled(*all_args))
             rows.append(dict(
                 impl=label, temp=temp,
-                fwd=_median(forward, fwd_args, reps), fwdbwd=_median(fwd_bwd, all_args, reps),
+                fwd=_median(forward, fwd_args, reps), fwdbwd=_median(compiled, all_args, reps),
                 diff_values=_max_diff(out[:2], reference[:2]),
                 diff_grads=_max_diff(out[2:], reference[2:]),
                 grad_scale=max(float(np.max(np.abs(r))) for r in reference[2:])))
         except Exception as err:  # report and go on: one failing path must not hide the rest
             rows.append(dict(impl=label, error=f"{type(err).__name__}: {str(err)[:200]}"))
     return rows
+
+
+def variants_for(backend: str, smoke: bool, block_t=None, block_v=None) -> dict:
+    """label -> (impl, block sizes); "chunk-L" shows whether big tiles pay off on this chip.
+
+    The Pallas kernel of the backend ("pallas" resolves to it); with ``smoke`` off an
+    accelerator, both kernels in interpret mode (tiny blocks), so the script's code paths run."""
+    variants = {"naive": ("naive", {}), "chunked": ("chunked", {}),
+                "chunk-L": ("chunked", dict(block_t=4096, block_v=8192))}
+    if smoke:
+        variants["chunk-L"] = ("chunked", dict(block_t=32, block_v=256))
+    blocks = dict(block_t=block_t, block_v=block_v)
+    if backend == "tpu":
+        variants["pallas"] = ("pallas_tpu", blocks)
+    elif backend == "gpu":
+        variants["pallas"] = ("pallas_gpu", blocks)
+    elif smoke:
+        variants["pallas"] = ("pallas_tpu", dict(block_t=block_t or 16, block_v=block_v or 128))
+        variants["pal-gpu"] = ("pallas_gpu", dict(block_t=block_t or 16, block_v=block_v or 128))
+    return variants
 
 
 def main(argv=None):
@@ -99,24 +144,15 @@ def main(argv=None):
 
     backend = jax.default_backend()
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
-    # label -> (impl, block sizes); "chunk-L" shows whether big tiles pay off on this chip.
-    variants = {"naive": ("naive", {}), "chunked": ("chunked", {}),
-                "chunk-L": ("chunked", dict(block_t=4096, block_v=8192))}
-    if args.smoke:
-        variants["chunk-L"] = ("chunked", dict(block_t=32, block_v=256))
-    if backend == "tpu" or args.smoke:
-        pallas_blocks = dict(block_t=args.block_t, block_v=args.block_v)
-        if args.smoke and backend != "tpu":
-            pallas_blocks = dict(block_t=args.block_t or 16, block_v=args.block_v or 128)
-        variants["pallas"] = ("pallas", pallas_blocks)
+    variants = variants_for(backend, args.smoke, args.block_t, args.block_v)
     print(f"jax {jax.__version__}, backend {backend}, {jax.devices()[0].device_kind}, "
           f"reps={args.reps} (median), timed matmul precision {args.precision}")
     if "pallas" not in variants:
-        print("pallas: skipped (the kernels target TPU/Mosaic; no GPU variant; auto -> chunked)")
-    elif backend != "tpu":
-        print("pallas: interpret mode (not a TPU): numbers check the script, not the kernel speed")
+        print(f"pallas: skipped (no Pallas kernel for backend {backend})")
+    elif backend not in ("tpu", "gpu"):
+        print("pallas: interpret mode (no accelerator): numbers check the script, not kernel speed")
     print("temp = fwd+bwd temporary GiB; times in ms; x = ratio to naive (memory: naive/impl, "
-          "time: impl/naive); diffs vs float32 highest-precision naive; bf16 gradients are "
+          "time: impl/naive); diffs vs a float64 NumPy reference; bf16 gradients are "
           "returned in bf16, so their diff is bf16 rounding of (scale)")
     header = (f"{'N':>5} {'H':>5} {'V':>6} {'dtype':>8} {'impl':>8} | {'temp':>7} {'mem x':>6} | "
               f"{'fwd':>9} {'x':>6} | {'fwd+bwd':>9} {'x':>6} | {'|d|logp,H':>9} "

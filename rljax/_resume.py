@@ -12,6 +12,10 @@ refused resume costs seconds and writes nothing).
 * Keys that name the task (dataset, its files and content, the reward, the environment)
   change only with ``--resume-from-weights``: the policy's weights are taken from the
   checkpoint and the optimizer and data position start fresh.
+* A resume records the settings it changes in ``config_changes.jsonl`` (:func:`record_changes`):
+  one line per resume, ``{"from_step": s, "restored_step": s - 1, "changed": {key: [was, now]}}``,
+  so the records say which values each step ran with (:func:`values_at`) and ``trace check``
+  judges each step by its own settings.
 * A resume whose checkpoint is at (or past) ``trainer.total_steps`` has nothing to train
   (:func:`nothing_to_train`, as verl stops when ``global_steps >= total_training_steps``):
   the launcher says so in one line and exits 0, writing nothing (raising
@@ -24,10 +28,12 @@ import json
 import os
 from typing import Any, Optional
 
-from rljax._rundir import resume_checkpoint
+from rljax._rundir import CHANGES, read_changes, resume_checkpoint, standing, values_at  # noqa: F401 -- re-exported
 from rljax.config import load_resolved, parse_override, resolve, to_flat_dict
 
 RESOLVED = "config.resolved.yaml"
+#: Keys that say how a launch resumed or where the run lives, not what a step ran with.
+NOT_SETTINGS = ("trainer.resume_mode", "trainer.resume_from", "trainer.output_dir")
 #: Keys whose change alters the checkpoint's arrays: never changed by a resume.
 SHAPE_KEYS = ("model.name", "model.path", "model.tokenizer", "model.hidden_size", "model.intermediate_size",
               "model.num_layers", "model.num_heads", "model.num_kv_heads", "model.head_dim", "model.tie_embeddings",
@@ -60,6 +66,17 @@ def recorded_config(run_dir: str):
     """``(config, provenance)`` of ``run_dir/config.resolved.yaml``, or None when there is none."""
     path = os.path.join(run_dir, RESOLVED)
     return load_resolved(path) if os.path.isfile(path) else None
+
+
+def resume_base(config_name: Optional[str], run_dir: Optional[str], resuming: bool) -> Optional[str]:
+    """The recorded configuration a bare ``--resume --run-dir DIR`` (no ``--config``) resolves its
+    overrides on, when DIR holds one: the overrides are checked against the run's values, not the
+    default preset's (``--resume data.train_batch_size=4`` of a run with
+    ``actor.ppo_mini_batch_size=4`` was refused against the preset's 16). None otherwise."""
+    if config_name is not None or run_dir is None or not resuming:
+        return None
+    path = os.path.join(os.path.abspath(run_dir), RESOLVED)
+    return path if os.path.isfile(path) else None
 
 
 def compare(recorded, cfg, *, from_weights: bool = False) -> Optional[str]:
@@ -134,3 +151,34 @@ def summary_closed(run_dir: str) -> bool:
             return json.load(fh).get("status") == "completed"
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def record_changes(run_dir: str, cfg, *, unverified: bool = False) -> Optional[dict]:
+    """Appends to ``run_dir/config_changes.jsonl`` what a resume of ``run_dir`` under ``cfg`` runs
+    with: from the step after the checkpoint it restores (the choice :func:`nothing_to_train` reads),
+    each setting that differs from the one that step's predecessor ran with (:func:`values_at` of
+    the recorded ``config.resolved.yaml``, read before this launch rewrites it). Written for every
+    resume, changed settings or not, so it supersedes the lines of the steps it runs again.
+    Nothing for a launch that is not a resume or a run with no recorded configuration. Returns
+    the line written."""
+    if cfg.trainer.resume_mode != "auto" and cfg.trainer.resume_from is None:
+        return None
+    got = recorded_config(run_dir)
+    if got is None:
+        return None
+    restored, _ = resume_checkpoint(os.path.join(run_dir, "checkpoints"), cfg.trainer.resume_from,
+                                    past_undigested=not unverified)
+    from_step = 1 if restored is None else restored + 1
+    before = values_at(to_flat_dict(got[0]), read_changes(run_dir), from_step - 1)
+    now = to_flat_dict(cfg)
+    changed = {k: [_plain(before.get(k)), _plain(v)] for k, v in now.items()
+               if k not in NOT_SETTINGS and _plain(before.get(k)) != _plain(v)}
+    line = {"from_step": from_step, "restored_step": restored, "changed": changed}
+    with open(os.path.join(run_dir, CHANGES), "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+    return line
+
+
+def _plain(v: Any) -> Any:
+    """A value as JSON writes and reads it (tuples as lists)."""
+    return json.loads(json.dumps(v))

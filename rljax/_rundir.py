@@ -11,12 +11,16 @@ gone (killed) is reported as stale and taken over.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import re
+import signal
 import socket
 import sys
+import threading
 import time
 from typing import Callable, Optional
 
@@ -62,6 +66,58 @@ def committed_checkpoints(directory: str) -> list[int]:
 DIGEST_FILE = "rljax_digest.json"
 
 
+#: The records written once per step, in step order, each line starting with its step (``{"step": N, ...}``):
+#: a cut last line is the record of a step (:func:`cut_record`).
+STEP_RECORDS = ("metrics.jsonl", "rollout_uids.jsonl")
+_TAIL = 1 << 16  # bytes read from a record file's end: its last lines
+
+
+def _last_lines(path: str) -> tuple[list[bytes], bool]:
+    """``(the last lines of path, whether the last one ends with a newline)``; ``([], True)`` when absent."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _TAIL))
+            tail = fh.read()
+    except OSError:
+        return [], True
+    return [ln for ln in tail.split(b"\n") if ln.strip()], tail.endswith(b"\n") or not tail.strip()
+
+
+def cut_record(run_dir: str) -> Optional[tuple[str, int]]:
+    """``(file, step)`` when the last line of one of :data:`STEP_RECORDS` in ``run_dir`` is cut short (a
+    kill or a full disk mid-write: no newline at its end, or not JSON), with the step it was the record
+    of: read from its start (every record begins ``{"step": N``), else the step after the last whole
+    record; the earliest such step over the files. None when every last line is whole."""
+    cut = []
+    for name in STEP_RECORDS:
+        lines, ended = _last_lines(os.path.join(run_dir, name))
+        if not lines:
+            continue
+        try:
+            json.loads(lines[-1])
+            if ended:
+                continue
+        except ValueError:
+            pass
+        head = re.match(rb'\{"step":\s*(\d+)', lines[-1])
+        if head:
+            cut.append((int(head.group(1)), name))
+            continue
+        steps = [_step_of(ln) for ln in lines[:-1]]
+        cut.append((max([s for s in steps if s is not None], default=0) + 1, name))
+    return (min(cut)[1], min(cut)[0]) if cut else None
+
+
+def _step_of(line: bytes) -> Optional[int]:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 def resume_checkpoint(directory: str, resume_from: Optional[int] = None, *,
                       past_undigested: bool = False) -> tuple[Optional[int], list[int]]:
     """``(the checkpoint a resume restores, the newer ones it passes over)`` in ``directory``
@@ -71,16 +127,61 @@ def resume_checkpoint(directory: str, resume_from: Optional[int] = None, *,
     ``past_undigested`` (a plain ``--resume``): newer checkpoints that merely lack a digest (a
     kill between a save's commit and its digest) are passed over for the newest one that has
     a digest; a checkpoint with a digest is never passed over (a damaged one is reported at
-    restore, not skipped), and when none has a digest the newest is chosen."""
+    restore, not skipped), and when none has a digest the newest is chosen.
+
+    A step whose record was cut short (:func:`cut_record`) runs again: a checkpoint at or after
+    it is passed over for the newest one before it, when there is one (:func:`passed_over_line`
+    says why)."""
     if resume_from is not None:
         return resume_from, []
     steps = committed_checkpoints(directory)
     if not steps:
         return None, []
     digested = [s for s in steps if os.path.exists(os.path.join(directory, str(s), DIGEST_FILE))]
-    if past_undigested and digested and digested[-1] != steps[-1]:
-        return digested[-1], [s for s in steps if s > digested[-1]]
-    return steps[-1], []
+    usable = digested if past_undigested and digested else steps
+    cut = cut_record(os.path.dirname(os.path.abspath(directory)))
+    if cut is not None and any(s < cut[1] for s in usable) and usable[-1] >= cut[1]:
+        usable = [s for s in usable if s < cut[1]]
+    return usable[-1], [s for s in steps if s > usable[-1]]
+
+
+def passed_over_line(directory: str, step: int, newer: list[int]) -> str:
+    """The line a resume says when it restores ``step`` and passes over the ``newer`` checkpoints
+    (:func:`resume_checkpoint`): a step's record cut short, or checkpoints without a digest."""
+    cut = cut_record(os.path.dirname(os.path.abspath(directory)))
+    if cut is not None and step < cut[1] <= newer[-1]:
+        name, at = cut
+        again = (f"step {at} runs again and writes its record" if at == step + 1 else
+                 f"steps {step + 1}-{at} run again and write their records")
+        return (f"resume: the last line of {name} (step {at}'s record) was cut short; resuming from checkpoint "
+                f"{step} so that {again} (checkpoint(s) {', '.join(map(str, newer))} set aside)")
+    return (f"resume: checkpoint(s) {', '.join(map(str, newer))} have no digest (the run stopped between a save's "
+            f"commit and its digest); resuming from {step}, the newest with one (--resume-unverified restores "
+            f"{newer[-1]} instead)")
+
+
+def drop_cut_records(run_dir: str, restored: int) -> list[str]:
+    """Removes the cut last line of each of :data:`STEP_RECORDS` (a resume restoring ``restored``,
+    before the records after it are cut back) and returns what to say: the step runs again when it
+    is after ``restored``; otherwise it is restored, not run again, and its record is lost."""
+    out = []
+    while (cut := cut_record(run_dir)) is not None:
+        name, at = cut
+        path = os.path.join(run_dir, name)
+        with open(path, "rb") as fh:
+            data = fh.read()
+        keep = data[: data.rstrip(b"\n").rfind(b"\n") + 1]
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(keep)
+        os.replace(path + ".tmp", path)
+        if at > restored:
+            out.append(f"resume: the last line of {name} (step {at}'s record) was cut short: dropped; step {at} "
+                       "runs again and writes it")
+        else:
+            out.append(f"resume: the last line of {name} (step {at}'s record) was cut short: dropped; step {at} is "
+                       f"restored from checkpoint {restored}, not run again: its {name} record is lost (a resume "
+                       f"from a checkpoint before step {at} would run it again)")
+    return out
 
 
 def check_resume_from(run_dir: str, resume_from: Optional[int]) -> None:
@@ -93,6 +194,127 @@ def check_resume_from(run_dir: str, resume_from: Optional[int]) -> None:
     if resume_from not in steps:
         raise RunDirError(f"trainer.resume_from={resume_from} (--resume={resume_from}): no checkpoint {resume_from} "
                           f"in {directory}; available: {', '.join(map(str, steps)) or 'none'}")
+
+
+def last_trained_step(run_dir: str) -> Optional[int]:
+    """The step of the last whole record of a trained step (1 or later) in ``run_dir/metrics.jsonl``
+    (None: none)."""
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and step >= 1:
+            return step
+    return None
+
+
+def may_run_again(run_dir: str, *, new_run: bool, records: tuple) -> Callable[[], bool]:
+    """Asked after a launch failed (:func:`rljax.compilation_cache.retry_bypassed`): whether it may run
+    once more as if it had not started, that is, it trained no step since this call
+    (:func:`last_trained_step` unchanged). Then a new run's ``records`` (none existed before it
+    started) are removed; a resume cuts its records back to the checkpoint it restores anyway."""
+    before = last_trained_step(run_dir)
+
+    def check() -> bool:
+        if last_trained_step(run_dir) != before:
+            return False
+        if new_run:
+            for name in records:
+                try:
+                    os.remove(os.path.join(run_dir, name))
+                except FileNotFoundError:
+                    pass
+        return True
+
+    return check
+
+
+#: One line per resume: from which step which settings changed (:func:`rljax._resume.record_changes`).
+CHANGES = "config_changes.jsonl"
+
+
+def read_changes(run_dir: str) -> list[dict]:
+    """The lines of ``run_dir/config_changes.jsonl`` in order (a line cut short is left out)."""
+    out = []
+    try:
+        with open(os.path.join(run_dir, CHANGES), encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("from_step"), int):
+                    out.append(rec)
+    except OSError:
+        pass
+    return out
+
+
+def standing(changes: list[dict]) -> list[dict]:
+    """The changes that stand: a resume from step ``s`` supersedes the earlier lines from step ``s``
+    or later (the steps they applied to were cut back and run again under the newer settings)."""
+    out: list[dict] = []
+    for c in changes:
+        out = [x for x in out if x["from_step"] < c["from_step"]] + [c]
+    return out
+
+
+def values_at(final: dict, changes: list[dict], step: int) -> dict:
+    """The settings (flat, ``{dotted key: value}``) step ``step`` ran with: ``final`` (the newest
+    launch's, ``config.resolved.yaml``) with the standing changes that took effect after ``step``
+    undone, newest first."""
+    out = dict(final)
+    for c in reversed(standing(changes)):
+        if step < c["from_step"]:
+            for key, (was, _now) in c.get("changed", {}).items():
+                out[key] = was
+    return out
+
+
+class StartupStop(BaseException):
+    """SIGTERM or SIGINT while a launch is outside its step loop (starting up: resolving, compiling,
+    restoring), which takes the signals over to save the step in flight. A BaseException, as
+    KeyboardInterrupt, so that no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + int(signum)  # 143 SIGTERM, 130 SIGINT: what the default handlers' exits report
+        super().__init__(self.signal_name)
+
+
+@contextlib.contextmanager
+def startup_signals():
+    """While the block runs, SIGTERM and SIGINT raise :class:`StartupStop` in the main thread (SIGTERM
+    ended a starting launch with status -15 and no word; Ctrl-C printed a KeyboardInterrupt traceback)."""
+    def stop(signum, _frame):
+        raise StartupStop(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def startup_stop_line(stop: StartupStop, run_dir: Optional[str]) -> str:
+    """The one line of a launch stopped by :class:`StartupStop`: no step was in flight, and where the
+    next ``--resume`` of ``run_dir`` starts."""
+    where = ""
+    if run_dir is not None:
+        step, _ = resume_checkpoint(os.path.join(os.path.abspath(run_dir), "checkpoints"), past_undigested=True)
+        where = (f"; the newest checkpoint is step {step}: --resume starts from step {step + 1}" if step is not None
+                 else f"; {run_dir} holds no checkpoint: --resume starts from step 1")
+    return f"stopped by {stop.signal_name} outside the step loop (starting up): no step was in flight{where}"
 
 
 def _alive(pid: int) -> bool:

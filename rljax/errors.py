@@ -21,3 +21,9 @@ class ConfigError(ValueError):
 
 class UsageError(Exception):
     """A command-line or configuration mistake: reported in one line, exit status 2."""
+
+
+class RunError(RuntimeError):
+    """A run stopped on purpose by rljax's own rule about its data or inputs (the reward error
+    bound, dynamic sampling's max_num_gen_batches): never a compiled program's fault, so a launch
+    does not retry it with the compilation cache bypassed (:func:`rljax.compilation_cache.retry_bypassed`)."""

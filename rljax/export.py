@@ -7,7 +7,8 @@ a Hugging Face model directory or a PEFT adapter.
 * ``--to merged``: the same directory for a LoRA run (verl's ``model_merger`` output);
   a full run has no adapters to merge.
 * ``--to peft``: a LoRA run's adapters as a PEFT adapter directory whose
-  ``base_model_name_or_path`` is the run's ``model.path``.
+  ``base_model_name_or_path`` is the run's ``model.path`` made absolute (a preset's base, rebuilt
+  from its seed, is exported beside the adapter to ``OUT/base`` and named instead).
 
 The checkpoint (default the newest complete one) is verified as a resume verifies it (one
 without a digest is refused unless ``--unverified``, as ``--resume-unverified`` for a resume), then
@@ -177,7 +178,7 @@ def export(run_dir: str, out: str, *, to: str, step: int | None = None, unverifi
     os.makedirs(tmp)
     try:
         if to == "peft":
-            save_peft_adapter(tmp, params, base_model_name_or_path=cfg.model.path)
+            save_peft_adapter(tmp, params, base_model_name_or_path=_peft_base(cfg, mcfg, params, tmp, out, echo))
         else:
             save_hf_checkpoint(tmp, mcfg, merge(params) if lora else params)
             _copy_tokenizer(cfg.model, tmp, echo)
@@ -189,6 +190,21 @@ def export(run_dir: str, out: str, *, to: str, step: int | None = None, unverifi
     what = {"hf": "Hugging Face model", "merged": "Hugging Face model (LoRA merged)", "peft": "PEFT adapter"}[to]
     echo(f"exported checkpoint {chosen} of {run_dir} as a {what} to {out}")
     return chosen
+
+
+def _peft_base(cfg, mcfg, params, tmp: str, out: str, echo) -> str:
+    """``base_model_name_or_path`` of a PEFT export: ``model.path`` made absolute (a relative one is
+    relative to where the run and this export start; written as typed, a load elsewhere went to the
+    Hub); for a preset, the rebuilt base itself, exported to ``OUT/base`` (nothing else holds it)."""
+    from rljax.models.hf import save_hf_checkpoint  # JAX: loaded only to export
+
+    if cfg.model.path:
+        return os.path.abspath(os.path.expanduser(cfg.model.path))
+    save_hf_checkpoint(os.path.join(tmp, "base"), mcfg, params.base)
+    _copy_tokenizer(cfg.model, os.path.join(tmp, "base"), echo)
+    echo(f"base: the run's base is the preset model.name={cfg.model.name} (seed {cfg.trainer.seed}), exported to "
+         f"{os.path.join(out, 'base')}, which the adapter names")
+    return os.path.abspath(os.path.join(out, "base"))
 
 
 def _copy_tokenizer(model_cfg, out: str, echo) -> None:

@@ -23,20 +23,27 @@ checkpoint saved, ``trace_summary.json`` written) but an ``error``-severity aler
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from rljax._resume import ResumeRefused, nothing_to_train, plan, summary_closed
-from rljax._rundir import RunDirError, RunDirLock, check_resume_from, check_run_dir
-from rljax.compilation_cache import setup as setup_compilation_cache
-from rljax.config import format_config, non_default_fields, parse_mesh_spec, resolve, validate_for_mesh, write_resolved
+from rljax._resume import (CHANGES, ResumeRefused, nothing_to_train, plan, record_changes, resume_base,
+                           summary_closed)
+from rljax._rundir import (RunDirError, RunDirLock, StartupStop, check_resume_from, check_run_dir, may_run_again,
+                          startup_signals, startup_stop_line)
+from rljax.compilation_cache import retry_bypassed, setup as setup_compilation_cache
+from rljax.config import (format_config, non_default_fields, parse_mesh_spec, resolve, resolve_run, validate_for_mesh,
+                          write_resolved)
 from rljax.errors import ConfigError, UsageError
+from rljax.plan import parse_bytes, resolve_for_plan, run_plan
 from rljax.preflight import check_inputs as preflight
 from rljax.reward import RewardError
 from rljax.trainer.guard import NonFiniteUpdateError, StopRequested
+
+if TYPE_CHECKING:
+    from rljax.sharding.placement import Placement
 
 # JAX and what imports it (rljax.sharding, rljax.trainer's run) are imported inside functions:
 # setup_devices must set XLA_FLAGS / JAX_PLATFORMS before JAX starts.
@@ -84,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--process-id", type=int, help="multi-host: this process's index")
     p.add_argument("--distributed", action="store_true",
                    help="multi-host with the environment's auto-detection (TPU pods, SLURM)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the per-device memory plan of this run and whether it fits, train nothing, write "
+                        "nothing (exit 0 fits, 1 not; rljax.plan)")
+    p.add_argument("--device-memory", help="with --plan: the memory of one device, e.g. 80GiB or 16GB "
+                                           "(default: the device's own)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="configuration overrides")
     return p
 
@@ -105,7 +117,12 @@ def resolve_config(args) -> tuple:
     ``config.resolved.yaml`` records them.
     """
     try:
-        cfg, prov = resolve(args.config or DEFAULT_PRESET, _overrides(args))
+        if getattr(args, "plan", False):  # a plan reads no data files
+            cfg, prov = resolve_for_plan(args.config, _overrides(args))
+        else:
+            resuming = args.resume or args.resume_unverified or args.resume_from_weights
+            base = resume_base(args.config, args.run_dir, resuming)  # a bare --resume: checked on the run's values
+            cfg, prov = resolve(base, _overrides(args)) if base else resolve_run(args.config, _overrides(args))
         _validate_mesh(cfg)
     except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
@@ -205,88 +222,89 @@ def check_cpu_placement(cfg) -> None:
                          "virtual CPU devices (e.g. --mesh=dp4)")
 
 
-def setup_devices(args, spec, rollout_devices: int = 0) -> None:
-    """Multi-host initialisation, then the CPU host device count; both before JAX's backends start.
+def setup_devices(args, cfg) -> "Placement":
+    """Multi-host initialisation and the CPU host device count (both before JAX's backends start),
+    then the run's :class:`~rljax.sharding.placement.Placement` over the devices JAX found: the
+    learner mesh's devices and this process's sampler devices, computed once here."""
+    from rljax.sharding.placement import Placement  # JAX: not at import (usage errors answer without it)
 
-    ``rollout_devices``: the sampler's own devices per process (``rollout.placement=disaggregated``),
-    beyond the learner mesh's."""
-    from rljax.sharding.mesh import spec_device_count  # JAX: not at import (usage errors answer without it)
-
-    multi = args.coordinator or args.num_processes or args.process_id is not None or args.distributed
-    need = None if spec is None else spec_device_count(spec)
-    if not _accelerator_present() and need is not None:
-        local = need
-        if args.num_processes:
-            if need % args.num_processes:
-                raise UsageError(f"mesh needs {need} devices, which does not split over {args.num_processes} processes")
-            local = need // args.num_processes
-        flags = os.environ.get("XLA_FLAGS", "")
-        if _HOST_COUNT_FLAG not in flags:
-            total = local + rollout_devices
-            os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={total}".strip()
-            os.environ.setdefault("JAX_PLATFORMS", "cpu")
-            split = (f": {local} for the learner mesh + {rollout_devices} for the sampler (rollout.placement="
-                     "disaggregated)") if rollout_devices else ""
-            print(f"rljax: CPU host: created {total} virtual CPU devices ({_HOST_COUNT_FLAG}={total}){split}"
-                  + (_VIRTUAL_DEVICE_COST.format(n=local, cores=os.cpu_count()) if local > 1 else ""))
+    _host_devices(args, cfg)
     import jax
 
-    if multi:
-        if not args.distributed and not (args.coordinator and args.num_processes and args.process_id is not None):
-            raise UsageError("multi-host needs --coordinator HOST:PORT --num-processes N --process-id I together "
-                             "(or --distributed for auto-detection)")
-        kwargs = {} if args.distributed else dict(coordinator_address=args.coordinator,
-                                                   num_processes=args.num_processes, process_id=args.process_id)
-        if not _accelerator_present():
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(**kwargs)
-    extra = rollout_devices * jax.process_count()
-    if need is not None and jax.device_count() != need + extra:
-        more = f" + {extra} for the sampler (rollout.num_devices={rollout_devices} per process)" if extra else ""
-        raise UsageError(f"mesh {spec} needs {need} devices{more}, found {jax.device_count()} "
-                         f"({jax.devices()[0].platform})")
-    if need is None and rollout_devices and jax.local_device_count() <= rollout_devices:
-        raise UsageError(f"rollout.num_devices={rollout_devices} leaves no device for the learner: this process has "
-                         f"{jax.local_device_count()} ({jax.devices()[0].platform})")
-
-
-def placement_devices(cfg) -> list:
-    """The learner mesh's devices (:func:`rljax.sharding.split_devices`): all of them (colocated), or
-    on every process all local devices but the last ``rollout.num_devices`` (disaggregated)."""
-    import jax
-
-    from rljax.sharding import split_devices  # JAX: imported only after setup_devices has configured it
-
-    n = cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0
-    return split_devices(jax.devices(), n)[0]
-
-
-def placement_topology(cfg, mesh) -> dict:
-    """``topology.json``'s ``placement``: both device groups, their meshes, and whether they are disjoint."""
-    import jax
-
-    from rljax.trainer.build import rollout_devices  # JAX: imported only after setup_devices has configured it
-
+    if args.coordinator or args.num_processes or args.process_id is not None or args.distributed:
+        _initialize_distributed(args)
     r = cfg.rollout
-    learner = [d.id for d in mesh.devices.flat]
-    sampler = [d.id for d in rollout_devices(cfg, mesh)]
-    n = len(sampler)
-    return {"mode": r.placement, "trainer_mode": cfg.trainer.mode,
-            "learner": {"devices": learner, "mesh": dict(mesh.shape)},
-            "rollout": {"devices": sampler, "devices_per_process": n, "mesh": {"dp": n // r.tp, "tp": r.tp},
-                        "tp": r.tp, "replicas_per_process": n // r.tp,
-                        "replicas_derivation": f"sampler devices per process / rollout.tp = {n} / {r.tp}",
-                        "processes": jax.process_count()},
-            "disjoint": not set(learner) & set(sampler),
-            "device_ratio": device_ratio(n * jax.process_count(), len(learner), shared=bool(set(learner) & set(sampler)))}
+    try:
+        return Placement.compute(mode=r.placement, num_devices=r.num_devices, mesh_spec=cfg.trainer.mesh,
+                                 devices=jax.devices(), local_devices=jax.local_devices(),
+                                 processes=jax.process_count())
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
-def device_ratio(rollout: int, learner: int, *, shared: bool) -> dict:
-    """The rollout:learner device ratio (``topology.json``'s ``placement.device_ratio``), in lowest terms."""
-    g = math.gcd(rollout, learner) or 1
-    return {"rollout": rollout, "learner": learner, "ratio": f"{rollout // g}:{learner // g}",
-            "shared": shared, "note": "colocated: the same devices take turns" if shared else
-            "disaggregated: disjoint device groups"}
+def plan_run(args, cfg) -> int:
+    """``--plan``: the memory plan (:mod:`rljax.plan`) on the devices a run would have; writes nothing."""
+    if not args.plan:
+        raise UsageError("--device-memory is read by --plan only; add --plan")
+    try:
+        device_bytes = parse_bytes(args.device_memory) if args.device_memory else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    placement = setup_devices(args, cfg)
+
+    def reconfigure(extra: list):  # a candidate change, resolved and checked as the launch would
+        again = argparse.Namespace(**vars(args))
+        again.overrides = list(args.overrides) + [e for e in extra if not e.startswith("trainer.mesh=")]
+        again.mesh = next((e.split("=", 1)[1] for e in extra if e.startswith("trainer.mesh=")), args.mesh)
+        return resolve_config(again)[0]
+
+    try:
+        return run_plan(cfg, placement, device_bytes=device_bytes, reconfigure=reconfigure)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def _host_devices(args, cfg) -> None:
+    """On a CPU host, ``XLA_FLAGS`` creates this process's share of the mesh's devices plus the
+    sampler's own (``rollout.placement=disaggregated``) as virtual CPU devices."""
+    # JAX: not at import (usage errors answer without it); XLA_FLAGS is read only when its backends start
+    from rljax.sharding.mesh import spec_device_count
+    from rljax.sharding.placement import sampler_devices_per_process
+
+    spec = cfg.trainer.mesh
+    if _accelerator_present() or spec is None:
+        return
+    rollout_devices = sampler_devices_per_process(cfg.rollout.placement, cfg.rollout.num_devices)
+    local = need = spec_device_count(spec)
+    if args.num_processes:
+        if need % args.num_processes:
+            raise UsageError(f"mesh needs {need} devices, which does not split over {args.num_processes} processes")
+        local = need // args.num_processes
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _HOST_COUNT_FLAG in flags:
+        return
+    total = local + rollout_devices
+    os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={total}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    split = (f": {local} for the learner mesh + {rollout_devices} for the sampler (rollout.placement="
+             "disaggregated)") if rollout_devices else ""
+    print(f"rljax: CPU host: created {total} virtual CPU devices ({_HOST_COUNT_FLAG}={total}){split}"
+          + (_VIRTUAL_DEVICE_COST.format(n=local, cores=os.cpu_count()) if local > 1 else ""))
+
+
+def _initialize_distributed(args) -> None:
+    """``jax.distributed.initialize`` from ``--coordinator`` / ``--num-processes`` / ``--process-id``
+    (or the environment's auto-detection with ``--distributed``)."""
+    import jax
+
+    if not args.distributed and not (args.coordinator and args.num_processes and args.process_id is not None):
+        raise UsageError("multi-host needs --coordinator HOST:PORT --num-processes N --process-id I together "
+                         "(or --distributed for auto-detection)")
+    kwargs = {} if args.distributed else dict(coordinator_address=args.coordinator,
+                                               num_processes=args.num_processes, process_id=args.process_id)
+    if not _accelerator_present():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**kwargs)
 
 
 def _resume_arg(argv: list) -> list:
@@ -310,78 +328,152 @@ def _stderr_line(line: str) -> None:
 def main(argv=None) -> int:
     # intermixed: overrides may come before and after options (`... rollout.n=4 --resume trainer.total_steps=8`)
     args = _parser().parse_intermixed_args(_resume_arg(list(sys.argv[1:] if argv is None else argv)))
-    lock = done = None  # done: the one line of a resume with nothing to train
-    try:
-        cfg, prov = resolve_config(args)
-        if args.print_config:
-            print(format_config(cfg, prov))
-            return 0
-        args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
-        run_dir = os.path.abspath(run_directory(cfg))
-        plan_lines: list = []
-        if args.resume:
-            cfg, prov, plan_lines = resume_config(args, cfg, prov, run_dir)
-            run_dir = os.path.abspath(run_directory(cfg))
-        check_run_dir(run_dir)
-        check_resume_from(run_dir, cfg.trainer.resume_from)
-        check_inputs(cfg)  # before the lock creates the run directory
-        check_process_split(cfg, args.num_processes)
-        check_cpu_placement(cfg)
-        if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
-            lock = RunDirLock(run_dir).acquire()
-        if args.resume and not args.distributed:  # every process reads the same directory
-            done = finished_run(args, cfg, run_dir, main=(args.process_id or 0) == 0)
-            if done is not None:
-                if (args.process_id or 0) == 0:
-                    print(f"rljax: {done}")
-                return 0  # the lock is released below
-        for line in plan_lines:
-            print(f"rljax: {line}")
-        ckpt_dir = os.path.join(run_dir, "checkpoints")
-        if not args.resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-            raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume "
-                             "(trainer.resume_mode=auto) to continue it or --run-dir for a new run")
-        old = [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
-        if not args.resume and old:
-            raise UsageError(f"run directory {run_dir} holds a previous run's {', '.join(old)} (no checkpoint); a new "
-                             "run does not append to them: pass --resume to start that run over from step 0 (its "
-                             "records are cut back) or --run-dir for a new run")
-        setup_devices(args, cfg.trainer.mesh,
-                      cfg.rollout.num_devices if cfg.rollout.placement == "disaggregated" else 0)
-        if args.distributed:
-            import jax
+    with startup_signals():  # the step loop takes SIGTERM / SIGINT over while it runs
+        try:
+            return _run(args)
+        except StartupStop as stop:
+            _stderr_line(f"rljax.launch: {startup_stop_line(stop, _stopped_run_dir(args))}")
+            return stop.exit_code
 
-            if jax.process_index() == 0:
-                lock = RunDirLock(run_dir).acquire()
-            done = finished_run(args, cfg, run_dir, main=jax.process_index() == 0) if args.resume else None
-            if done is not None:
-                if jax.process_index() == 0:
-                    print(f"rljax: {done}")
-                return 0
+
+def _stopped_run_dir(args) -> Optional[str]:
+    """The run directory of a launch stopped while it started (None when its configuration does not resolve)."""
+    try:
+        return args.run_dir or run_directory(resolve_config(args)[0])
+    except Exception:  # noqa: BLE001 -- the line goes without the resume point
+        return None
+
+
+def _run(args) -> int:
+    """resolve -> preflight -> train -> exit code (the module docstring lists them)."""
+    held = _Held()
+    try:
+        ready = _preflight(args, held)
     except (UsageError, RunDirError) as e:
-        if lock is not None:
-            lock.release(undo=True)  # a refused launch leaves nothing behind
-            lock = None
+        held.release(undo=True)  # a refused launch leaves nothing behind
         _stderr_line(f"rljax.launch: error: {e}")
         return 2
-    finally:
-        if lock is not None and done is not None:  # a finished run: nothing was trained or written
-            lock.release()
     try:
-        return _run(args, cfg, prov, run_dir)
+        if isinstance(ready, int):
+            return ready
+        one = not (args.distributed or args.coordinator or args.num_processes)  # processes would retry apart
+        again = may_run_again(ready.run_dir, new_run=not args.resume, records=RUN_FILES)
+        return retry_bypassed(lambda: _train(args, ready), eligible=lambda: one and again())
     finally:
-        if lock is not None:
-            lock.release()
+        held.release()
+
+
+class _Held:
+    """The run directory's lock, once a process takes it."""
+
+    def __init__(self):
+        self.lock: Optional[RunDirLock] = None
+
+    def take(self, run_dir: str) -> None:
+        self.lock = RunDirLock(run_dir).acquire()
+
+    def release(self, *, undo: bool = False) -> None:
+        if self.lock is not None:
+            self.lock.release(undo=undo) if undo else self.lock.release()
+            self.lock = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ready:
+    """What preflight hands to training: the configuration, its run directory and the placement."""
+
+    cfg: Any
+    prov: Any
+    run_dir: str
+    placement: Any
+
+
+def _preflight(args, held: _Held):
+    """Resolves the configuration and checks it, its files and the run directory (a UsageError on
+    a mistake, before anything is written), locks the directory and sets up the devices:
+    a :class:`_Ready`, or an exit status (0: ``--print-config``, or a resume with nothing to train)."""
+    cfg, prov = resolve_config(args)
+    if args.print_config:
+        print(format_config(cfg, prov))
+        return 0
+    if args.plan or args.device_memory:
+        return plan_run(args, cfg)
+    flag = args.resume or args.resume_unverified or args.resume_from_weights  # --resume itself, not the key
+    args.resume = cfg.trainer.resume_mode == "auto" or cfg.trainer.resume_from is not None
+    run_dir = os.path.abspath(run_directory(cfg))
+    plan_lines: list = []
+    if args.resume:
+        cfg, prov, plan_lines = resume_config(args, cfg, prov, run_dir)
+        run_dir = os.path.abspath(run_directory(cfg))
+    check_run_dir(run_dir)
+    check_resume_from(run_dir, cfg.trainer.resume_from)
+    check_inputs(cfg)  # before the lock creates the run directory
+    check_process_split(cfg, args.num_processes)
+    check_cpu_placement(cfg)
+    if not args.distributed and (args.process_id or 0) == 0:  # process 0 locks before reading the directory
+        held.take(run_dir)
+        check_resume_target(run_dir, flag=flag)
+    if args.resume and not args.distributed and _finished(args, cfg, run_dir, main=(args.process_id or 0) == 0):
+        return 0  # every process reads the same directory; the lock is released by the caller
+    for line in plan_lines:
+        print(f"rljax: {line}")
+    check_fresh_run_dir(run_dir, resume=args.resume)
+    placement = setup_devices(args, cfg)
+    if args.distributed:
+        import jax
+
+        if jax.process_index() == 0:
+            held.take(run_dir)
+        if args.resume and _finished(args, cfg, run_dir, main=jax.process_index() == 0):
+            return 0
+    return _Ready(cfg, prov, run_dir, placement)
+
+
+def _finished(args, cfg, run_dir: str, *, main: bool) -> bool:
+    """A resume with nothing to train: the main process prints :func:`finished_run`'s line."""
+    done = finished_run(args, cfg, run_dir, main=main)
+    if done is not None and main:
+        print(f"rljax: {done}")
+    return done is not None
+
+
+def check_resume_target(run_dir: str, *, flag: bool) -> None:
+    """``--resume`` names a directory that holds a run (checkpoints or a run's records): a mistyped
+    ``--run-dir`` started a fresh run silently. verl's ``trainer.resume_mode=auto`` (the key) keeps
+    its meaning: resume when there is a run, else start one."""
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    held = (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)) or any(
+        os.path.exists(os.path.join(run_dir, f)) for f in (*RUN_FILES, "config.resolved.yaml"))
+    if flag and not held:
+        raise UsageError(f"--resume: run directory {run_dir} holds no run (no checkpoints, no config.resolved.yaml); "
+                         "check --run-dir (default runs/<trainer.project_name>/<trainer.experiment_name>); drop "
+                         "--resume to start a new run there, or pass trainer.resume_mode=auto to start or continue "
+                         "(a requeued job)")
+
+
+def check_fresh_run_dir(run_dir: str, *, resume: bool) -> None:
+    """A new run (no ``--resume``) refuses a directory holding a previous run's checkpoints or records."""
+    if resume:
+        return
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        raise UsageError(f"run directory {run_dir} already holds checkpoints; pass --resume "
+                         "(trainer.resume_mode=auto) to continue it or --run-dir for a new run")
+    old = [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
+    if old:
+        raise UsageError(f"run directory {run_dir} holds a previous run's {', '.join(old)} (no checkpoint); a new "
+                         "run does not append to them: pass --resume to start that run over from step 0 (its "
+                         "records are cut back) or --run-dir for a new run")
 
 
 class _RunRecord:
     """``config.resolved.yaml`` and ``topology.json``, written before the run starts and put back
     as they were (or removed) when the run is refused while it builds (a damaged checkpoint)."""
 
-    NAMES = ("config.resolved.yaml", "topology.json")
+    NAMES = ("config.resolved.yaml", "topology.json", CHANGES)
 
-    def __init__(self, run_dir: str, *, enabled: bool):
-        self.run_dir, self.enabled = run_dir, enabled
+    def __init__(self, run_dir: str, *, enabled: bool, unverified: bool = False):
+        self.run_dir, self.enabled, self.unverified = run_dir, enabled, unverified
         self.before: dict = {}
 
     def write(self, cfg, prov, topo) -> None:
@@ -391,6 +483,7 @@ class _RunRecord:
         for name in self.NAMES:
             path = os.path.join(self.run_dir, name)
             self.before[name] = open(path, "rb").read() if os.path.isfile(path) else None
+        record_changes(self.run_dir, cfg, unverified=self.unverified)  # a resume: from which step what changed
         write_resolved(cfg, prov, os.path.join(self.run_dir, "config.resolved.yaml"))
         with open(os.path.join(self.run_dir, "topology.json"), "w") as fh:
             json.dump(topo, fh, indent=2)
@@ -405,33 +498,24 @@ class _RunRecord:
                     fh.write(data)
 
 
-def _run(args, cfg, prov, run_dir) -> int:
-    import jax
+def topology_record(cfg, mesh, placement) -> dict:
+    """``topology.json``: the learner mesh (:func:`rljax.sharding.topology`), the placement
+    (:meth:`~rljax.sharding.placement.Placement.describe`), each process's prompts
+    (:func:`rljax.trainer.distribute.rollout_share`) and how each figure is derived.
 
-    setup_compilation_cache(cfg.trainer.compilation_cache_dir, echo=print if jax.process_index() == 0 else None)
-    # JAX, flax, orbax: imported only after setup_devices has configured JAX
-    from rljax.sharding import make_mesh, topology
-    from rljax.trainer.loop import Trainer, format_summary
-
-    learner_devices = placement_devices(cfg)
-    spec = cfg.trainer.mesh or f"dp{len(learner_devices)}"
-    mesh = make_mesh(spec, learner_devices)
-    topo = topology(mesh)
-    topo["placement"] = placement_topology(cfg, mesh)
+    Raises:
+      ValueError: the batch does not split over the processes, or an asynchronous run's rows would
+        cross processes (:func:`rljax.trainer.distribute.check_async_share`).
+    """
     # JAX: imported only after setup_devices has configured it
+    from rljax.sharding import topology
     from rljax.trainer.distribute import check_async_share, rollout_share
 
-    try:  # which prompts (uids) each process generates
-        share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n)
-    except ValueError as e:  # --distributed: the process count is known only now
-        _stderr_line(f"rljax.launch: error: {e}")
-        return 2
-    try:
-        if cfg.trainer.mode == "async":  # the rollout threads must not communicate
-            check_async_share(share, spec, filter_groups=cfg.algorithm.filter_groups.enable)
-    except ValueError as e:
-        _stderr_line(f"rljax.launch: error: {e}")
-        return 2
+    topo = topology(mesh)
+    topo["placement"] = placement.describe(mesh, rollout_tp=cfg.rollout.tp, trainer_mode=cfg.trainer.mode)
+    share = rollout_share(mesh, cfg.data.train_batch_size, cfg.rollout.n)  # which prompts (uids) each process generates
+    if cfg.trainer.mode == "async":  # the rollout threads must not communicate
+        check_async_share(share, placement.mesh_spec, filter_groups=cfg.algorithm.filter_groups.enable)
     topo["rollout_share"] = share.describe()
     topo.update(rollout_tp=cfg.rollout.tp, rollout_replicas=topo["placement"]["rollout"]["replicas_per_process"],
                 actor_dp_derivation=f"world_size / (tp * sp) = {topo['world_size']} / "
@@ -441,27 +525,60 @@ def _run(args, cfg, prov, run_dir) -> int:
                 rollout_backend="rljax JetStream engine (process-local sampler mesh: replicas x rollout.tp)",
                 rollout_replicas_derivation=topo["placement"]["rollout"]["replicas_derivation"],
                 trace_groups=cfg.trace.groups)
+    return topo
+
+
+def _print_layout(cfg, prov, topo: dict, spec: str) -> None:
+    changed = non_default_fields(cfg, prov)
+    print(f"rljax: mesh {spec} on {topo['world_size']} {topo['platform']} device(s), "
+          f"{topo['process_count']} process(es); actor_dp = {topo['actor_dp_derivation']}")
+    pl = topo["placement"]
+    print(f"rljax: placement {pl['mode']}: learner devices {pl['learner']['devices']}, sampler devices "
+          f"{pl['rollout']['devices']} ({pl['rollout']['replicas_per_process']} replica(s) x tp{cfg.rollout.tp})"
+          + (", disjoint" if pl["disjoint"] else ", shared") + f"; trainer.mode={cfg.trainer.mode}")
+    rs = topo["rollout_share"]
+    if rs["processes"] > 1:
+        print(f"rljax: rollout across {rs['processes']} processes: {rs['prompts_per_process']} prompt groups "
+              f"each, by process {rs['prompts_by_process']} ({rs['assembly']} learner batch)")
+    print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
+
+
+def _train(args, ready: _Ready) -> int:
+    """Builds the learner mesh on the placement, writes the run's record, builds and runs the
+    trainer: the exit status."""
+    import jax
+
+    cfg, placement = ready.cfg, ready.placement
+    setup_compilation_cache(cfg.trainer.compilation_cache_dir, echo=print if jax.process_index() == 0 else None)
+    from rljax.sharding import make_mesh  # JAX: imported only after setup_devices has configured it
+
+    mesh = make_mesh(placement.mesh_spec, placement.learner)
+    try:
+        topo = topology_record(cfg, mesh, placement)
+    except ValueError as e:  # --distributed: the process count is known only now
+        _stderr_line(f"rljax.launch: error: {e}")
+        return 2
     main_process = jax.process_index() == 0
     if main_process:
-        changed = non_default_fields(cfg, prov)
-        print(f"rljax: mesh {spec} on {topo['world_size']} {topo['platform']} device(s), "
-              f"{topo['process_count']} process(es); actor_dp = {topo['actor_dp_derivation']}")
-        pl = topo["placement"]
-        print(f"rljax: placement {pl['mode']}: learner devices {pl['learner']['devices']}, sampler devices "
-              f"{pl['rollout']['devices']} ({pl['rollout']['replicas_per_process']} replica(s) x tp{cfg.rollout.tp})"
-              + (", disjoint" if pl["disjoint"] else ", shared") + f"; trainer.mode={cfg.trainer.mode}")
-        rs = topo["rollout_share"]
-        if rs["processes"] > 1:
-            print(f"rljax: rollout across {rs['processes']} processes: {rs['prompts_per_process']} prompt groups "
-                  f"each, by process {rs['prompts_by_process']} ({rs['assembly']} learner batch)")
-        print("rljax: non-default settings:" + ("".join(f"\n  {c}" for c in changed) if changed else " none"))
-    from rljax.trainer.checkpoint import CheckpointError  # orbax: imported only after setup_devices has configured it
+        _print_layout(cfg, ready.prov, topo, placement.mesh_spec)
+    # the trace reads config.resolved.yaml as the run starts
+    record = _RunRecord(ready.run_dir, enabled=main_process, unverified=args.resume_unverified)
+    record.write(cfg, ready.prov, topo)
+    trainer = _build(args, ready, mesh, record, main_process)
+    return trainer if isinstance(trainer, int) else _exit_status(trainer, main_process)
 
-    record = _RunRecord(run_dir, enabled=main_process)  # the trace reads config.resolved.yaml as the run starts
-    record.write(cfg, prov, topo)
+
+def _build(args, ready: _Ready, mesh, record: "_RunRecord", main_process: bool):
+    """The :class:`~rljax.trainer.loop.Trainer`, or an exit status when it refuses to build (the
+    run's record put back as it was)."""
+    # JAX, flax, orbax: imported only after setup_devices has configured JAX
+    from rljax.trainer.checkpoint import CheckpointError
+    from rljax.trainer.loop import Trainer
+
     try:
-        trainer = Trainer(cfg, mesh, run_dir, resume=args.resume, echo=print if main_process else (lambda *a: None),
-                          resume_unverified=args.resume_unverified, resume_from_weights=args.resume_from_weights)
+        return Trainer(ready.cfg, mesh, ready.run_dir, resume=args.resume,
+                       echo=print if main_process else (lambda *a: None), resume_unverified=args.resume_unverified,
+                       resume_from_weights=args.resume_from_weights, placement=ready.placement)
     except ConfigError as e:  # data problems found while building the run (an empty split, a missing file)
         record.undo()
         _stderr_line(f"rljax.launch: error: {e}")
@@ -470,6 +587,14 @@ def _run(args, cfg, prov, run_dir) -> int:
         record.undo()
         _stderr_line(f"rljax.launch: error: {e}")
         return 1
+
+
+def _exit_status(trainer, main_process: bool) -> int:
+    """Runs ``trainer``: 0 done, 1 it stopped on an error, 130 / 143 a signal, :data:`ALERT_EXIT`
+    done with an ``error``-severity alert; a stop is one line on stderr."""
+    # JAX, flax, orbax: imported only after setup_devices has configured JAX
+    from rljax.trainer.checkpoint import CheckpointError
+    from rljax.trainer.loop import format_summary
 
     try:
         summary = trainer.run()

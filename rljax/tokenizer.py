@@ -175,17 +175,28 @@ def load_tokenizer(path: str, *, bos_id: int | None = None, eos_id: int | None =
     if template is None and os.path.exists(os.path.join(os.path.dirname(file), "chat_template.jinja")):
         with open(os.path.join(os.path.dirname(file), "chat_template.jinja")) as f:
             template = f.read()
-    return HFTokenizer(Tokenizer.from_file(file), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                       chat_template=template, special_tokens=special)
+    tok = Tokenizer.from_file(file)
+    # tokenizer_config.json names the special tokens by text (transformers' way): their ids
+    # where config.json gave none (a tokenizer shipped without the model's config.json)
+    bos_id = _token_id(tok, special.get("bos_token")) if bos_id is None else bos_id
+    eos_id = _token_id(tok, special.get("eos_token")) if eos_id is None else eos_id
+    pad_id = _token_id(tok, special.get("pad_token")) if pad_id is None else pad_id
+    return HFTokenizer(tok, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, chat_template=template,
+                       special_tokens=special)
+
+
+def _token_id(tok, text: str | None) -> int | None:
+    return None if text is None else tok.token_to_id(text)
 
 
 def tokenizer_for(model_cfg):
     """The tokenizer a :class:`~rljax.config.ModelConfig` names: ``model.tokenizer`` (``'char'``
-    or a ``tokenizer.json`` path), else ``model.path``'s ``tokenizer.json``, else ``'char'``."""
+    or a ``tokenizer.json`` path), else ``model.path``'s ``tokenizer.json``, else ``'char'``;
+    ``model.eos_token_id`` (when set) is its EOS."""
     spec = model_cfg.tokenizer
     if spec == "char" or (spec is None and not model_cfg.path):
         return CharTokenizer()
-    return load_tokenizer(spec or model_cfg.path)
+    return load_tokenizer(spec or model_cfg.path, eos_id=getattr(model_cfg, "eos_token_id", None))
 
 
 def checked_tokenizer(model_cfg):
@@ -201,11 +212,21 @@ def checked_tokenizer(model_cfg):
     if not file.is_file():
         hint = "" if spec else "; set model.tokenizer to a tokenizer.json path, or 'char'"
         raise ConfigError(f"{key}={value!r} has no tokenizer.json (looked for {str(file)!r}){hint}")
+    eos = getattr(model_cfg, "eos_token_id", None)
     try:
-        tokenizer = load_tokenizer(str(file))
+        tokenizer = load_tokenizer(str(file), eos_id=eos)
     except ImportError as e:
         raise ConfigError(f"{key}={value!r}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a corrupt tokenizer.json is the user's file
         raise ConfigError(f"{key}={value!r}: {str(file)!r} is not a readable tokenizer.json "
                           f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    if tokenizer.eos_id is None:
+        folder = file.parent
+        raise ConfigError(f"{key}={value!r}: the tokenizer {str(file)!r} defines no EOS token, so no response could "
+                          f"end; set one: \"eos_token\" in {str(folder / 'tokenizer_config.json')!r}, \"eos_token_id\" "
+                          f"in {str(folder / 'config.json')!r}, or model.eos_token_id=ID")
+    if not 0 <= tokenizer.eos_id < tokenizer.vocab_size:
+        source = "model.eos_token_id" if eos is not None else f"the EOS of {str(file)!r}"
+        raise ConfigError(f"{source}={tokenizer.eos_id} is not a token id of the tokenizer "
+                          f"(accepted: 0 to {tokenizer.vocab_size - 1})")
     return tokenizer, f"{str(file)!r}'s"

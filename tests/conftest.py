@@ -153,7 +153,9 @@ HEAVY_FIRST = (
 #: seconds of their slow tests (``--cpu-times``, 2 Dec 2026), so the longest files start first and
 #: the two workers finish together. Files not listed follow in collection order.
 SLOW_HEAVY_FIRST = (
+    "sharding/test_preset_0_5b.py",  # the qwen2.5-0.5b run: the longest test (261 s in CI, 4 Dec)
     "launch/test_launch.py",
+    "sharding/test_fsdp.py",
     "launch/test_async_launch.py",
     "launch/test_reliability_e2e.py",
     "launch/test_learning.py",
@@ -191,10 +193,9 @@ def devices():
     return devs
 
 
-@pytest.fixture(scope="session")
-def small_dp8_run(tmp_path_factory):
-    """One small embedded run, ``python -m rljax.launch --mesh=dp8`` for 2 steps with a checkpoint
-    each step, shared (read-only) by the end-to-end tests: ``(run_dir, completed process)``.
+def _shared_launch(tmp_path_factory, name: str, *args, **kw):
+    """``python -m rljax.launch *args --run-dir <dir>`` once per test session, shared (read-only) by
+    the tests that ask for it: ``(run_dir, completed process)``; the launch must succeed.
 
     Under pytest-xdist the run is shared by every worker too: the first to get here launches it
     under a file lock in the session's common temporary directory, the others wait and read it.
@@ -204,21 +205,38 @@ def small_dp8_run(tmp_path_factory):
     import subprocess
 
     from launching import launch
-    from test_launch import SMALL
 
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        base = tmp_path_factory.mktemp("small_dp8")
+        base = tmp_path_factory.mktemp(name)
     else:
-        base = tmp_path_factory.getbasetemp().parent / "small_dp8_shared"
+        base = tmp_path_factory.getbasetemp().parent / f"{name}_shared"
         base.mkdir(exist_ok=True)
     run_dir, record = base / "run", base / "completed.json"
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not record.exists():
-            out = launch("--mesh=dp8", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2",
-                         "trainer.save_freq=1")
+            out = launch(*args, "--run-dir", str(run_dir), **kw)
             record.write_text(json.dumps({"args": out.args, "returncode": out.returncode,
                                           "stdout": out.stdout, "stderr": out.stderr}))
     out = subprocess.CompletedProcess(**json.loads(record.read_text()))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return run_dir, out
+
+
+@pytest.fixture(scope="session")
+def small_dp8_run(tmp_path_factory):
+    """One small embedded run, ``python -m rljax.launch --mesh=dp8`` for 2 steps with a checkpoint
+    each step, shared by the end-to-end tests (:func:`_shared_launch`)."""
+    from test_launch import SMALL
+
+    return _shared_launch(tmp_path_factory, "small_dp8", "--mesh=dp8", *SMALL, "trainer.total_steps=2",
+                          "trainer.save_freq=1")
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """The default run as the README gives it (``python -m rljax.launch --mesh=dp8``: 300 steps,
+    compiled as users' runs are), shared (:func:`_shared_launch`) by tests/launch/test_learning.py
+    and the distillation learning test, whose teacher is its trained policy (slow tests only)."""
+    # 300 steps: -O0's slower programs would cost more than its compile saves
+    return _shared_launch(tmp_path_factory, "default_dp8", "--mesh=dp8", timeout=1800, compile_as_user=True)

@@ -34,6 +34,7 @@ from rljax.config._resolve import (
     parse_override,
     preset_dirs,
     resolve,
+    resolve_run,
     set_section_class,
     to_dict,
     to_flat_dict,
@@ -56,6 +57,7 @@ from rljax.config._schema import (
     TrainerConfig,
     ValKwargsConfig,
 )
+from rljax.config._corrections import POLICY_LOSS_KEYS, bypass_loss
 from rljax.config._validate import (apply_model_overrides, check_reward_spec, model_overrides, on_policy_blockers,
                                     parse_mesh_spec, validate, validate_for_mesh)
 
@@ -101,10 +103,13 @@ __all__ = [
     "parse_override",
     "preset_dirs",
     "resolve",
+    "resolve_run",
     "set_section_class",
     "to_dict",
     "to_flat_dict",
     "on_policy_blockers",
+    "POLICY_LOSS_KEYS",
+    "bypass_loss",
     "validate",
     "validate_for_mesh",
     "write_resolved",

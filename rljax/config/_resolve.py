@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from rljax.config import _own, _verl
 from rljax.config._schema import Config
 from rljax.config._validate import validate as validate_config
 from rljax.errors import ConfigError
@@ -131,13 +132,18 @@ def _coerce(key: str, value: Any, tp) -> Any:
         accepted = typing.get_args(tp)
         if isinstance(value, bool) and str(value).lower() in accepted:  # YAML's true/false for an auto|true|false key
             return str(value).lower()
+        if isinstance(value, bool) and {"on", "off"} <= set(accepted):  # YAML 1.1 reads on / off as booleans
+            return "on" if value else "off"
+        if isinstance(value, str) and value.lower() in ("true", "false") and value.lower() in accepted:
+            return value.lower()  # Hydra's True / False (verl's command lines) for an auto|true|false key
         if value not in accepted or isinstance(value, bool):
             raise ConfigError(f"{key}={_show(value)} is not accepted; accepted: {', '.join(map(str, accepted))}")
         return value
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or (args[-1] is not Ellipsis and len(value) != len(args)):
-            raise ConfigError(f"{key}={_show(value)} has the wrong type; expected {_type_name(tp)}, e.g. [0.9,0.999]")
+            raise ConfigError(f"{key}={_show(value)} has the wrong type; expected {_type_name(tp)}, "
+                              f"e.g. {_list_example(key, tp)}")
         elem = args[0] if args[-1] is Ellipsis else None
         return tuple(_coerce(key, v, elem or a) for v, a in zip(value, args if elem is None else [elem] * len(value)))
     if tp is bool:
@@ -155,11 +161,21 @@ def _coerce(key: str, value: Any, tp) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, int) and not isinstance(value, bool):  # `experiment_name: 2024` in a preset
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # `experiment_name: 2024`, a threshold 2.0
             return str(value)
     else:  # pragma: no cover - schema only uses the types above
         raise TypeError(f"unsupported field type {tp!r} for {key}")
     raise ConfigError(f"{key}={_show(value)} has the wrong type; expected {_type_name(tp)}")
+
+
+def _list_example(key: str, tp) -> str:
+    """An override value of list key ``key``: its default when not empty, else its first accepted element."""
+    spec = field_specs().get(key)
+    items = list(spec.default) if spec is not None and spec.default else []
+    if not items:
+        elem = typing.get_args(tp)[0]
+        items = [typing.get_args(elem)[0]] if typing.get_origin(elem) is typing.Literal else []
+    return "[" + ",".join(_scalar_text(v) for v in items) + "]"
 
 
 def _check_bounds(spec: FieldSpec, value) -> None:
@@ -218,14 +234,10 @@ REMOVED_KEYS = {
 #: verl keys rljax spells or does differently, where the closest-name guess would mislead
 #: (``reward_model.enable`` -> ``reward.model.label``); naming one says what rljax does instead.
 VERL_KEYS = {
-    **dict.fromkeys(("reward_model.enable", "reward.reward_model.enable"),
-                    "rljax has no switch for the reward model: reward.model.path=DIR (a sequence-classification "
-                    "checkpoint) turns it on"),
-    **dict.fromkeys(("reward_model.model.path", "reward.reward_model.model_path"),
-                    "rljax: reward.model.path=DIR (a discriminative reward model; a generative judge is "
-                    "reward.judge.path)"),
     "data.gen_batch_size": ("with algorithm.filter_groups rljax draws every batch, refills included, as "
                             "data.train_batch_size prompts (a separate generation batch size is not supported yet)"),
+    "trainer.total_epochs": ("rljax counts steps: set trainer.total_steps (verl's total_training_steps; one epoch is "
+                             "the training rows / data.train_batch_size steps)"),
 }
 
 
@@ -242,10 +254,10 @@ def _flatten(tree: Mapping, where: str, prefix: str = "") -> dict[str, Any]:
     for k, v in tree.items():
         if not isinstance(k, str):
             raise ConfigError(f"config key {k!r}{where} is not a string")
-        key = f"{prefix}{k}"
-        if key in field_specs():
+        key = f"{prefix}{k}".lstrip("+")
+        if key in field_specs() or _verl.is_verl_key(key):
             out[key] = v
-        elif key in _section_keys():
+        elif key in _section_keys() or key in _verl.verl_key_prefixes():
             if not isinstance(v, Mapping):
                 raise ConfigError(f"{key}{where} is a section; it needs a mapping of keys, got {_show(v)}")
             out.update(_flatten(v, where, key + "."))
@@ -316,21 +328,34 @@ def load_preset(path: str | os.PathLike) -> dict[str, Any]:
 def parse_override(text: str) -> tuple[str, Any]:
     """``"actor.optim.lr=1e-6"`` -> ``("actor.optim.lr", 1e-06)``; values follow YAML scalar rules.
 
-    ``key=`` gives the empty string; ``key=null`` gives None; ``key=[0.9,0.999]`` a list.
+    ``key=`` gives the empty string; ``key=null`` gives None; ``key=[0.9,0.999]`` a list. A verl
+    key of the same meaning gives the rljax key (``actor_rollout_ref.rollout.n=5`` ->
+    ``("rollout.n", 5)``); a verl key rljax has no key for stays as it is (:mod:`rljax.config._verl`).
     """
+    return _parse_override(text)[:2]
+
+
+def _parse_override(text: str) -> tuple[str, Any, str | None]:
+    """:func:`parse_override` and the verl key an alias was written as (None: an rljax key)."""
     if not isinstance(text, str) or "=" not in text:
         raise ConfigError(f"malformed override {text!r}; expected key=value, e.g. rollout.n=8")
     key, raw = text.split("=", 1)
     key = key.strip()
     if key.startswith("--"):
         key = key[2:]
+    key = key.lstrip("+")  # Hydra's +key=value / ++key=value (verl's command lines add keys so)
     if not key or any(c.isspace() for c in key):
         raise ConfigError(f"malformed override {text!r}; expected key=value with a dotted key, e.g. rollout.n=8")
+    verl = None
+    if key in _verl.ALIASES:
+        verl, key = key, _verl.ALIASES[key]
+    elif _verl.is_verl_key(key):
+        return key, _parse_value(raw, Any), key
     if key not in field_specs():
         if key in _section_keys():
             raise ConfigError(f"override {text!r} names the section {key!r}; set one of its keys, e.g. {_first_leaf(key)}=...")
         raise _unknown(key, " (command line)")
-    return key, _parse_value(raw, field_specs()[key].type)
+    return key, _parse_value(raw, field_specs()[key].type), verl
 
 
 def _is_textual(tp) -> bool:
@@ -375,9 +400,12 @@ class Provenance(dict):
     ``(("default", 8), ("configs/default.yaml", 16), ("cli", 4))`` for ``rollout.n``.
     """
 
-    def __init__(self, sources: Mapping[str, str] = (), chains: Mapping[str, Sequence] | None = None):
+    def __init__(self, sources: Mapping[str, str] = (), chains: Mapping[str, Sequence] | None = None,
+                 verl: Mapping[str, tuple] | None = None):
         super().__init__(sources)
         self.chains: dict[str, tuple] = {k: tuple(map(tuple, v)) for k, v in (chains or {}).items()}
+        #: verl settings with no rljax key, accepted as what rljax does: ``{verl key: (value, what rljax does)}``.
+        self.verl: dict[str, tuple] = dict(verl or {})
 
     def chain(self, key: str) -> tuple[tuple[str, Any], ...]:
         """``((source, value), ...)`` from the code default to the final value of ``key``."""
@@ -430,7 +458,19 @@ def _apply(values: dict, provenance: dict, raw: Mapping[str, Any], source: str, 
             chains[key].append((source, value))
 
 
-def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *, validate: bool = True):
+def resolve_run(config_name: str | None, overrides: Sequence[str] = (), *, validate: bool = True):
+    """:func:`resolve` as the launcher (and :func:`rljax.train`) resolves a run: ``--config`` or, with
+    none, ``configs/own.yaml`` for your own model / data else ``configs/default.yaml``, with the
+    derived defaults of :mod:`rljax.config._own` (lengths within the model's context, a run
+    directory named after the model and the data)."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides must be a list of key=value strings, got the single string {overrides!r}")
+    given = _own.given_keys(_parse_override(o) for o in overrides)
+    return resolve(_own.launch_preset(config_name, given), overrides, validate=validate, _derive=True)
+
+
+def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *, validate: bool = True,
+            _derive: bool = False):
     """Resolves the configuration: code defaults, then the preset, then the overrides.
 
     Args:
@@ -453,15 +493,75 @@ def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[st
     values = {k: s.default for k, s in specs.items()}
     provenance = {k: DEFAULT for k in specs}
     chains = {k: [(DEFAULT, s.default)] for k, s in specs.items()}
+    verl = _VerlSettings()
     if preset_path is not None:
         path = find_preset(preset_path)
-        _apply(values, provenance, load_preset(path), str(path), chains)
-    for key, value in (parse_override(o) for o in overrides):
-        _apply(values, provenance, {key: value}, CLI, chains)
+        for key, value in load_preset(path).items():
+            _apply(values, provenance, *verl.take(key, value, str(path)), chains)
+    parsed = [_parse_override(o) for o in overrides]
+    for key, value, written in parsed:
+        _apply(values, provenance, *verl.take(written or key, value, CLI), chains)
+    _apply(values, provenance, *verl.reward_function(), chains)
+    verl.check(values)
+    if _derive:  # the launcher's own-model / own-data defaults (rljax.config._own)
+        given = _own.given_keys(parsed) | ({"reward.function"} if verl.reward else set())
+        derived = _own.Derivations(values, provenance, given, Path(str(preset_path)).stem if preset_path else "")
+        for key, value, source in derived.apply():
+            _apply(values, provenance, {key: value}, source, chains)
     config = _build(Config, values)
     if validate:
         validate_config(config)
-    return config, Provenance(provenance, chains)
+    return config, Provenance(provenance, chains, verl.accepted)
+
+
+class _VerlSettings:
+    """The verl keys of one resolution: aliases become their rljax keys (the source names the verl
+    key), ``custom_reward_function.path`` + ``.name`` become ``reward.function``, and settings with
+    no rljax key are checked and kept (:attr:`accepted`) or refused in one line."""
+
+    def __init__(self):
+        self.accepted: dict[str, tuple] = {}
+        self.reward: dict[str, tuple] = {}
+
+    def take(self, key: str, value, source: str) -> tuple[dict, str]:
+        """``(raw {rljax key: value}, source)`` for :func:`_apply` (empty for a setting with no key)."""
+        if key in _verl.ALIASES:
+            return {_verl.ALIASES[key]: value}, f"{source} (verl {key})"
+        if key in _verl.REWARD_FUNCTION_KEYS:
+            self.reward[key] = (value, source)
+            return {}, source
+        if key in _verl.NO_COUNTERPART:
+            accepts, what = _verl.NO_COUNTERPART[key]
+            if not accepts(value):
+                raise ConfigError(f"{key}={_show(value)} (verl's) is not supported: {what}")
+            self.accepted[key] = (value, what)
+            return {}, source
+        return {key: value}, source
+
+    def reward_function(self) -> tuple[dict, str]:
+        """verl's custom_reward_function.path / .name as ``reward.function='path:name'``."""
+        path_key, name_key = _verl.REWARD_FUNCTION_KEYS
+        path, source = self.reward.get(path_key, (None, None))
+        name = self.reward.get(name_key, ("compute_score",))[0]
+        if path is None:
+            if name_key in self.reward and self.reward[name_key][0] is not None:
+                raise ConfigError(f"{name_key}={_show(name)} needs {path_key} (the file that defines it)")
+            return {}, ""
+        if not isinstance(path, str) or not isinstance(name, str) or not name:
+            raise ConfigError(f"{path_key}={_show(path)} / {name_key}={_show(name)}: expected a file path and a "
+                              "function name")
+        return {"reward.function": f"{path}:{name}"}, f"{source} (verl {path_key} + {name_key})"
+
+    def check(self, values: dict) -> None:
+        """verl's reward_model.enable agrees with reward.model.path (rljax's switch)."""
+        for key in ("reward_model.enable", "reward.reward_model.enable"):
+            if key not in self.accepted:
+                continue
+            enable, has_path = self.accepted[key][0], values["reward.model.path"] is not None
+            if bool(enable) != has_path:
+                raise ConfigError(f"{key}={_show(enable)} (verl's) but reward.model.path is "
+                                  f"{'set' if has_path else 'null'}: in rljax the path alone turns the reward model "
+                                  "on; set reward_model.model.path (reward.model.path) or drop reward_model.enable")
 
 
 # ---------------------------------------------------------------------------- views
@@ -554,7 +654,10 @@ def format_config(config, provenance: Mapping[str, str]) -> str:
         rows.append((key, _scalar_text(value), source, specs[key].doc))
     # Columns fit most cells; a longer cell (a prompt template) pushes only its own row.
     widths = [max(len(r[i]) for r in rows if len(r[i]) <= cap) for i, cap in enumerate((60, 24, 48))]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
+    for key, (value, what) in getattr(provenance, "verl", {}).items():
+        lines.append(f"verl {key}={_scalar_text(value)}: no rljax key, accepted as what rljax does: {what}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- config.resolved.yaml
@@ -605,6 +708,8 @@ def write_resolved(config, provenance: Mapping[str, str], path: str | os.PathLik
             text = json.dumps([[src, list(v) if isinstance(v, tuple) else v] for src, v in c], ensure_ascii=True)
             line += _CHAIN_TAG + text.replace("#", "\\u0023")
         lines.append(line)
+    for key, (value, what) in getattr(provenance, "verl", {}).items():
+        lines.append(f"# verl {key}={_scalar_text(value)}: no rljax key, accepted as what rljax does: {what}")
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text("\n".join(lines) + "\n")

@@ -28,7 +28,11 @@ ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "gae")
 GROUP_ESTIMATORS = ("grpo", "rloo")
 KL_LOSS_TYPES = ("k1", "kl", "k2", "k3", "low_var_kl", "abs", "mse", "k1+", "k3+")
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSSES = ("vanilla", "gspo", "cispo")
+POLICY_LOSSES = ("vanilla", "gspo", "cispo", "dppo_tv", "dppo_kl", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro",
+                 "bypass_mode")
+#: ``algorithm.rollout_correction.rollout_is`` levels and the bypass mode's loss types (verl's).
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 LOGPROB_IMPLS = ("auto", "chunked", "naive", "pallas")
 TRUNCATIONS = ("error", "left", "right")
 CORRECTIONS = ("none", "token", "sequence")
@@ -37,15 +41,18 @@ DATASETS = ("embedded", "gsm8k", "local")
 LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
 EMBEDDED_TASKS = ("add", "reverse", "lookup")
 DTYPES = ("float32", "bfloat16")
+#: ``model.matmul_precision`` values (rljax.models.precision.MATMUL_PRECISIONS, kept in sync by a test).
+MATMUL_PRECISIONS = ("default", "high", "highest")
 #: Projections that may carry LoRA adapters (rljax.models.lora.TARGETS; HF / PEFT names).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: Modules a LoRA run may train in full beside the adapters (rljax.models.lora.SAVE_MODULES).
 LORA_SAVE_MODULES = ("lm_head", "embed_tokens")
 #: Model presets of :mod:`rljax.models.config` (kept in sync by a test; listed here so
 #: that validating a config does not import JAX).
-MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b")
+MODEL_PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.2-1b", "llama-3.1-8b")
 #: Each preset's ``max_position_embeddings`` (kept in sync by the same test), for the pre-flight.
-PRESET_POSITIONS = {"tiny": 512, "qwen2.5-0.5b": 32768, "qwen2.5-1.5b": 131072, "llama-3.2-1b": 131072}
+PRESET_POSITIONS = {"tiny": 512, "qwen2.5-0.5b": 32768, "qwen2.5-1.5b": 131072, "qwen2.5-7b": 131072,
+                    "llama-3.2-1b": 131072, "llama-3.1-8b": 131072}
 #: ``model.*`` keys that override a preset's ``rljax.models.ModelConfig`` field of the same name
 #: (the vocabulary is the tokenizer's).
 MODEL_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -54,6 +61,9 @@ MODEL_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_hea
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 #: Built-in reward functions (see :mod:`rljax.reward`); ``auto`` picks the dataset's own.
 REWARD_BUILTINS = ("auto", "embedded", "gsm8k", "exact_match")
+#: ``distillation.distillation_loss.loss_mode`` values (rljax.loss.DISTILLATION_LOSS_MODES, kept in sync by a test):
+#: the reverse-KL estimators of the sampled token (verl's kl_penalty names) and the forward KL over the teacher's top-k.
+DISTILLATION_LOSS_MODES = ("k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs", "forward_kl_topk")
 
 
 def _f(default, doc: str, *, gt=None, ge=None, lt=None, le=None, factory=None, needs: tuple[str, ...] = ()):
@@ -125,7 +135,8 @@ class DataConfig:
     max_prompt_length: int = _f(16, "prompt tokens after formatting", ge=1)
     max_response_length: int = _f(8, "generated tokens per response", ge=1)
     filter_overlong_prompts: bool = _f(False, "drop prompts longer than max_prompt_length before training")
-    truncation: Literal[TRUNCATIONS] = _f("error", "what to do with an overlong prompt that was not filtered")
+    truncation: Literal[TRUNCATIONS] = _f("error", "what to do with an overlong prompt that was not filtered (and with an "
+                                           "empty or null prompt: error refuses it, left / right skip and count it)")
     trim_prompt_padding: bool = _f(
         True, "learner passes (old/ref log-probs, values, update) drop the prompt columns that are left padding in "
         "every row of the step's batch: the width is the batch's longest prompt rounded up to 4 lengths per octave "
@@ -168,6 +179,29 @@ _OWN_ESTIMATOR = "algorithm.adv_estimator=*:*"
 
 
 @dataclasses.dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    rollout_is: Optional[Literal[ROLLOUT_IS_LEVELS]] = _f(
+        None, "importance weights pi_old / pi_rollout on the policy loss: token, sequence (their product over the "
+              "response), null: none (rollout.correction is the older spelling of token / sequence)")
+    rollout_is_threshold: str = _f(
+        "2.0", "a number U: truncated IS, weights min(w, U); 'L_U' (e.g. 0.5_5.0): IcePop, weights outside [L, U] "
+               "are zeroed", needs=("algorithm.rollout_correction.rollout_is",))
+    rollout_is_batch_normalize: bool = _f(False, "divide the weights by their mean over the batch (per sequence for "
+                                                 "sequence)", needs=("algorithm.rollout_correction.rollout_is",))
+    rollout_rs: Optional[str] = _f(
+        None, "rejection by divergence, comma separated, every option must pass: token_k1..3, seq_sum_k1..3, "
+              "seq_mean_k1..3, seq_max_k2, seq_max_k3 (k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r); a "
+              "rejected token gets weight 0; null: none")
+    rollout_rs_threshold: Optional[str] = _f(
+        None, "bounds of rollout_rs: one for all options or one per option, comma separated; k1 options take 'L_U' "
+              "(or U, then L = 1/U), k2 / k3 options an upper bound", needs=("algorithm.rollout_correction.rollout_rs",))
+    loss_type: Literal[BYPASS_LOSS_TYPES] = _f(
+        "ppo_clip", "with algorithm.bypass_mode: ppo_clip (the PPO ratio against the sampler is the correction; "
+                    "weights computed for their metrics) or reinforce (-w A log pi with the weights)",
+        needs=("algorithm.bypass_mode",))
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: str = _f("grpo", "advantage estimator: grpo, rloo, reinforce_plus_plus_baseline, gae, or "
                                     "path/to/file.py:function (your own, with the registry's signature)")
@@ -188,6 +222,10 @@ class AlgorithmConfig:
         False, "use the sampler's rollout_logp as old_logp (skip the learner's old log-prob pass; "
         "PPO ratios are then taken against the sampling policy)"
     )
+    rollout_correction: RolloutCorrectionConfig = _section(
+        RolloutCorrectionConfig, "verl's rollout correction: importance weights (TIS / IcePop) and rejection sampling "
+                                 "between the sampler's and the learner's log-probs; with algorithm.bypass_mode, verl's "
+                                 "bypass_mode loss against the current policy")
     filter_groups: FilterGroupsConfig = _section(FilterGroupsConfig, "DAPO dynamic sampling (verl's "
                                                                       "algorithm.filter_groups)",
                                                  switch=("enable", "dynamic sampling"))
@@ -232,7 +270,25 @@ class ActorConfig:
     clip_ratio_high: float = _f(0.2, "PPO upper clip epsilon (raise for clip-higher / DAPO)", ge=0.0)
     clip_ratio_c: float = _f(3.0, "dual-clip constant for negative advantages", gt=1.0)
     loss_agg_mode: Literal[LOSS_AGG_MODES] = _f("token-mean", "how token losses are reduced")
-    policy_loss: Literal[POLICY_LOSSES] = _f("vanilla", "policy loss")
+    policy_loss: Literal[POLICY_LOSSES] = _f(
+        "vanilla", "policy loss (verl's loss_mode): vanilla (dual-clip PPO), gspo, cispo, dppo_tv / dppo_kl (DPPO: "
+        "clip_ratio_low/high are divergence thresholds, clip_ratio_c truncates the ratio), sapo, gpg, clip_cov, kl_cov, "
+        "geo_mean (GMPO), dro, bypass_mode (with algorithm.bypass_mode; see algorithm.rollout_correction)")
+    tau_pos: float = _f(1.0, "sapo: gate temperature of tokens with a positive advantage", gt=0.0,
+                        needs=("actor.policy_loss=sapo",))
+    tau_neg: float = _f(1.05, "sapo: gate temperature of the others (> tau_pos for asymmetry)", gt=0.0,
+                        needs=("actor.policy_loss=sapo",))
+    clip_cov_ratio: float = _f(0.0002, "clip_cov: fraction of the tokens whose gradient is detached", gt=0.0,
+                               needs=("actor.policy_loss=clip_cov",))
+    clip_cov_lb: float = _f(1.0, "clip_cov: lower bound of the covariance of the tokens it may detach",
+                            needs=("actor.policy_loss=clip_cov",))
+    clip_cov_ub: float = _f(5.0, "clip_cov: upper bound of that covariance", needs=("actor.policy_loss=clip_cov",))
+    kl_cov_ratio: float = _f(0.0002, "kl_cov: fraction of the tokens (largest covariance) that get the KL penalty",
+                             gt=0.0, needs=("actor.policy_loss=kl_cov",))
+    ppo_kl_coef: float = _f(0.1, "kl_cov: coefficient of its |log ratio| penalty", ge=0.0,
+                            needs=("actor.policy_loss=kl_cov",))
+    dro_beta: Optional[float] = _f(None, "dro: coefficient of the quadratic log-ratio penalty (required with dro)",
+                                   gt=0.0, needs=("actor.policy_loss=dro",))
     entropy_coeff: float = _f(0.0, "entropy bonus coefficient", ge=0.0)
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: none)", gt=0.0)
     logprob_impl: Literal[LOGPROB_IMPLS] = _f("auto", "fused log-prob/entropy kernel")
@@ -243,6 +299,13 @@ class ActorConfig:
     use_remove_padding: Literal["auto", "true", "false"] = _f(
         "auto", "pack trajectories' real tokens into rows with segment ids for the learner passes (no padding); "
         "auto: per batch, packed when its real tokens fill at most half of the padded [B, S+T] layout")
+    shared_prefix: Literal["auto", "on", "off"] = _f(
+        "auto", "lay each group's prompt once in the packed learner rows, its rollout.n responses after it (each "
+        "response attends to the prompt and itself, positions continue from the prompt): the actor's old / reference "
+        "log-prob passes and update compute the prompt once instead of n times, with the unshared layout's log-probs, "
+        "loss and gradients (the critic's passes stay unshared). auto: per packed batch, when it saves at least 20% "
+        "of the learner's tokens and the sequence is not split (trainer.mesh sp=1); on: every batch, which needs the "
+        "packed layout (use_remove_padding=true, or auto, which on makes packed for every batch); off: never")
     use_dynamic_bsz: bool = _f(
         True, "packed update micro-batches by token budget (ppo_max_token_len_per_device) instead of trajectory count "
         "(packed passes only; false: ppo_micro_batch_size trajectories per packed micro-batch)")
@@ -354,6 +417,12 @@ class RewardCombineConfig:
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     function: str = _f("auto", "auto | embedded | gsm8k | exact_match | path/to/file.py:function_name")
+    functions: tuple[str, ...] = _f((), "several reward functions (TRL's reward_funcs), each as reward.function "
+                                        "names one; the score is their reward.weights-weighted sum, each logged as "
+                                        "reward/fn/<name>/mean with its errors (reward.max_error_fraction holds for "
+                                        "each); [] uses reward.function alone")
+    weights: tuple[float, ...] = _f((), "weights of reward.functions, in order (TRL's reward_weights; [] gives each "
+                                        "1.0)")
     max_error_fraction: float = _f(0.1, "fail the step when more of the batch raises in the reward", ge=0.0, le=1.0)
     num_workers: Optional[int] = _f(
         None, "reward worker processes (0: in the trainer's process, no timeout or crash isolation; "
@@ -414,8 +483,16 @@ class ModelConfig:
     name: str = _f("tiny", "model preset of rljax.models")
     path: Optional[str] = _f(None, "local Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
     tokenizer: Optional[str] = _f(None, "'char', or a tokenizer.json path (null: model.path's, else 'char')")
+    eos_token_id: Optional[int] = _f(None, "the token id that ends a response (null: the tokenizer's EOS: "
+                                           "\"eos_token\" of its tokenizer_config.json, else \"eos_token_id\" of "
+                                           "the config.json beside it)", ge=0)
     dtype: Literal[DTYPES] = _f("float32", "compute dtype")
     param_dtype: Literal[DTYPES] = _f("float32", "parameter storage dtype")
+    matmul_precision: Literal[MATMUL_PRECISIONS] = _f(
+        "default", "precision of float32 matmuls in the learner and sampler programs: default (the backend's "
+        "fastest: full float32 on CPU, TF32 on recent NVIDIA GPUs, one bfloat16 pass on TPU) | high (TPU: three "
+        "bfloat16 passes; GPU: TF32) | highest (full float32 everywhere, the slowest); bfloat16 operands are exact "
+        "in every mode (docs/guides/performance.md)")
     remat: Literal["auto", "true", "false"] = _f(
         "auto", "rematerialise each layer in the backward pass (less activation memory, ~1/3 more update compute); "
         "auto: on when the update micro-batch's estimated activations per device exceed both the training state "
@@ -501,6 +578,13 @@ class TraceConfig:
     alert_drop_rate: float = _f(0.5, "trainer.mode=async: alert (drop_rate) when more than this fraction of the "
                                      "generated rows was dropped (stale or overflow), over the run so far",
                                 ge=0.0, le=1.0)
+    rescore_rows: int = _f(8, "rows per step scored again by the reward function from their recorded response and "
+                              "their own prompt's answer, besides the traced rows (a mismatch fails the step's "
+                              "invariants; rljax.trace.rescore; 0: the traced rows only)", ge=0)
+    alert_rollout_probs_diff_max_sync: float = _f(
+        1e-3, "trainer.mode=sync: alert (rollout_mismatch) when training/rollout_probs_diff_max exceeds this; the "
+        "sampler decodes with the learner's very weights, so the gap is float noise (~1e-8 in float32 on CPU); "
+        "raise it for a bfloat16 sampler", gt=0.0, le=1.0)
     rollout_dump: bool = _f(False, "every process writes the trajectories it generated (uids, sessions, token ids, "
                                    "rollout log-probs) to rollouts/process<p>/step<k>.npz (debugging; multi-process "
                                    "checks)")
@@ -534,6 +618,54 @@ class AsyncTrainingConfig:
                                "generate call, as with false)")
 
 
+_DL = "distillation.distillation_loss"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationLossConfig:
+    loss_mode: Literal[DISTILLATION_LOSS_MODES] = _f(
+        "k3", "the per-token distillation loss: k1 / kl, k2 / mse, k3 / low_var_kl, abs (single-sample estimates of "
+              "the reverse KL(student || teacher) at the sampled token, from the teacher's log-prob of it) or "
+              "forward_kl_topk (the forward KL over the teacher's topk most likely tokens at each position)")
+    topk: int = _f(128, "forward_kl_topk: how many of the teacher's most likely tokens per position", ge=1,
+                   needs=(f"{_DL}.loss_mode=forward_kl_topk",))
+    use_task_rewards: bool = _f(True, "true: the task's policy loss (from the rewards) plus distillation_loss_coef "
+                                      "times the distillation loss; false: the distillation loss alone (rewards are "
+                                      "still computed and logged)")
+    distillation_loss_coef: float = _f(1.0, "weight of the distillation loss beside the task's policy loss (with "
+                                            "use_task_rewards; alone it has weight 1)", ge=0.0,
+                                       needs=(f"{_DL}.use_task_rewards",))
+    loss_max_clamp: Optional[float] = _f(10.0, "clamp each token's distillation loss to [-c, c] (null: none)", gt=0.0)
+    log_prob_min_clamp: Optional[float] = _f(-10.0, "forward_kl_topk: clamp both models' top-k log-probs below at this "
+                                                    "value (null: none)",
+                                             needs=(f"{_DL}.loss_mode=forward_kl_topk",))
+    use_policy_gradient: bool = _f(True, "true: minus each token's distillation loss is its advantage in a PPO-clip "
+                                         "policy loss (on-policy distillation as a reward; k1 recommended); false: the "
+                                         "distillation loss is differentiated directly (k3 or forward_kl_topk; k1 is "
+                                         "refused: its gradient does not depend on the teacher)")
+    clip_ratio_low: float = _f(0.2, "use_policy_gradient: the PPO clip's lower bound of the distillation policy loss",
+                               ge=0.0, needs=(f"{_DL}.use_policy_gradient",))
+    clip_ratio_high: float = _f(0.2, "use_policy_gradient: the PPO clip's upper bound of the distillation policy loss",
+                                ge=0.0, needs=(f"{_DL}.use_policy_gradient",))
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationTeacherModelConfig:
+    model_path: Optional[str] = _f(None, "the teacher: ref (the policy's initial weights, the reference model) or a "
+                                         "local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory with the "
+                                         "policy's vocabulary; loaded on the learner mesh beside the policy (the "
+                                         "teacher stage)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationConfig:
+    enabled: bool = _f(False, "on-policy distillation: a teacher scores every sampled response token and the policy "
+                              "is trained toward it per token (the teacher stage; metrics distillation/*)")
+    teacher_model: DistillationTeacherModelConfig = _section(DistillationTeacherModelConfig, "the teacher model")
+    distillation_loss: DistillationLossConfig = _section(DistillationLossConfig, "the distillation loss and how it "
+                                                                                 "joins the policy loss")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The whole run configuration; see :func:`rljax.config.resolve`."""
@@ -550,3 +682,6 @@ class Config:
     trainer: TrainerConfig = _section(TrainerConfig, "step loop, checkpoints, mesh")
     trace: TraceConfig = _section(TraceConfig, "stage tracing")
     async_training: AsyncTrainingConfig = _section(AsyncTrainingConfig, "asynchronous training (trainer.mode=async)")
+    distillation: DistillationConfig = _section(DistillationConfig, "on-policy distillation from a teacher (verl's "
+                                                                    "distillation.*)",
+                                                switch=("enabled", "distillation"))

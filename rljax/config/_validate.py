@@ -8,13 +8,15 @@ import math
 import string
 from collections.abc import Mapping
 
-from rljax._meshspec import MESH_AXES, parse_mesh_sizes
+from rljax._meshspec import MESH_AXES, batch_shards, parse_mesh_sizes
+from rljax.config._corrections import check_corrections, correction_blockers
+from rljax.config._distill import check_distillation
 from rljax.config._schema import ADV_ESTIMATORS, GROUP_ESTIMATORS, MODEL_PRESETS, MODEL_SHAPE_FIELDS, REWARD_BUILTINS
 from rljax.errors import ConfigError
 
 
 def parse_mesh_spec(spec: str | None, key: str = "trainer.mesh") -> dict[str, int] | None:
-    """``"dp2,tp2"`` -> ``{"dp": 2, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
+    """``"dp2,tp2"`` -> ``{"dp": 2, "fsdp": 1, "tp": 2, "sp": 1}`` (syntax only; device count is checked by the launcher)."""
     if spec is None:
         return None
     try:
@@ -45,6 +47,25 @@ def check_reward_spec(spec: str, key: str = "reward.function") -> None:
     path, name = spec.rsplit(":", 1)
     if not path or not name.isidentifier():
         raise ConfigError(f"{key}={spec!r} must be path/to/file.py:function_name with a Python identifier after ':'")
+
+
+def check_reward_functions(r) -> None:
+    """``reward.functions`` / ``reward.weights``: specs, one weight each, and not beside ``reward.function``."""
+    if not r.functions:
+        if r.weights:
+            raise ConfigError(f"reward.weights={list(r.weights)} weighs reward.functions, which is empty; set "
+                              "reward.functions=[a.py:f,b.py:g] or drop reward.weights")
+        return
+    for spec in r.functions:
+        check_reward_spec(spec, "reward.functions")
+    if r.function != "auto":
+        raise ConfigError(f"reward.function={r.function} and reward.functions are both set; list every function in "
+                          f"reward.functions (e.g. [{r.function},...]) and leave reward.function=auto")
+    if len(set(r.functions)) != len(r.functions):
+        raise ConfigError(f"reward.functions={list(r.functions)} names a function twice; weigh it in reward.weights")
+    if r.weights and len(r.weights) != len(r.functions):
+        raise ConfigError(f"reward.weights has {len(r.weights)} weights for {len(r.functions)} reward.functions; give "
+                          "one each (or [] for 1.0 each)")
 
 
 ENV_BUILTINS = ("lookup", "tools")
@@ -80,12 +101,22 @@ def on_policy_blockers(config) -> list[str]:
         out.append("algorithm.bypass_mode=true (the behaviour log-prob is the sampler's rollout_logp)")
     if r.correction != "none":
         out.append(f"rollout.correction={r.correction} (its weights read old_logp before the update)")
+    out += correction_blockers(config)
     if al.use_kl_in_reward:
         out.append("algorithm.use_kl_in_reward=true (the KL penalty in the rewards reads old_logp before the update)")
     if a.lora.rank > 0 and a.lora.dropout > 0:
         out.append(f"actor.lora.dropout={a.lora.dropout} (the update's log-probs are under dropout, the old pass's "
                    "are not)")
     return out
+
+
+def _check_shared_prefix(a) -> None:
+    """``actor.shared_prefix=on`` is a packed layout: the update must run packed."""
+    if a.shared_prefix == "on" and (a.use_remove_padding == "false" or (a.lora.rank > 0 and a.lora.dropout > 0)):
+        why = ("actor.use_remove_padding=false" if a.use_remove_padding == "false" else
+               f"actor.lora.dropout={a.lora.dropout} (use_remove_padding=auto runs such an update padded)")
+        raise ConfigError(f"actor.shared_prefix=on lays prompts once in the packed learner rows, but {why}; accepted: "
+                          "actor.use_remove_padding=true or auto (without LoRA dropout), or actor.shared_prefix=auto / off")
 
 
 def validate(config) -> None:
@@ -109,6 +140,7 @@ def validate(config) -> None:
         raise ConfigError(f"actor.use_remove_padding=true does not apply LoRA dropout (actor.lora.dropout="
                           f"{a.lora.dropout}); accepted: actor.lora.dropout=0, or use_remove_padding=auto / false "
                           "(auto runs such an update padded)")
+    _check_shared_prefix(a)
     if config.algorithm.adv_estimator in GROUP_ESTIMATORS and r.n < 2:
         raise ConfigError(
             f"rollout.n={r.n} is too small for algorithm.adv_estimator={config.algorithm.adv_estimator}, "
@@ -129,8 +161,11 @@ def validate(config) -> None:
     if (d.train_files or d.val_files) and d.dataset != "local":
         raise ConfigError(f"data.train_files / data.val_files name local files; they need data.dataset=local "
                           f"(now {d.dataset})")
+    check_corrections(config)
+    check_distillation(config)
     check_template("data.prompt_template", d.prompt_template)
     check_reward_spec(config.reward.function)
+    check_reward_functions(config.reward)
     check_estimator_spec(config.algorithm.adv_estimator)
     if config.reward.function == "embedded" and d.dataset != "embedded":
         raise ConfigError(f"reward.function=embedded scores the embedded task only; data.dataset={d.dataset}")
@@ -149,6 +184,9 @@ def validate(config) -> None:
         raise ConfigError(
             f"model.name={m.name} needs a tokenizer: set model.path to the local checkpoint or model.tokenizer to a tokenizer.json"
         )
+    if m.eos_token_id is not None and (m.tokenizer == "char" or (m.tokenizer is None and m.path is None)):
+        raise ConfigError(f"model.eos_token_id={m.eos_token_id} sets a tokenizer.json's EOS, but the run uses the char "
+                          "tokenizer (its EOS is <eos>); set model.path or model.tokenizer, or unset model.eos_token_id")
     shape = model_overrides(m)
     if shape and m.path is not None:
         raise ConfigError(f"model.{next(iter(shape))} overrides a preset's shape, but model.path is set (its config.json "
@@ -324,17 +362,17 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
 
     Args:
       config: a resolved :class:`~rljax.config.Config`.
-      mesh_sizes: ``{"dp": .., "tp": .., "sp": ..}`` (missing axes are 1).
+      mesh_sizes: ``{"dp": .., "fsdp": .., "tp": .., "sp": ..}`` (missing axes are 1).
       num_devices: the device count (default: the product of the mesh sizes).
 
     Returns:
-      ``{"devices", "dp", "tp", "sp", "trajectories_per_step", "trajectories_per_minibatch",
+      ``{"devices", "dp", "fsdp", "tp", "sp", "trajectories_per_step", "trajectories_per_minibatch",
       "micro_batch", "grad_accum", "rollout_replicas"}``.
 
     Raises:
       ConfigError: when the step's trajectories (``train_batch_size * rollout.n``), a
         mini-batch (``ppo_mini_batch_size * rollout.n``) or a micro-batch do not divide
-        ``dp``, when ``rollout.tp`` does not divide the devices, or when the mesh needs a
+        ``dp * fsdp``, when ``rollout.tp`` does not divide the devices, or when the mesh needs a
         different number of devices.
     """
     unknown = set(mesh_sizes) - set(MESH_AXES)
@@ -346,7 +384,8 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
     devices = math.prod(sizes.values())
     if num_devices is not None and num_devices != devices:
         raise ConfigError(f"mesh {sizes} needs {devices} devices, found {num_devices}")
-    dp = sizes["dp"]
+    dp = batch_shards(sizes)  # the batch splits over dp x fsdp
+    shards = f"dp={dp}" if sizes["fsdp"] == 1 else f"dp*fsdp={sizes['dp']}*{sizes['fsdp']}={dp}"
     d, a, r = config.data, config.actor, config.rollout
     per_step = d.train_batch_size * r.n
     per_mini = a.ppo_mini_batch_size * r.n
@@ -357,7 +396,7 @@ def validate_for_mesh(config, mesh_sizes: Mapping[str, int], *, num_devices: int
         ("actor.ppo_micro_batch_size", micro),
     ):
         if value % dp:
-            raise ConfigError(f"{name}={value} trajectories must be divisible by the mesh's dp={dp}")
+            raise ConfigError(f"{name}={value} trajectories must be divisible by the mesh's {shards}")
     if r.placement == "colocated" and devices % r.tp:
         raise ConfigError(f"rollout.tp={r.tp} must divide the device count {devices}")
     return {

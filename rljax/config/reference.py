@@ -17,70 +17,12 @@ import types
 import typing
 
 from rljax.config._resolve import field_specs
+from rljax.config._verl import VERL_NAMES
 from rljax.config._schema import Config
 
 #: The command that regenerates the committed page (quoted by the test's failure message).
 COMMAND = "python -m rljax.config.reference > docs/reference/config.md"
 PAGE = "docs/reference/config.md"
-
-#: verl's key for an rljax key whose name differs (rljax drops verl's ``actor_rollout_ref.``
-#: prefix: ``actor.*``, ``rollout.*`` and ``model.*`` live under it in verl). Keys whose
-#: verl spelling is the same (``data.*``, ``algorithm.*``, ``critic.*``, most of
-#: ``trainer.*``) and rljax-only keys are not listed. A note after the name says where the
-#: meaning differs.
-VERL_NAMES: dict[str, str] = {
-    "actor.ppo_mini_batch_size": "actor_rollout_ref.actor.ppo_mini_batch_size",
-    "actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (per device there; global here)",
-    "actor.ppo_epochs": "actor_rollout_ref.actor.ppo_epochs",
-    "actor.shuffle": "actor_rollout_ref.actor.shuffle",
-    "actor.use_kl_loss": "actor_rollout_ref.actor.use_kl_loss",
-    "actor.kl_loss_coef": "actor_rollout_ref.actor.kl_loss_coef",
-    "actor.kl_loss_type": "actor_rollout_ref.actor.kl_loss_type",
-    "actor.clip_ratio_low": "actor_rollout_ref.actor.clip_ratio_low",
-    "actor.clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high",
-    "actor.clip_ratio_c": "actor_rollout_ref.actor.clip_ratio_c",
-    "actor.loss_agg_mode": "actor_rollout_ref.actor.loss_agg_mode",
-    "actor.policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode",
-    "actor.entropy_coeff": "actor_rollout_ref.actor.entropy_coeff",
-    "actor.grad_clip": "actor_rollout_ref.actor.grad_clip",
-    "actor.use_remove_padding": "actor_rollout_ref.model.use_remove_padding",
-    "actor.use_dynamic_bsz": "actor_rollout_ref.actor.use_dynamic_bsz",
-    "actor.ppo_max_token_len_per_device": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-    "actor.log_prob_use_dynamic_bsz": "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-    "actor.log_prob_max_token_len_per_device": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-    "actor.optim.lr": "actor_rollout_ref.actor.optim.lr",
-    "actor.optim.weight_decay": "actor_rollout_ref.actor.optim.weight_decay",
-    "actor.optim.betas": "actor_rollout_ref.actor.optim.betas",
-    "actor.optim.warmup_steps": "actor_rollout_ref.actor.optim.lr_warmup_steps",
-    "actor.optim.lr_scheduler": "actor_rollout_ref.actor.optim.lr_scheduler_type",
-    "actor.optim.min_lr_ratio": "actor_rollout_ref.actor.optim.min_lr_ratio",
-    "actor.lora.rank": "actor_rollout_ref.model.lora_rank",
-    "actor.lora.alpha": "actor_rollout_ref.model.lora_alpha",
-    "actor.lora.target_modules": "actor_rollout_ref.model.target_modules",
-    "critic.cliprange_value": "critic.cliprange_value",
-    "rollout.n": "actor_rollout_ref.rollout.n",
-    "rollout.temperature": "actor_rollout_ref.rollout.temperature",
-    "rollout.top_p": "actor_rollout_ref.rollout.top_p",
-    "rollout.top_k": "actor_rollout_ref.rollout.top_k",
-    "rollout.tp": "actor_rollout_ref.rollout.tensor_model_parallel_size",
-    "rollout.max_slots": "actor_rollout_ref.rollout.max_num_seqs",
-    "rollout.val_kwargs.n": "actor_rollout_ref.rollout.val_kwargs.n",
-    "rollout.val_kwargs.temperature": "actor_rollout_ref.rollout.val_kwargs.temperature",
-    "rollout.val_kwargs.top_p": "actor_rollout_ref.rollout.val_kwargs.top_p",
-    "rollout.val_kwargs.top_k": "actor_rollout_ref.rollout.val_kwargs.top_k",
-    "reward.function": "custom_reward_function.path + custom_reward_function.name (one 'path:name' here)",
-    "reward.model.path": "reward.reward_model.model_path (with reward.reward_model.enable=true; older verl: "
-                         "reward_model.model.path with reward_model.enable=true; here the path alone turns it on)",
-    "env.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
-    "model.path": "actor_rollout_ref.model.path",
-    "model.remat": "actor_rollout_ref.model.enable_gradient_checkpointing",
-    "trainer.total_steps": "trainer.total_training_steps",
-    "trainer.max_checkpoints": "trainer.max_actor_ckpt_to_keep",
-    "trainer.resume_from": "trainer.resume_from_path (a step number here, a path there)",
-    "trainer.output_dir": "trainer.default_local_dir",
-    "async_training.max_staleness": "async_training.staleness_threshold (a fraction of samples there, weight versions here)",
-}
-
 
 def _type_text(tp) -> str:
     origin = typing.get_origin(tp)
@@ -169,7 +111,11 @@ def render() -> str:
         "`python -m rljax.launch --print-config [--config NAME] [key=value ...]` shows every",
         "resolved value with its source. *verl* gives verl's key where it is spelled",
         "differently (rljax drops verl's `actor_rollout_ref.` prefix); an empty cell means the",
-        "same name, or a key verl does not have.",
+        "same name, or a key verl does not have. A verl name without a note is accepted as an",
+        "alias (`actor_rollout_ref.rollout.n=5`, in a preset too; Hydra's `+key=value` as well), and",
+        "`--print-config` shows it as the value's source; verl settings rljax has no key for (`rollout.name`,",
+        "`fsdp_config.param_offload=False`, ...) are accepted where rljax does what they ask",
+        "(`rljax/config/_verl.py` lists them), and refused in one line where it cannot.",
         "",
         "Batch units: `data.train_batch_size` and `actor.ppo_mini_batch_size` count prompts (as",
         "in verl); `actor.ppo_micro_batch_size` counts trajectories over all devices.",
@@ -201,13 +147,19 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def write_page(render, command: str, argv: list[str] | None = None) -> int:
+    """A generated page's command line: ``render()`` to stdout; arguments are a usage error
+    (exit 2). Used by this page and the stage-flow page (:mod:`rljax.trainer.stages.page`)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv:
-        print(f"usage: {COMMAND}  (takes no arguments; got {' '.join(argv)})", file=sys.stderr)
+        print(f"usage: {command}  (takes no arguments; got {' '.join(argv)})", file=sys.stderr)
         return 2
     sys.stdout.write(render())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_page(render, COMMAND, argv)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def _formatted(rows: Iterator[dict], fmt: Callable, where: str, split: str) -> I
                               f"prompt ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
         for what, value in (("prompt", text), ("answer", r["answer"])):
             _check_utf8(value, what, f"{where}, {split} split, row {r['index']}")
-        yield {"prompt": text, "answer": r["answer"], "index": r["index"]}
+        yield {"prompt": text, "raw_prompt": r["prompt"], "answer": r["answer"], "index": r["index"]}
 
 
 def _check_utf8(value, what: str, where: str) -> None:
@@ -192,7 +192,7 @@ def _guarded(rows: Callable[[], Iterator[dict]], where: str) -> Callable[[], Ite
 
 def _check_answers(config, where: str, rows: Callable[[], Iterator[dict]]) -> None:
     """The first :data:`ANSWER_SAMPLE` train answers have the form the run's reward expects."""
-    d, spec = config.data, config.reward.function
+    d, spec = config.data, config.reward.function if not config.reward.functions else "reward.functions"
     sample = [r for r in itertools.islice(rows(), ANSWER_SAMPLE) if str(r["answer"]).strip()]
     if not sample:
         return
@@ -237,7 +237,7 @@ def _check_counts(d, where: str, split: str, stats) -> None:
         raise ConfigError(f"{where}: the {split} split is empty")
     kept = f"{stats.kept} usable prompt{'s' if stats.kept != 1 else ''}"
     dropped = (f"{stats.total} rows: {stats.filtered} filtered as overlong, "
-               f"{stats.no_answer} with an empty or null answer")
+               f"{stats.no_answer} with an empty or null answer, {stats.no_prompt} with an empty or null prompt")
     if split == "train":
         raise ConfigError(f"{where}, train split: {kept} ({dropped}) are fewer than data.train_batch_size="
                           f"{d.train_batch_size}; use a smaller batch or a larger dataset")

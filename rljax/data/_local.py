@@ -163,19 +163,35 @@ def read_records(path: Path) -> Iterator[dict]:
             for batch in pa.ipc.open_stream(src):
                 yield from batch.to_pylist()
     elif path.suffix == ".jsonl":
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                line = _utf8(raw, path, lineno)
                 if line.strip():
                     try:
                         yield json.loads(line)
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{path}:{lineno} is not valid JSON: {e.msg}") from None
     else:
-        with path.open() as f:
-            data = json.load(f)
+        raw = path.read_bytes()
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            lineno = raw.count(b"\n", 0, e.start) + 1
+            _utf8(raw.split(b"\n")[lineno - 1], path, lineno)
+            raise  # not reached: the line holds the byte
         if not isinstance(data, list):
             raise ValueError(f"{path} must hold a JSON list of objects")
         yield from data
+
+
+def _utf8(raw: bytes, path: Path, lineno: int) -> str:
+    """Line ``lineno`` of ``path`` as text; a byte that is not UTF-8 (a raw 0xFF) is a ValueError naming
+    the file, the line and the byte (``json`` reads UTF-8 only)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: byte 0x{raw[e.start]:02X} at column {e.start + 1} is not UTF-8 text "
+                         "(JSON files are UTF-8); re-encode the file or drop the row") from None
 
 
 def gsm8k_keys(data_cfg) -> tuple[str, str]:

@@ -28,8 +28,8 @@ def build_prompts(
 
     Raises :class:`~rljax.config.ConfigError` (one line) for data the run cannot use: a
     missing file or split, an unreadable record, an empty split, or a split left with no
-    prompt after filtering. Rows with an empty or null answer are skipped with one warning
-    naming the first."""
+    prompt after filtering. Rows with an empty or null answer (or prompt, where
+    :func:`prepare_prompts` skips it) are skipped with one warning naming the first."""
     d = config.data
     try:
         source = load_split(d, split, data_dir=data_dir, chat_template=chat_template)
@@ -40,12 +40,14 @@ def build_prompts(
     prompts = prepare_prompts(source, tokenize, max_length=d.max_prompt_length,
                               filter_overlong=d.filter_overlong_prompts, truncation=d.truncation)
     s = prompts.stats
-    if s.no_answer:
-        logger.warning("data: %d of %d %s rows have an empty or null answer and were skipped (first: row %d)",
-                       s.no_answer, s.total, split, s.first_no_answer)
+    for n, what, first in ((s.no_prompt, "prompt", s.first_no_prompt), (s.no_answer, "answer", s.first_no_answer)):
+        if n:
+            logger.warning("data: %d of %d %s rows have an empty or null %s and were skipped (first: row %d)",
+                           n, s.total, split, what, first)
     if not len(prompts):
         raise ConfigError(f"data: the {split} split has no usable prompt: {s.total} rows, {s.filtered} filtered as "
-                          f"overlong, {s.no_answer} with an empty or null answer")
+                          f"overlong, {s.no_answer} with an empty or null answer, {s.no_prompt} with an empty or "
+                          "null prompt")
     return prompts
 
 

@@ -58,9 +58,9 @@ class Prompt:
 
 @dataclasses.dataclass(frozen=True)
 class PromptStats:
-    """Counts of :func:`prepare_prompts`: ``total = kept + filtered + no_answer``;
-    ``truncated <= kept``; ``first_no_answer`` is the dataset row of the first row skipped
-    for an empty or null answer."""
+    """Counts of :func:`prepare_prompts`: ``total = kept + filtered + no_answer + no_prompt``;
+    ``truncated <= kept``; ``first_no_answer`` / ``first_no_prompt`` are the dataset rows of the
+    first rows skipped for an empty or null answer / prompt."""
 
     total: int
     kept: int
@@ -70,9 +70,11 @@ class PromptStats:
     longest: int
     no_answer: int = 0
     first_no_answer: Optional[int] = None
+    no_prompt: int = 0
+    first_no_prompt: Optional[int] = None
 
     def metrics(self, prefix: str = "data/") -> dict[str, float]:
-        keys = ("total", "kept", "filtered", "truncated", "no_answer")
+        keys = ("total", "kept", "filtered", "truncated", "no_answer", "no_prompt")
         return {f"{prefix}prompts_{k}": float(getattr(self, k)) for k in keys}
 
 
@@ -106,6 +108,17 @@ class PreparedPrompts(Sequence):
                       item.get("data_source", ""), item.get("extra_info") or {})
 
 
+def _empty_prompt(raw) -> bool:
+    """A prompt with nothing to generate from: null, blank text, or chat messages with no content."""
+    if raw is None:
+        return True
+    if isinstance(raw, str):
+        return not raw.strip()
+    if isinstance(raw, (list, tuple)):
+        return not any(str(m.get("content") or "").strip() for m in raw if isinstance(m, Mapping))
+    return False
+
+
 def prepare_prompts(
     source: Sequence[Mapping],
     tokenize: Callable[[str], Sequence[int]],
@@ -123,6 +136,12 @@ def prepare_prompts(
       first overlong row and how many there are, before any training starts.
     * rows whose answer is empty or null are skipped (a reward cannot score them) and
       counted in ``stats.no_answer`` (``stats.first_no_answer`` names the first).
+    * rows whose prompt is empty or null (before formatting: ``raw_prompt`` when the item has
+      it; a chat prompt with no message content) are skipped and counted in
+      ``stats.no_prompt``, or, where an overlong prompt is refused (``truncation="error"``
+      without ``filter_overlong``), refused with a :class:`~rljax.config.ConfigError` naming
+      the first and how many: there is nothing to generate from (it was trained as a
+      one-token prompt).
 
     Args:
       source: items with ``prompt`` (formatted text) and ``answer``; ``index`` optional
@@ -139,10 +158,15 @@ def prepare_prompts(
         raise ConfigError(f"data.truncation={truncation!r} is not accepted; accepted: {', '.join(TRUNCATIONS)}")
     kept, cut, filtered, truncated, longest = array.array("q"), bytearray(), 0, 0, 0  # 9 bytes a row
     overlong_rows, overlong, no_answer, first_no_answer = [], 0, 0, None
+    no_prompt, first_no_prompt = 0, None
     total = 0
     for pos, item in enumerate(source):  # a sequence, or any iterable when only the stats are wanted
         total += 1
         index = int(item.get("index", pos))
+        if _empty_prompt(item.get("raw_prompt", item["prompt"])):
+            no_prompt += 1
+            first_no_prompt = index if first_no_prompt is None else first_no_prompt
+            continue
         if item["answer"] is None or not str(item["answer"]).strip():
             no_answer += 1
             if first_no_answer is None:
@@ -165,6 +189,10 @@ def prepare_prompts(
             was_cut = True
         kept.append(pos)
         cut.append(was_cut)
+    if no_prompt and truncation == "error" and not filter_overlong:
+        raise ConfigError(f"{no_prompt} of {total} rows have an empty or null prompt (first: row {first_no_prompt}); "
+                          "fix or drop them, or set data.truncation=left|right or data.filter_overlong_prompts=true "
+                          "to skip them (counted)")
     if overlong_rows:
         row, length = overlong_rows[0]
         raise ConfigError(
@@ -172,6 +200,7 @@ def prepare_prompts(
             f"(first: row {row}, {length} tokens); set data.filter_overlong_prompts=true, data.truncation=left|right, "
             "or a larger data.max_prompt_length"
         )
-    stats = PromptStats(total, len(kept), filtered, truncated, max_length, longest, no_answer, first_no_answer)
+    stats = PromptStats(total, len(kept), filtered, truncated, max_length, longest, no_answer, first_no_answer,
+                        no_prompt, first_no_prompt)
     return PreparedPrompts(source, tokenize, np.frombuffer(kept, np.int64) if kept else np.zeros(0, np.int64),
                            np.frombuffer(bytes(cut), bool) if cut else np.zeros(0, bool), stats, truncation)

@@ -19,15 +19,47 @@ from rljax.loss._advantages import (
 from rljax.loss._estimators import get_adv_estimator, register_adv_estimator, registered_adv_estimators
 from rljax.loss._aggregate import AGGREGATION_MODES, aggregate
 from rljax.loss._correction import rollout_correction_weights
+from rljax.loss._distill import (
+    DISTILLATION_LOSS_MODES,
+    DistillationSpec,
+    clamp_distillation_losses,
+    distillation_loss,
+    estimator_distillation_losses,
+    forward_kl_topk,
+    with_distillation,
+)
 from rljax.loss._kl import adaptive_kl_coef, entropy_from_logits, kl_penalty, mean_sequence_kl
 from rljax.loss._mismatch import rollout_mismatch
 from rljax.loss._masked import masked_mean, masked_sum, masked_var, masked_whiten
-from rljax.loss._policy import get_policy_loss, policy_loss, register_policy_loss
+from rljax.loss._policy import (
+    get_policy_loss,
+    policy_loss,
+    policy_loss_options,
+    register_policy_loss,
+    registered_policy_losses,
+)
+from rljax.loss import _bypass, _covariance, _policy_variants  # noqa: F401  (register verl's other losses)
+from rljax.loss._rollout_corr import (
+    RS_OPTIONS,
+    offpolicy_metrics,
+    parse_is_threshold,
+    parse_rs_thresholds,
+    rollout_correction,
+    rollout_is_weights,
+    rollout_rejection_mask,
+)
 from rljax.loss._roles import Role, action_mask
 from rljax.loss._staleness import StalenessReport, policy_staleness, raise_on_future, staleness_filter, staleness_gate
 from rljax.loss._value import value_loss
 
 __all__ = [
+    "DISTILLATION_LOSS_MODES",
+    "DistillationSpec",
+    "clamp_distillation_losses",
+    "distillation_loss",
+    "with_distillation",
+    "estimator_distillation_losses",
+    "forward_kl_topk",
     "AGGREGATION_MODES",
     "Role",
     "StalenessReport",
@@ -45,7 +77,16 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "mean_sequence_kl",
+    "offpolicy_metrics",
+    "parse_is_threshold",
+    "parse_rs_thresholds",
     "policy_loss",
+    "policy_loss_options",
+    "RS_OPTIONS",
+    "registered_policy_losses",
+    "rollout_correction",
+    "rollout_is_weights",
+    "rollout_rejection_mask",
     "policy_staleness",
     "raise_on_future",
     "register_adv_estimator",

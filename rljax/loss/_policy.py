@@ -8,7 +8,8 @@ including the aggregation verl forces for a mode (GSPO always aggregates
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import inspect
+from typing import Any, Callable, Optional
 
 import chex
 import jax
@@ -35,6 +36,11 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     return _POLICY_LOSSES.register(name)
 
 
+def registered_policy_losses() -> tuple[str, ...]:
+    """The names :func:`policy_loss` accepts as ``mode``, sorted."""
+    return tuple(sorted(_POLICY_LOSSES.names()))
+
+
 def get_policy_loss(name: str) -> PolicyLossFn:
     """The loss registered as ``name``; ``ValueError`` listing the known modes otherwise."""
     return _POLICY_LOSSES.get(name)
@@ -54,6 +60,7 @@ def policy_loss(
     is_weights: Optional[chex.Array] = None,
     num_tokens: Optional[chex.Numeric] = None,
     num_seqs: Optional[chex.Numeric] = None,
+    **options,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     r"""Policy-gradient loss of the registered ``mode``.
 
@@ -82,11 +89,18 @@ def policy_loss(
       is_weights: optional ``[B, T]`` importance weights (rollout correction); gradient is
         stopped; they multiply the per-token loss.
       num_tokens / num_seqs: global counts of the mini-batch (micro-batch accumulation).
+      **options: the mode's own hyper-parameters (verl's names: ``tau_pos`` / ``tau_neg`` of
+        ``sapo``, ``clip_cov_*`` of ``clip_cov``, ...); :func:`policy_loss_options` lists them.
 
     Returns:
-      ``(loss, metrics)``; metrics hold ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``.
+      ``(loss, metrics)``; metrics hold ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``
+      (and what the mode adds, e.g. ``rollout_corr/*`` of ``bypass_mode``).
     """
     fn = get_policy_loss(mode)
+    unknown = sorted(set(options) - set(policy_loss_options(mode)))
+    if unknown:
+        accepted = ", ".join(policy_loss_options(mode)) or "none"
+        raise ValueError(f"policy loss {mode!r} takes no option {', '.join(unknown)}; its options: {accepted}")
     check_agg_mode(loss_agg_mode)
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 (dual-clip lower bound) or None, got {clip_ratio_c}")
@@ -124,7 +138,20 @@ def policy_loss(
         is_weights=is_weights,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
+        **options,
     )
+
+
+#: Keywords every registered loss receives from :func:`policy_loss`; the others are its options.
+COMMON_KEYWORDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "is_weights", "num_tokens",
+                   "num_seqs")
+
+
+def policy_loss_options(mode: str) -> dict[str, Any]:
+    """``{option: default}`` of the registered loss ``mode``: its keyword-only hyper-parameters
+    beyond :data:`COMMON_KEYWORDS` (``{}`` for ``vanilla``; ``tau_pos``, ``tau_neg`` for ``sapo``)."""
+    params = inspect.signature(get_policy_loss(mode)).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in COMMON_KEYWORDS}
 
 
 def _weighted(pg_losses, is_weights):

@@ -21,6 +21,9 @@ class Registry:
 
         return decorator
 
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._fns)
+
     def get(self, name: str) -> Callable:
         if name not in self._fns:
             raise ValueError(f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self._fns))}")

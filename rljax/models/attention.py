@@ -13,6 +13,16 @@ average all keys uniformly in both implementations, so they agree everywhere.
 
 Packed rows (several sequences laid end to end, :mod:`rljax.trainer.packing`) pass
 ``q_segment`` / ``k_segment`` ids: a query then sees only the keys of its own segment.
+
+Shared prefixes (a group's prompt laid once, then its responses): an id carries a *group*
+in its high bits and a *branch* in its low :data:`BRANCH_BITS` (:func:`branch_ids`); branch
+0 is the group's shared prefix. A query sees a key when their ids are equal, or when the key
+is the shared prefix of the query's own group (:func:`visible`), so a response sees its
+prompt and itself, never another response. Plain segment ids ``1, 2, ...`` are branches of
+group 0, which has no prefix (id 0 is padding, never a valid key): the plain rule unchanged.
+:func:`block_sparse_attention` computes the same attention over only the key blocks a
+query block can see (a host-made list), so a row of one prompt and ``n`` responses costs
+about what ``n`` rows of prompt + response cost, not the square of its length.
 """
 
 from __future__ import annotations
@@ -28,12 +38,31 @@ _NEG = float(np.finfo(np.float32).min)
 _PAD = int(np.iinfo(np.int32).max)  # k_index of keys added to fill the last block
 
 
+#: Low bits of a segment id that hold the branch (:func:`branch_ids`); the rest hold the group.
+BRANCH_BITS = 16
+_BRANCH_MASK = (1 << BRANCH_BITS) - 1
+
+
+def branch_ids(group, branch):
+    """Segment ids of a shared-prefix layout: ``group << BRANCH_BITS | branch`` (``branch`` 0: the
+    group's shared prefix, seen by every branch of the group; ``1 <= branch < 2**BRANCH_BITS``: one
+    response, which sees the prefix and itself). Works on NumPy and JAX integer arrays."""
+    return (group << BRANCH_BITS) | branch
+
+
+def visible(q_segment, k_segment):
+    """bool where a query of id ``q_segment`` may see a key of id ``k_segment`` (broadcasting): the
+    same id, or the key is the shared prefix (branch 0) of the query's group (:func:`branch_ids`)."""
+    prefix = ((k_segment & _BRANCH_MASK) == 0) & ((k_segment >> BRANCH_BITS) == (q_segment >> BRANCH_BITS))
+    return (k_segment == q_segment) | prefix
+
+
 def _mask(q_index, k_index, k_valid, q_segment=None, k_segment=None):
     """``[B,Tq,Tk]`` bool: causal by index, padding keys hidden, and (with segment ids) a
-    query sees only keys of its own segment."""
+    query sees only the keys :func:`visible` to it (its own segment, and its group's prefix)."""
     m = (k_index[:, None, :] <= q_index[:, :, None]) & k_valid[:, None, :]
     if q_segment is not None:
-        m = m & (k_segment[:, None, :] == q_segment[:, :, None])
+        m = m & visible(q_segment[:, :, None], k_segment[:, None, :])
     return m
 
 
@@ -171,6 +200,47 @@ def attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None
     if block_size is None or k.shape[1] <= block_size:
         return dense_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment)
     return blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, block_size=block_size)
+
+
+def block_sparse_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, key_blocks) -> jax.Array:
+    """:func:`dense_attention` (self-attention, ``Tq == Tk``) over only the listed key blocks.
+
+    The row's ``T`` positions are cut into ``nq`` blocks of ``ceil(T / nq)`` (the last padded with
+    hidden keys); ``key_blocks [B, nq, J]`` int32 lists, for each query block of each row, the
+    key blocks it reads (-1: an unused entry). A query block attends over its ``J`` listed blocks
+    with the mask of :func:`dense_attention`; every key the mask lets a query see must lie in a
+    listed block (the caller's contract, :func:`rljax.trainer.packing.key_block_lists` makes such
+    lists), and then the result equals :func:`dense_attention`'s to float rounding on every query
+    that sees a key (one that sees none averages its listed keys instead of all). Each query
+    block runs as one sequence of its ``J`` gathered key blocks through the blockwise kernel
+    (online softmax, recomputed in the backward pass): the cost is ``nq * J`` blocks squared
+    instead of ``T`` squared, the memory ``J`` gathered copies of the keys and values.
+    """
+    b, t, n, d = q.shape
+    kh = k.shape[2]
+    nq, j = key_blocks.shape[1], key_blocks.shape[2]
+    block = -(-t // nq)
+    pad = nq * block - t
+    if pad:
+        wide = lambda x, c=0: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=c)  # noqa: E731
+        q, k, v = wide(q), wide(k), wide(v)
+        q_index, k_index, k_valid = wide(q_index), wide(k_index, _PAD), wide(k_valid)
+        q_segment, k_segment = wide(q_segment), wide(k_segment)
+    live = key_blocks >= 0
+    pick = jax.vmap(lambda x, i: x[i])  # per row: blocks [nq, block, ...] at [nq, J] -> [nq, J, block, ...]
+
+    def gather(x):
+        x = pick(x.reshape((b, nq, block) + x.shape[2:]), jnp.maximum(key_blocks, 0))
+        return x.reshape((b, nq, j * block) + x.shape[4:])
+
+    kval = gather(k_valid) & jnp.repeat(live, block, axis=2)
+    # each (row, query block) is one sequence of J gathered key blocks, run by the blockwise kernel
+    flat = lambda x: x.reshape((b * nq,) + x.shape[2:])  # noqa: E731
+    qg = q.reshape(b * nq, block, kh, n // kh, d)
+    as_int = lambda x: x.reshape(b * nq, -1).astype(jnp.int32)  # noqa: E731
+    out = _flash(qg, flat(gather(k)), flat(gather(v)), as_int(q_index), as_int(gather(k_index)), flat(kval),
+                 as_int(q_segment), as_int(gather(k_segment)), block)
+    return out.reshape(b, nq * block, n, d)[:, :t]
 
 
 def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, block_size: int = 256) -> jax.Array:

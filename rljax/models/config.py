@@ -1,4 +1,8 @@
-"""Model configuration and presets (tiny test model, Qwen2.5-0.5B/1.5B, Llama-3.2-1B)."""
+"""Model configuration and presets (tiny test model, Qwen2.5-0.5B/1.5B/7B, Llama-3.2-1B, Llama-3.1-8B).
+
+The presets' shapes are their public Hugging Face ``config.json`` files' (a preset without
+``model.path`` is randomly initialised: for tests, benchmarks and ``--plan``).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,15 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from rljax.hf_config import ROPE_TYPES
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-_ARCHS = ("llama", "qwen2")
+_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+#: MLP activations (``ModelConfig.hidden_act``): SwiGLU, and GeGLU with the tanh approximation (Gemma).
+ACTIVATIONS = ("silu", "gelu_tanh")
 #: What a rematerialised layer keeps for the backward pass (``ModelConfig.remat_policy``).
 REMAT_POLICIES = ("full", "minimal")
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ROPE_TYPES
 
 
 def _dtype_name(value: Any, field: str) -> str:
@@ -36,7 +44,15 @@ class ModelConfig:
     tuple of ``(key, value)`` pairs such as
     ``(("rope_type", "llama3"), ("factor", 32.0), ("low_freq_factor", 1.0),
     ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))``; a dict is
-    accepted and stored as sorted pairs. ``remat`` rematerialises each layer in the
+    accepted and stored as sorted pairs. ``qk_norm``: an RMSNorm over each head's query and key
+    before the rotary embedding (Qwen3). ``sliding_window``: the attention window of every layer
+    (Mistral); sequences longer than it are refused (the model attends over the whole sequence),
+    None: no window. Gemma 3: ``hidden_act="gelu_tanh"`` (GeGLU), ``norm_offset=1`` (the norms scale by
+    ``1 + weight``), ``sandwich_norm`` (norms after attention and after the MLP too), ``embed_scale``
+    (embeddings times ``sqrt(hidden_size)``), ``query_scale`` (scores over ``sqrt(query_scale)``
+    instead of ``sqrt(head_dim)``), ``local_layers`` (a tuple of one bool per layer: the
+    sliding-window layers, whose rotary base is ``rope_local_theta`` and which take no
+    ``rope_scaling``). ``remat`` rematerialises each layer in the
     backward pass, keeping (``remat_policy``) only the layer's input (``full``) or also the
     projections' outputs (``minimal``, MaxText's name: the norms, activations and attention are
     recomputed). ``scan_layers``: the layers run as one ``jax.lax.scan`` body (compile
@@ -61,6 +77,15 @@ class ModelConfig:
     rope_scaling: Any = None
     rms_norm_eps: float = 1e-6
     qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    hidden_act: str = "silu"
+    norm_offset: float = 0.0
+    sandwich_norm: bool = False
+    embed_scale: bool = False
+    query_scale: float | None = None
+    local_layers: Any = None
+    rope_local_theta: float | None = None
     tie_embeddings: bool = False
     max_position_embeddings: int = 4096
     dtype: Any = "float32"
@@ -114,6 +139,15 @@ class ModelConfig:
         d = self.decode_block_size
         if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
             raise ValueError(f"ModelConfig.decode_block_size is {d!r}; it must be a positive integer")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"ModelConfig.hidden_act is {self.hidden_act!r}; accepted: {', '.join(ACTIVATIONS)}")
+        if self.local_layers is not None:
+            object.__setattr__(self, "local_layers", tuple(bool(x) for x in self.local_layers))
+            if len(self.local_layers) != self.num_layers or self.rope_local_theta is None:
+                raise ValueError("ModelConfig.local_layers needs one entry per layer and rope_local_theta")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
+            raise ValueError(f"ModelConfig.sliding_window is {w!r}; it must be a positive integer or None")
         if self.rope_theta <= 0:
             raise ValueError(f"ModelConfig.rope_theta is {self.rope_theta}; it must be positive")
 
@@ -137,6 +171,10 @@ class ModelConfig:
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         if self.qkv_bias:
             attn += d * (self.num_heads + 2 * self.num_kv_heads)
+        if self.qk_norm:
+            attn += 2 * d
+        if self.sandwich_norm:
+            attn += 2 * h
         layer = attn + 3 * h * f + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         return self.num_layers * layer + embed + h
@@ -169,17 +207,32 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=131072, dtype="bfloat16", param_dtype="bfloat16", architecture="qwen2",
         bos_token_id=151643, eos_token_id=151643,
     ),
+    # Qwen/Qwen2.5-7B config.json: 28 layers, q 28 x 128 / kv 4 x 128, untied 152064-token vocabulary (7.6B)
+    "qwen2.5-7b": ModelConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
+        head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=False,
+        max_position_embeddings=131072, dtype="bfloat16", param_dtype="bfloat16", architecture="qwen2",
+        bos_token_id=151643, eos_token_id=151643,
+    ),
     "llama-3.2-1b": ModelConfig(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
         head_dim=64, rope_theta=500000.0, rope_scaling=_LLAMA3_SCALING, rms_norm_eps=1e-5, qkv_bias=False,
         tie_embeddings=True, max_position_embeddings=131072, dtype="bfloat16", param_dtype="bfloat16",
         architecture="llama", bos_token_id=128000, eos_token_id=128001,
     ),
+    # meta-llama/Llama-3.1-8B config.json: 32 layers, q 32 x 128 / kv 8 x 128, llama3 rope scaling x8, untied (8.0B)
+    "llama-3.1-8b": ModelConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, rope_theta=500000.0, rope_scaling={**_LLAMA3_SCALING, "factor": 8.0}, rms_norm_eps=1e-5,
+        qkv_bias=False, tie_embeddings=False, max_position_embeddings=131072, dtype="bfloat16",
+        param_dtype="bfloat16", architecture="llama", bos_token_id=128000, eos_token_id=128001,
+    ),
 }
 
 
 def get_config(name: str, **overrides) -> ModelConfig:
-    """A preset by name (``tiny``, ``qwen2.5-0.5b``, ``qwen2.5-1.5b``, ``llama-3.2-1b``) with field overrides."""
+    """A preset by name (``tiny``, ``qwen2.5-0.5b``, ``qwen2.5-1.5b``, ``qwen2.5-7b``, ``llama-3.2-1b``,
+    ``llama-3.1-8b``) with field overrides."""
     key = name.lower().replace("_", "-")
     if key not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; accepted: {', '.join(PRESETS)}")

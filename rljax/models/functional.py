@@ -111,7 +111,7 @@ def _inputs(tokens, positions, mask):
 
 
 def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None,
-            segment_ids=None) -> jax.Array:
+            segment_ids=None, key_blocks=None) -> jax.Array:
     """Final hidden states ``[B,T,H]`` (after the last RMSNorm), in the compute dtype.
 
     Args:
@@ -127,14 +127,20 @@ def forward(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh |
         sequence-parallel inside ``jax.shard_map``. ``None``: single-device semantics.
       segment_ids: ``[B,T]`` int for packed rows (several sequences per row): a token
         attends only to earlier tokens with its own segment id. Pass ``positions`` that
-        restart per segment (see :mod:`rljax.trainer.packing`).
+        restart per segment (see :mod:`rljax.trainer.packing`). Ids made by
+        :func:`rljax.models.attention.branch_ids` lay a shared prefix once: each branch
+        sees its group's prefix and itself.
+      key_blocks: ``[B,nq,J]`` int32, the key blocks each query block reads
+        (:func:`rljax.models.attention.block_sparse_attention`): the same numbers as without
+        it when it lists every block a query sees, for the cost of those blocks only.
     """
     tokens, positions, mask = _inputs(tokens, positions, mask)
     _check_like(segment_ids, tokens, "segment_ids")
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
     base, lora = _split_lora(params)
-    return merge(graphdef, base)(tokens, positions, mask, mesh, lora=lora, segment_ids=segment_ids)
+    return merge(graphdef, base)(tokens, positions, mask, mesh, lora=lora, segment_ids=segment_ids,
+                                 key_blocks=key_blocks)
 
 
 def prefill(graphdef, params, tokens, *, positions=None, mask=None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache]:
@@ -239,6 +245,14 @@ def unembedding(params: dict) -> jax.Array:
 
 
 def compute_logits(params: dict, hidden: jax.Array) -> jax.Array:
-    """``hidden [..., H] @ unembedding [H, V]`` -> float32 logits ``[..., V]``."""
+    """``hidden [..., H] @ unembedding [H, V]`` -> float32 logits ``[..., V]``.
+
+    Tied embeddings are contracted as stored, ``[V, H]``: through ``embed.T`` XLA:CPU copied the
+    transposed ``[H, V]`` matrix every call (151,936 x 896 bf16 at Qwen2.5-0.5B: 162 ms a call
+    against ~20 ms as stored; ``bench/decode_profile.py``)."""
+    base = _split_lora(params)[0]
+    if "lm_head" not in base:
+        w = base["embed"]
+        return jnp.einsum("...h,vh->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
     w = unembedding(params)
     return jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)

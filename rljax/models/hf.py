@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint import/export for ``LlamaForCausalLM`` and ``Qwen2ForCausalLM``.
+"""Hugging Face checkpoint import/export for ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``, ``MistralForCausalLM`` and ``Gemma3ForCausalLM`` (:data:`rljax.hf_config.SUPPORTED_ARCHITECTURES`).
 
 A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or several
 ``*.safetensors`` listed in ``model.safetensors.index.json``. Tensors are memory-mapped and
@@ -24,71 +25,22 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from rljax.hf_config import SUPPORTED_ARCHITECTURES, model_fields
 from rljax.models.config import ModelConfig
 from rljax.models.functional import abstract_params, param_shardings
 from rljax.models.safetensors_io import read_safetensors, write_safetensors
 from rljax.sharding import host_array
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _ARCH_NAMES = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
-_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 # --------------------------------------------------------------------------- config
 
 
 def config_from_hf(cfg: dict, *, dtype=None) -> ModelConfig:
-    """A :class:`ModelConfig` from a parsed HF ``config.json`` dict."""
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else None
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"unsupported architecture {arch!r} (model_type {cfg.get('model_type')!r}); "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    family = SUPPORTED_ARCHITECTURES[arch]
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"unsupported hidden_act {act!r} in config.json; supported: 'silu'")
-    if cfg.get("mlp_bias"):
-        raise ValueError("unsupported config.json: mlp_bias=true (the MLP has no bias)")
-    if family == "qwen2" and cfg.get("use_sliding_window"):
-        raise ValueError("unsupported config.json: Qwen2 use_sliding_window=true is not supported")
-    rope_params = dict(cfg.get("rope_parameters") or {})
-    theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-    scaling = cfg.get("rope_scaling") or rope_params or None
-    if scaling:
-        scaling = dict(scaling)
-        if "type" in scaling and "rope_type" not in scaling:
-            scaling["rope_type"] = scaling.pop("type")
-        scaling = {k: v for k, v in scaling.items() if k in _SCALING_KEYS}
-        if scaling.get("rope_type", "default") == "default":
-            scaling = None
-    stored = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
-    if dtype is None:
-        dtype = stored if stored in ("float32", "bfloat16") else "float32"
-    num_heads = cfg["num_attention_heads"]
-    return ModelConfig(
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
-        rope_theta=float(theta),
-        rope_scaling=scaling,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias")),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        dtype=dtype,
-        param_dtype=dtype,
-        architecture=family,
-        bos_token_id=cfg.get("bos_token_id"),
-        eos_token_id=cfg.get("eos_token_id") if not isinstance(cfg.get("eos_token_id"), list) else cfg["eos_token_id"][0],
-        pad_token_id=cfg.get("pad_token_id"),
-    )
+    """A :class:`ModelConfig` from a parsed HF ``config.json`` dict (:func:`rljax.hf_config.model_fields`:
+    a ValueError names an unsupported architecture or option)."""
+    return ModelConfig(**model_fields(cfg, dtype=dtype))
 
 
 def config_to_hf(config: ModelConfig) -> dict:
@@ -120,11 +72,29 @@ def config_to_hf(config: ModelConfig) -> dict:
         "initializer_range": 0.02,
         "use_cache": True,
     }
-    if config.architecture == "llama":
+    if config.architecture == "gemma3":
+        out.update(_gemma3_json(config))
+    elif config.architecture == "llama":
         out.update(attention_bias=config.qkv_bias, mlp_bias=False, pretraining_tp=1)
+    elif config.architecture == "mistral":
+        out.update(sliding_window=config.sliding_window)
     else:
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.num_layers)
+        if config.architecture == "qwen3":
+            out.update(attention_bias=False, layer_types=["full_attention"] * config.num_layers)
     return out
+
+
+def _gemma3_json(config: ModelConfig) -> dict:
+    """Gemma 3's own ``config.json`` fields, in transformers 5's form and 4's (both read them)."""
+    types = ["sliding_attention" if local else "full_attention" for local in config.local_layers]
+    full = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling_dict or {})}
+    return {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": config.query_scale, "sliding_window": config.sliding_window,
+            "layer_types": types, "rope_local_base_freq": config.rope_local_theta, "attention_bias": False,
+            "rope_parameters": {"full_attention": full, "sliding_attention": {"rope_type": "default",
+                                                                              "rope_theta": config.rope_local_theta}},
+            "attn_logit_softcapping": None, "final_logit_softcapping": None, "use_bidirectional_attention": False}
 
 
 # --------------------------------------------------------------------------- tensor map
@@ -156,7 +126,14 @@ def tensor_map(config: ModelConfig) -> list[_Entry]:
             (p + "self_attn.k_proj.weight", ("layers", "attn", "k_proj"), i, *qkv(k)),
             (p + "self_attn.v_proj.weight", ("layers", "attn", "v_proj"), i, *qkv(k)),
             (p + "self_attn.o_proj.weight", ("layers", "attn", "o_proj"), i, *o),
-            (p + "post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), i, ident, ident),
+            *([(p + "post_attention_layernorm.weight", ("layers", "post_attn_norm", "scale"), i, ident, ident),
+               (p + "pre_feedforward_layernorm.weight", ("layers", "mlp_norm", "scale"), i, ident, ident),
+               (p + "post_feedforward_layernorm.weight", ("layers", "post_mlp_norm", "scale"), i, ident, ident)]
+              if config.sandwich_norm else
+              [(p + "post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), i, ident, ident)]),
+            *([(p + "self_attn.q_norm.weight", ("layers", "attn", "q_norm", "scale"), i, ident, ident),
+               (p + "self_attn.k_norm.weight", ("layers", "attn", "k_norm", "scale"), i, ident, ident)]
+              if config.qk_norm else []),
             (p + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj"), i, tr, tr),
             (p + "mlp.up_proj.weight", ("layers", "mlp", "up_proj"), i, tr, tr),
             (p + "mlp.down_proj.weight", ("layers", "mlp", "down_proj"), i, tr, tr),
@@ -208,7 +185,7 @@ def open_tensors(path: str) -> dict[str, np.ndarray]:
 
 
 def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules=None) -> tuple[ModelConfig, dict]:
-    """Reads a local HF Llama/Qwen2 checkpoint into ``(ModelConfig, params)``.
+    """Reads a local HF Llama/Qwen2/Qwen3/Mistral checkpoint into ``(ModelConfig, params)``.
 
     Args:
       path: a directory with ``config.json`` and the safetensors weights.

@@ -163,12 +163,12 @@ def device_memory_bytes(device=None) -> tuple[Optional[int], str]:
     return host // n, f"host memory / {n} local devices" if n > 1 else "host memory"
 
 
-def choose(setting, mc, *, rows: int, seq: int, lora: bool, sp: int = 1, tp: int = 1,
+def choose(setting, mc, *, rows: int, seq: int, lora: bool, sp: int = 1, tp: int = 1, fsdp: int = 1,
            device_bytes: Optional[int] = None, device_source: str = "", policy: str = "auto") -> RematChoice:
     """Resolves ``model.remat`` (``auto`` / ``true`` / ``false``; a bool is taken as true / false)
     and ``model.remat_policy`` (``auto`` / ``full`` / ``minimal``) for an update micro-batch of
     ``rows`` rows of ``seq`` tokens on one device (the sequence split over ``sp``, heads and
-    parameters over ``tp``)."""
+    parameters over ``tp``, the training state also over ``fsdp``)."""
     setting = {True: "true", False: "false"}.get(setting, setting)
     if setting not in ("auto", "true", "false"):
         raise ValueError(f"model.remat={setting!r}; accepted: auto, true, false")
@@ -176,7 +176,7 @@ def choose(setting, mc, *, rows: int, seq: int, lora: bool, sp: int = 1, tp: int
         raise ValueError(f"model.remat_policy={policy!r}; accepted: auto, full, minimal")
     act = activation_bytes(mc, rows, seq, sp=sp, tp=tp)
     kept = minimal_bytes(mc, rows * -(-seq // max(sp, 1)))
-    state = state_bytes(mc, lora=lora, param_shards=tp)
+    state = state_bytes(mc, lora=lora, param_shards=tp * fsdp)
     if setting == "auto":
         remat = act > state and (device_bytes is None or act > device_bytes * DEVICE_FRACTION)
     else:
@@ -188,22 +188,23 @@ def choose(setting, mc, *, rows: int, seq: int, lora: bool, sp: int = 1, tp: int
                        full_bytes=remat_bytes(mc, rows, seq, sp=sp, tp=tp, policy="full"))
 
 
-def for_run(cfg, mc, mesh) -> RematChoice:
+def for_run(cfg, mc, mesh, *, device_bytes: Optional[int] = None) -> RematChoice:
     """``model.remat`` of a run: the update's micro-batch on one device from the configuration and
-    the mesh (a padded micro-batch: ``ceil(micro / dp)`` rows of ``S + T`` tokens split over
-    ``sp``; with the packed token budget ``actor.ppo_max_token_len_per_device``, when that is
-    larger, as many rows of ``S + T`` as hold it)."""
+    the mesh (a padded micro-batch: ``ceil(micro / (dp * fsdp))`` rows of ``S + T`` tokens split
+    over ``sp``; with the packed token budget ``actor.ppo_max_token_len_per_device``, when that is
+    larger, as many rows of ``S + T`` as hold it). ``device_bytes``: the device memory to decide
+    for (``--plan --device-memory``; default: the mesh's first device's)."""
     shape = dict(mesh.shape) if mesh is not None else {}
-    dp, sp, tp = shape.get("dp", 1), shape.get("sp", 1), shape.get("tp", 1)
+    dp, fsdp, sp, tp = shape.get("dp", 1), shape.get("fsdp", 1), shape.get("sp", 1), shape.get("tp", 1)
     sizes = derive(cfg, sp=sp)
     width = sizes.learner_prompt_length + sizes.learner_response_length
-    rows = math.ceil(sizes.micro_batch_trajectories / dp)
+    rows = math.ceil(sizes.micro_batch_trajectories / (dp * fsdp))
     a = cfg.actor
     if a.use_remove_padding != "false" and a.use_dynamic_bsz and a.ppo_max_token_len_per_device:
         rows = max(rows, math.ceil(a.ppo_max_token_len_per_device / (width // sp)))
-    device = None
-    if mesh is not None:
-        device = mesh.devices.flat[0]
-    limit, source = device_memory_bytes(device)
-    return choose(cfg.model.remat, mc, rows=rows, seq=width, sp=sp, tp=tp, lora=a.lora.rank > 0,
+    if device_bytes is not None:
+        limit, source = device_bytes, "--device-memory"
+    else:
+        limit, source = device_memory_bytes(None if mesh is None else mesh.devices.flat[0])
+    return choose(cfg.model.remat, mc, rows=rows, seq=width, sp=sp, tp=tp, fsdp=fsdp, lora=a.lora.rank > 0,
                   device_bytes=limit, device_source=source, policy=cfg.model.remat_policy)

@@ -11,6 +11,7 @@ passed in; without one the model is plain single-device code.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from rljax.models.attention import attention, dense_attention, live_decode_attention, slot_cache_attention
+from rljax.models.attention import (attention, block_sparse_attention, dense_attention, live_decode_attention,
+                                    slot_cache_attention)
 from rljax.models.config import ModelConfig
 from rljax.models.adapters import NO_LORA, LayerLoRA, layer_inputs
 from rljax.sharding import logical_to_spec, with_logical_constraint
@@ -178,16 +180,47 @@ def _uses_sequence_parallel(mesh: Mesh | None, shape) -> bool:
 # --------------------------------------------------------------------------- modules
 
 
+def check_window(config: ModelConfig, length: int, what: str) -> None:
+    """A model with ``sliding_window`` attends over whole sequences: one longer than the window
+    would differ from the checkpoint's model, so it is refused (shapes are static: at trace time)."""
+    if config.sliding_window is not None and length > config.sliding_window:
+        raise ValueError(f"a {what} of {length} tokens is longer than the model's sliding_window="
+                         f"{config.sliding_window} (config.json), which rljax does not implement; keep prompt + "
+                         f"response within {config.sliding_window} tokens")
+
+
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs):
-        self.scale = _param(rngs, nnx.initializers.ones, (dim,), param_dtype, ("norm",))
+    """``scale * x / rms(x)``; with ``offset`` (Gemma) ``(offset + scale) * x / rms(x)`` in float32."""
+
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype, rngs: nnx.Rngs, offset: float = 0.0):
+        init = nnx.initializers.zeros if offset else nnx.initializers.ones
+        self.scale = _param(rngs, init, (dim,), param_dtype, ("norm",))
         self.eps = eps
         self.dtype = dtype
+        self.offset = offset
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.offset:
+            return ((self.offset + self.scale[...].astype(jnp.float32)) * y).astype(self.dtype)
         return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
+
+
+def _norm_kw(c: ModelConfig, rngs) -> dict:
+    return dict(eps=c.rms_norm_eps, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype, rngs=rngs, offset=c.norm_offset)
+
+
+def layer_rope(positions, config: ModelConfig, layer):
+    """``cos, sin`` of layer ``layer``: a local (sliding-window) layer of ``config.local_layers`` takes
+    ``rope_local_theta`` and no scaling; every other the config's rotary embedding."""
+    cos, sin = rope_cos_sin(positions, config)
+    if config.local_layers is None or layer is None:
+        return cos, sin
+    lcos, lsin = rope_cos_sin(positions, config.replace(rope_theta=config.rope_local_theta, rope_scaling=None,
+                                                        local_layers=None))
+    local = jnp.asarray(config.local_layers)[layer]
+    return jnp.where(local, lcos, cos), jnp.where(local, lsin, sin)
 
 
 class Attention(nnx.Module):
@@ -205,9 +238,13 @@ class Attention(nnx.Module):
             self.q_bias = _param(rngs, nnx.initializers.zeros, (n, d), pd, ("heads", "head_dim"))
             self.k_bias = _param(rngs, nnx.initializers.zeros, (k, d), pd, ("kv_heads", "head_dim"))
             self.v_bias = _param(rngs, nnx.initializers.zeros, (k, d), pd, ("kv_heads", "head_dim"))
+        if c.qk_norm:  # Qwen3, Gemma 3: each head's query and key normalised before the rotary embedding
+            self.q_norm = RMSNorm(d, **_norm_kw(c, rngs))
+            self.k_norm = RMSNorm(d, **_norm_kw(c, rngs))
 
-    def project(self, x, positions, mesh, lora=NO_LORA):
-        """``x [B,T,H]`` -> rotated ``q [B,T,N,D]``, ``k, v [B,T,K,D]``."""
+    def project(self, x, positions, mesh, lora=NO_LORA, layer=None):
+        """``x [B,T,H]`` -> rotated ``q [B,T,N,D]``, ``k, v [B,T,K,D]`` (``layer``: this layer's index,
+        for a model whose layers differ in their rotary base)."""
         dt = self.config.jnp_dtype
         q = lora.add("q_proj", x, dense(x, self.q_proj[...].astype(dt), mesh))
         k = lora.add("k_proj", x, dense(x, self.k_proj[...].astype(dt), mesh))
@@ -216,7 +253,11 @@ class Attention(nnx.Module):
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
             v = v + self.v_bias[...].astype(dt)
-        cos, sin = rope_cos_sin(positions, self.config)
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.config.query_scale is not None:  # scores over sqrt(query_scale), not sqrt(head_dim)
+            q = q * jnp.asarray(math.sqrt(self.config.head_dim / self.config.query_scale), q.dtype)
+        cos, sin = layer_rope(positions, self.config, layer)
         q = with_logical_constraint(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"), mesh)
         k = with_logical_constraint(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"), mesh)
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"), mesh)
@@ -226,14 +267,21 @@ class Attention(nnx.Module):
         out = lora.add("o_proj", attn, dense(attn, self.o_proj[...].astype(self.config.jnp_dtype), mesh, 2))
         return with_logical_constraint(out, RESIDUAL_AXES, mesh)
 
-    def __call__(self, x, positions, valid, mesh, lora=NO_LORA, segment_ids=None):
+    def __call__(self, x, positions, valid, mesh, lora=NO_LORA, segment_ids=None, layer=None, key_blocks=None):
         """Self-attention over the whole sequence; also returns the rotated ``k, v``.
 
-        ``segment_ids [B,T]`` (packed rows): attention stays inside each segment."""
-        q, k, v = self.project(x, positions, mesh, lora)
+        ``segment_ids [B,T]`` (packed rows): attention stays inside each segment (and a shared
+        prefix's branches see their prefix: :func:`rljax.models.attention.visible`);
+        ``key_blocks [B,nq,J]``: the key blocks each query block reads
+        (:func:`rljax.models.attention.block_sparse_attention`; not with the sequence split over ``sp``,
+        where every query reads the whole row under the same mask)."""
+        q, k, v = self.project(x, positions, mesh, lora, layer)
         if _uses_sequence_parallel(mesh, q.shape):
             attn = sequence_parallel_attention(q, k, v, valid, mesh, block_size=self.config.attn_block_size,
                                                segment_ids=segment_ids)
+        elif key_blocks is not None:
+            idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+            attn = block_sparse_attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, key_blocks)
         else:
             idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
             attn = attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, block_size=self.config.attn_block_size)
@@ -249,7 +297,7 @@ class Attention(nnx.Module):
         read (:func:`live_decode_attention`; ``live [S]`` marks the slots that count), with
         ``"dense"`` the whole cache.
         """
-        q, k, v = self.project(x, positions, None)
+        q, k, v = self.project(x, positions, None, layer=layer)
         s, tn = x.shape[:2]
         write = cache_index[:, None] + jnp.arange(tn)[None, :]
         rows = jnp.arange(s)[:, None]
@@ -268,13 +316,14 @@ class Attention(nnx.Module):
             raise ValueError(f"decode_attention={decode_attention!r}; accepted: 'live', 'dense'")
         return self.output(attn, None), cache_k, cache_v
 
-    def decode_slots(self, x, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None):
+    def decode_slots(self, x, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None,
+                     layer=None):
         """:meth:`decode` against this layer's own cache ``[S,K,M,D]`` (heads before length).
 
         Keys and values are written at ``cache_index[s] + t`` (writes past ``M`` are dropped)
         and read in place by :func:`slot_cache_attention` (``"dense"``: always the whole cache).
         """
-        q, k, v = self.project(x, positions, None)
+        q, k, v = self.project(x, positions, None, layer=layer)
         s, tn = x.shape[:2]
         write = cache_index[:, None] + jnp.arange(tn)[None, :]
         rows = jnp.arange(s)[:, None]
@@ -293,6 +342,7 @@ class MLP(nnx.Module):
         h, f, pd = config.hidden_size, config.intermediate_size, config.jnp_param_dtype
         init = nnx.initializers.normal(0.02)
         self.dtype = config.jnp_dtype
+        self.act = jax.nn.silu if config.hidden_act == "silu" else partial(jax.nn.gelu, approximate=True)
         self.gate_proj = _param(rngs, init, (h, f), pd, ("embed", "mlp"))
         self.up_proj = _param(rngs, init, (h, f), pd, ("embed", "mlp"))
         self.down_proj = _param(rngs, init, (f, h), pd, ("mlp", "embed"))
@@ -300,37 +350,44 @@ class MLP(nnx.Module):
     def __call__(self, x, mesh, lora=NO_LORA):
         gate = lora.add("gate_proj", x, dense(x, self.gate_proj[...].astype(self.dtype), mesh))
         up = lora.add("up_proj", x, dense(x, self.up_proj[...].astype(self.dtype), mesh))
-        act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"), mesh)
+        act = with_logical_constraint(self.act(gate) * up, ("batch", "length", "mlp"), mesh)
         out = lora.add("down_proj", act, dense(act, self.down_proj[...].astype(self.dtype), mesh))
         return with_logical_constraint(out, RESIDUAL_AXES, mesh)
 
 
 class Block(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        kw = dict(eps=config.rms_norm_eps, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype, rngs=rngs)
+        kw = _norm_kw(config, rngs)
         self.attn_norm = RMSNorm(config.hidden_size, **kw)
         self.attn = Attention(config, rngs=rngs)
         self.mlp_norm = RMSNorm(config.hidden_size, **kw)
         self.mlp = MLP(config, rngs=rngs)
+        if config.sandwich_norm:  # Gemma: the attention's and the MLP's outputs normalised before the residual add
+            self.post_attn_norm = RMSNorm(config.hidden_size, **kw)
+            self.post_mlp_norm = RMSNorm(config.hidden_size, **kw)
 
-    def __call__(self, x, positions, valid, mesh, lora=NO_LORA, segment_ids=None):
-        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh, lora, segment_ids)
-        x = x + a
-        x = x + self.mlp(self.mlp_norm(x), mesh, lora)
+    def _post(self, name, y):
+        return getattr(self, name)(y) if self.attn.config.sandwich_norm else y
+
+    def __call__(self, x, positions, valid, mesh, lora=NO_LORA, segment_ids=None, layer=None, key_blocks=None):
+        a, kv = self.attn(self.attn_norm(x), positions, valid, mesh, lora, segment_ids, layer, key_blocks)
+        x = x + self._post("post_attn_norm", a)
+        x = x + self._post("post_mlp_norm", self.mlp(self.mlp_norm(x), mesh, lora))
         return x, kv
 
     def decode(self, x, positions, cache_k, cache_v, layer, cache_index, decode_attention="live", live=None):
         a, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, layer, cache_index,
                                                decode_attention, live)
-        x = x + a
-        x = x + self.mlp(self.mlp_norm(x), None)
+        x = x + self._post("post_attn_norm", a)
+        x = x + self._post("post_mlp_norm", self.mlp(self.mlp_norm(x), None))
         return x, cache_k, cache_v
 
-    def decode_slots(self, x, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None):
+    def decode_slots(self, x, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None,
+                     layer=None):
         a, cache_k, cache_v = self.attn.decode_slots(self.attn_norm(x), positions, cache_k, cache_v, cache_index,
-                                                     decode_attention, live)
-        x = x + a
-        x = x + self.mlp(self.mlp_norm(x), None)
+                                                     decode_attention, live, layer)
+        x = x + self._post("post_attn_norm", a)
+        x = x + self._post("post_mlp_norm", self.mlp(self.mlp_norm(x), None))
         return x, cache_k, cache_v
 
 
@@ -357,9 +414,7 @@ class Transformer(nnx.Module):
             return Block(config, rngs=rngs)
 
         self.layers = make_layers(rngs)
-        self.final_norm = RMSNorm(
-            config.hidden_size, eps=config.rms_norm_eps, dtype=config.jnp_dtype, param_dtype=pd, rngs=rngs
-        )
+        self.final_norm = RMSNorm(config.hidden_size, **_norm_kw(config, rngs))
         if not config.tie_embeddings:
             self.lm_head = _param(
                 rngs, nnx.initializers.normal(0.02), (config.hidden_size, config.vocab_size), pd, ("embed", "vocab")
@@ -367,32 +422,37 @@ class Transformer(nnx.Module):
 
     def embed_tokens(self, tokens, mesh):
         x = jnp.take(self.embed[...], tokens, axis=0).astype(self.config.jnp_dtype)
+        if self.config.embed_scale:  # Gemma: times sqrt(hidden_size), rounded to the parameter dtype
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_size), self.config.jnp_param_dtype).astype(x.dtype)
         return with_logical_constraint(x, RESIDUAL_AXES, mesh)
 
     def __call__(self, tokens, positions, valid, mesh: Mesh | None = None, *, return_kv: bool = False, lora=None,
-                 segment_ids=None):
+                 segment_ids=None, key_blocks=None):
         """``lora``: a :class:`rljax.models.lora.LoRAParams` whose adapters join each layer;
-        ``segment_ids [B,T]``: packed rows (attention stays inside each segment)."""
+        ``segment_ids [B,T]``: packed rows (attention stays inside each segment); ``key_blocks``:
+        see :meth:`Attention.__call__`."""
+        check_window(self.config, tokens.shape[1], "sequence")
         x = self.embed_tokens(tokens, mesh)
         block_def, block_state = nnx.split(self.layers)
         lora_xs = None if lora is None else layer_inputs(lora, self.config.num_layers)
 
         def body(x, xs):
-            layer_state, lx = xs
+            layer_state, lx, i = xs
             hook = NO_LORA if lx is None else LayerLoRA(lx[0], lx[1], lora.config, mesh)
-            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh, hook, segment_ids)
+            x, kv = nnx.merge(block_def, layer_state)(x, positions, valid, mesh, hook, segment_ids, i, key_blocks)
             return x, (kv if return_kv else None)
 
         if self.config.remat:
             body = jax.checkpoint(body, prevent_cse=False, policy=remat_policy(self.config.remat_policy))
         unroll = 1 if self.config.scan_layers else self.config.num_layers
-        x, kv = jax.lax.scan(body, x, (block_state, lora_xs), unroll=unroll)
+        x, kv = jax.lax.scan(body, x, (block_state, lora_xs, jnp.arange(self.config.num_layers)), unroll=unroll)
         # leave the Megatron-SP layout: the unembedding (vocab on tp) needs every token's hidden state
         hidden = with_logical_constraint(self.final_norm(x), ("batch", "length", "embed"), mesh)
         return (hidden, kv) if return_kv else hidden
 
     def decode(self, tokens, positions, cache_k, cache_v, cache_index, decode_attention="live", live=None):
         """``tokens [S,Tn]`` at ``positions [S,Tn]``; cache ``[L,S,M,K,D]`` written at ``cache_index [S]``."""
+        check_window(self.config, cache_k.shape[2], "KV cache")
         x = self.embed_tokens(tokens, None)
         block_def, block_state = nnx.split(self.layers)
 
@@ -419,12 +479,13 @@ class Transformer(nnx.Module):
         """:meth:`decode` over per-layer caches: ``cache_k, cache_v`` are tuples of ``L`` arrays
         ``[S,K,M,D]`` and ``layers`` is :meth:`layer_states`' result. The layer loop is unrolled
         (static), so neither the weights nor the caches are sliced per step."""
+        check_window(self.config, cache_k[0].shape[2], "KV cache")
         x = self.embed_tokens(tokens, None)
         block_def, states = layers
         ks, vs = list(cache_k), list(cache_v)
         for i, state in enumerate(states):
             x, ks[i], vs[i] = nnx.merge(block_def, state).decode_slots(x, positions, ks[i], vs[i], cache_index,
-                                                                       decode_attention, live)
+                                                                       decode_attention, live, i)
         return self.final_norm(x), tuple(ks), tuple(vs)
 
     def unembedding(self) -> jax.Array:

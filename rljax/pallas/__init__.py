@@ -8,15 +8,20 @@ numbers (tested against each other):
 * ``"chunked"``: ``lax`` loops over ``[block_t, block_v]`` logit tiles with running
   max / sum-exp / target-logit / entropy statistics and a ``custom_vjp`` that recomputes
   the tiles in the backward. Memory O(block_t block_v). Default on CPU and GPU.
-* ``"pallas"``: the same algorithm as Pallas TPU (Mosaic) kernels; default on TPU. Off TPU it
-  runs in interpret mode (correct, slow: for tests only).
+* ``"pallas"``: the same algorithm as Pallas kernels, those of the backend it runs on:
+  ``"pallas_tpu"`` (Mosaic; the default on TPU) or ``"pallas_gpu"`` (Triton). Either can be
+  named explicitly; off its own backend a kernel runs in interpret mode (correct, slow: for
+  tests only), and ``"pallas"`` on CPU interprets the TPU kernel. ``"auto"`` stays chunked on
+  GPUs until a measurement there shows the kernel faster (bench/accelerator.py).
 
 Precision: the logit matmul takes operands in the input dtype with float32 accumulation
 (exact products for bfloat16); softmax statistics and the logit cotangent ``dz`` are float32.
 The backward matmuls multiply the float32 ``dz`` with the input-dtype operand: naive and
 chunked do it as XLA's autodiff does (float32 ``dz``, the other operand upcast); the Pallas
-kernels use full fp32 contraction for float32 inputs and, for bfloat16 inputs, split ``dz``
-into hi + lo bfloat16 halves (two MXU passes, ~16 mantissa bits) instead of rounding it.
+kernels use full fp32 contraction for float32 inputs (IEEE on GPUs, never TF32) and, for
+bfloat16 inputs, split ``dz`` into hi + lo bfloat16 halves (two MXU / tensor-core passes, ~16
+mantissa bits) instead of rounding it. The kernels pin these precisions, so a global
+``jax_default_matmul_precision`` (``model.matmul_precision``) does not change them.
 Gradients are returned in the dtype of ``hidden`` / ``unembed``.
 
 ``fused_logprob_sharded(..., mesh=...)`` runs it under ``jax.shard_map`` with tokens split
@@ -37,9 +42,17 @@ Block sizes (``block_t`` tokens x ``block_v`` vocabulary columns per tile):
   (``[block_t, H]`` for d hidden, ``[H, block_v]`` for d unembed) must fit in VMEM; the
   kernels request up to 64 MiB of scoped VMEM (all current TPU generations have it).
   Defaults 256 x 512. Edge blocks are masked in-kernel, inputs are never padded.
-* pallas in interpret mode (CPU / GPU): the same constraints are enforced so that a config
-  tested here compiles on TPU; every grid step is a Python-level loop iteration, so keep
-  grids to ~100 steps.
+* pallas on GPU (Triton): ``block_t`` and ``block_v`` powers of two >= 16 (Triton's tile
+  rule); ``H`` is contracted in chunks of 64, so it needs no particular size. Defaults
+  64 x 128; a block larger than its dimension shrinks to the smallest power of two covering
+  it. Each program keeps one ``[block_t, block_v]`` float32 logit tile and its statistics in
+  registers; the backward accumulates ``d hidden`` / ``d unembed`` chunk by chunk in float32
+  outputs that only one program writes (deterministic, no atomics; ``d unembed`` is cast to
+  ``unembed``'s dtype afterwards, so its float32 [H, V] buffer is a temporary of the backward).
+* pallas in interpret mode (off the kernel's backend): the same constraints are enforced so
+  that a config tested here compiles there; keep grids to ~100 steps. The GPU kernels' interpret
+  mode (JAX's generic Pallas interpreter) does not run inside ``shard_map`` with check_vma on
+  jax 0.10.
 """
 
 from rljax.pallas._api import IMPLS, fused_logprob, fused_logprob_sharded

@@ -13,18 +13,23 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from rljax.pallas import _common, _core, _reference
 
-IMPLS = ("auto", "pallas", "chunked", "naive")
+IMPLS = ("auto", "pallas", "pallas_tpu", "pallas_gpu", "chunked", "naive")
+# The backend whose hardware each kernel is written for; elsewhere it runs in interpret mode.
+_KERNEL_BACKEND = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 
 
 def _fail(msg: str):
     raise ValueError(f"fused_logprob: {msg}")
 
 
-def _check_block(name, value, multiple, impl):
+def _check_block(name, value, impl):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         _fail(f"{name}={value!r}; accepted: None or a positive int")
+    if impl == "pallas_gpu" and (value < 16 or value & (value - 1)):
+        _fail(f"{name}={value} is not a power of two >= 16, which impl={impl!r} (Triton) requires")
+    multiple = {"block_t": 8, "block_v": 128}[name] if impl == "pallas_tpu" else 1
     if value % multiple:
         _fail(f"{name}={value} is not a multiple of {multiple}, which impl={impl!r} requires")
     return int(value)
@@ -70,12 +75,14 @@ def _resolve(impl, temperature, block_t, block_v, vocab_axis=None) -> _common.Co
     backend = jax.default_backend()
     if impl == "auto":
         impl = "pallas" if backend == "tpu" else "chunked"
-    t_mult, v_mult = (8, 128) if impl == "pallas" else (1, 1)
+    if impl == "pallas":  # the kernel of this backend; elsewhere the TPU kernel, interpreted
+        impl = "pallas_gpu" if backend == "gpu" else "pallas_tpu"
     return _common.Config(
         impl=impl, inv_temp=inv_temp,
-        block_t=_check_block("block_t", block_t, t_mult, impl),
-        block_v=_check_block("block_v", block_v, v_mult, impl),
-        vocab_axis=vocab_axis, interpret=impl == "pallas" and backend != "tpu")
+        block_t=_check_block("block_t", block_t, impl),
+        block_v=_check_block("block_v", block_v, impl),
+        vocab_axis=vocab_axis,
+        interpret=impl in _KERNEL_BACKEND and backend != _KERNEL_BACKEND[impl])
 
 
 def _flat_call(hidden, unembed, targets, cfg: _common.Config):
@@ -115,8 +122,10 @@ def fused_logprob(hidden: chex.Array, unembed: chex.Array, targets: chex.Array, 
       unembed: [H, V] output projection (the transposed embedding when tied).
       targets: integer ids in [0, V) with hidden's leading shape.
       temperature: the sampling temperature the log-probs are taken at; > 0.
-      impl: "pallas" (the kernel; interpret mode off TPU), "chunked" (lax loops over vocab
-        chunks), "naive" (full logits, the reference) or "auto" (pallas on TPU, else chunked).
+      impl: "pallas" (the kernel of the backend: Mosaic on TPU, Triton on GPU; elsewhere the
+        TPU kernel in interpret mode), "pallas_tpu" / "pallas_gpu" (that kernel; interpret mode
+        off its backend), "chunked" (lax loops over vocab chunks), "naive" (full logits, the
+        reference) or "auto" (pallas on TPU, else chunked).
       block_t, block_v: token / vocab block sizes (None: the backend default); see the
         package docstring for the constraints per backend.
       vocab_axis: only inside ``jax.shard_map``: the manual mesh axis ``unembed``'s columns are

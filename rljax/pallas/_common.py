@@ -4,6 +4,7 @@ the helpers that keep gradients well typed inside ``jax.shard_map``."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ MASK_VALUE = -1e30
 class Config:
     """Static configuration of one call (hashable: it is a ``custom_vjp`` non-diff argument)."""
 
-    impl: str  # "chunked" or "pallas" once resolved
+    impl: str  # "chunked", "pallas_tpu" or "pallas_gpu" once resolved
     inv_temp: float
     block_t: int | None
     block_v: int | None
@@ -99,3 +100,48 @@ def match_vma(ct, primal):
 def full(shape, value, dtype, axes):
     """``jnp.full`` typed as varying over the manual axes ``axes`` (for loop carries)."""
     return pvary(jnp.full(shape, value, dtype), axes)
+
+
+_SDS_PARAMS = inspect.signature(jax.ShapeDtypeStruct).parameters
+
+
+def out_struct(shape, dtype, like):
+    """Output type of a ``pallas_call``, typed (inside ``shard_map``) as varying over the same
+    manual axes as ``like``."""
+    aval = jax.typeof(like)
+    if "manual_axis_type" in _SDS_PARAMS and hasattr(aval, "mat"):
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.mat)
+    if "vma" in _SDS_PARAMS:  # jax <= 0.9 spelling
+        return jax.ShapeDtypeStruct(shape, dtype, vma=getattr(aval, "vma", frozenset()))
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _precision(dtype):
+    # Explicit, so that a global jax_default_matmul_precision cannot change the kernels (Mosaic
+    # rejects "high"; Triton would take TF32): float32 operands get full fp32 contraction,
+    # 16-bit ones are exact.
+    return lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
+
+
+def dot(a, b, dims):
+    """float32-accumulated ``dot_general`` of same-dtype operands (inside a kernel)."""
+    return lax.dot_general(a, b, (dims, ((), ())), precision=_precision(a.dtype),
+                           preferred_element_type=jnp.float32)
+
+
+def dot_f32(x, y, dims, *, x_is_f32):
+    """``dot_general`` of a float32 operand with an operand in the input dtype, float32 result.
+
+    For float32 inputs this is one full-precision matmul. For 16-bit inputs the other operand
+    is exact in its dtype, so the float32 one is split into hi + lo 16-bit parts: two native
+    matrix-unit passes, ~16 mantissa bits for the float32 operand (vs one pass and 8 bits by
+    rounding it, or six passes by upcasting the other operand).
+    """
+    f32, other = (x, y) if x_is_f32 else (y, x)
+    if other.dtype == jnp.float32:
+        return dot(x, y, dims)
+    hi = f32.astype(other.dtype)
+    lo = (f32 - hi.astype(jnp.float32)).astype(other.dtype)
+    if x_is_f32:
+        return dot(hi, other, dims) + dot(lo, other, dims)
+    return dot(other, hi, dims) + dot(other, lo, dims)

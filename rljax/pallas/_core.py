@@ -16,7 +16,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from rljax.pallas import _chunked, _common, _tpu
+from rljax.pallas import _chunked, _common, _gpu, _tpu
+
+_KERNELS = {"pallas_tpu": _tpu, "pallas_gpu": _gpu}
 
 
 def _same_dtype(h, w):
@@ -27,20 +29,20 @@ def _same_dtype(h, w):
 
 
 def _stats(h, w, y, cfg: _common.Config):
-    if cfg.impl == "pallas":
+    if cfg.impl in _KERNELS:
         h, w = _same_dtype(h, w)
         h, w, y = _common.unify_vma(h, w, y)
-        return _tpu.stats(h, w, y, inv_temp=cfg.inv_temp, block_t=cfg.block_t,
+        return _KERNELS[cfg.impl].stats(h, w, y, inv_temp=cfg.inv_temp, block_t=cfg.block_t,
                           block_v=cfg.block_v, interpret=cfg.interpret)
     return _chunked.stats(h, w, y, inv_temp=cfg.inv_temp, block_t=cfg.block_t,
                           block_v=cfg.block_v)
 
 
 def _grads(h, w, y, lse, ez, g_logp, g_ent, cfg: _common.Config, dw_dtype):
-    if cfg.impl == "pallas":
+    if cfg.impl in _KERNELS:
         h, w = _same_dtype(h, w)
         h, w, y, lse, ez, g_logp, g_ent = _common.unify_vma(h, w, y, lse, ez, g_logp, g_ent)
-        return _tpu.grads(h, w, y, lse, ez, g_logp, g_ent, inv_temp=cfg.inv_temp,
+        return _KERNELS[cfg.impl].grads(h, w, y, lse, ez, g_logp, g_ent, inv_temp=cfg.inv_temp,
                           block_t=cfg.block_t, block_v=cfg.block_v, dw_dtype=dw_dtype,
                           interpret=cfg.interpret)
     return _chunked.grads(h, w, y, lse, ez, g_logp, g_ent, inv_temp=cfg.inv_temp,

@@ -15,7 +15,6 @@ vectors travel lane-replicated as ``[N, 128]`` arrays, the layout Mosaic handles
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from rljax.pallas._common import MASK_VALUE, logit_cotangent
+from rljax.pallas._common import MASK_VALUE, dot as _dot, dot_f32 as _dot_f32, logit_cotangent, out_struct as _out_struct
 
 LANES = 128
 DEFAULT_BLOCK_T = 256
@@ -53,20 +52,6 @@ def _hit(cols, y_ref):
     return cols == _col(y_ref).astype(jnp.int32)
 
 
-_SDS_PARAMS = inspect.signature(jax.ShapeDtypeStruct).parameters
-
-
-def _out_struct(shape, dtype, like):
-    """Output type of a ``pallas_call``, typed (inside ``shard_map``) as varying over the same
-    manual axes as ``like``."""
-    aval = jax.typeof(like)
-    if "manual_axis_type" in _SDS_PARAMS and hasattr(aval, "mat"):
-        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.mat)
-    if "vma" in _SDS_PARAMS:  # jax <= 0.9 spelling
-        return jax.ShapeDtypeStruct(shape, dtype, vma=getattr(aval, "vma", frozenset()))
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
 def _interpret_arg(interpret):
     return pltpu.InterpretParams() if interpret else False
 
@@ -76,36 +61,6 @@ def _compiler_params(semantics, vmem_bytes):
     if vmem_bytes > 16 * 1024 * 1024:  # above the smallest default scoped limit
         limit = min(int(vmem_bytes * 1.25), _VMEM_CAP)
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
-
-
-def _precision(dtype):
-    # Explicit, so that a global jax_default_matmul_precision (Mosaic rejects "high") cannot
-    # change the kernels: float32 operands get full fp32 contraction, 16-bit ones are exact.
-    return lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
-
-
-def _dot(a, b, dims):
-    """float32-accumulated ``dot_general`` of same-dtype operands."""
-    return lax.dot_general(a, b, (dims, ((), ())), precision=_precision(a.dtype),
-                           preferred_element_type=jnp.float32)
-
-
-def _dot_f32(x, y, dims, *, x_is_f32):
-    """``dot_general`` of a float32 operand with an operand in the input dtype, float32 result.
-
-    For float32 inputs this is one full-precision matmul. For 16-bit inputs the other operand
-    is exact in its dtype, so the float32 one is split into hi + lo 16-bit parts: two native
-    MXU passes, ~16 mantissa bits for the float32 operand (vs one pass and 8 bits by rounding
-    it, or six passes by upcasting the other operand).
-    """
-    f32, other = (x, y) if x_is_f32 else (y, x)
-    if other.dtype == jnp.float32:
-        return _dot(x, y, dims)
-    hi = f32.astype(other.dtype)
-    lo = (f32 - hi.astype(jnp.float32)).astype(other.dtype)
-    if x_is_f32:
-        return _dot(hi, other, dims) + _dot(lo, other, dims)
-    return _dot(other, hi, dims) + _dot(other, lo, dims)
 
 
 def _tile(h, w, inv_temp, v0, n_vocab, mask_vocab):

@@ -9,9 +9,9 @@ verdict report are here too (:func:`parse_verdicts`; its generation runs in
 :mod:`rljax.trainer.judge`). Pure Python and NumPy.
 """
 
-from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, score_batch
+from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, as_result, score_batch
 from rljax.reward._check import check, probe_plugin
-from rljax.reward._filter import FILTER_METRICS, groups_to_keep
+from rljax.reward._filter import FILTER_METRICS, filter_values, groups_to_keep
 from rljax.reward._judge import (
     JUDGE_FIELDS,
     JudgeReport,
@@ -28,12 +28,16 @@ from rljax.reward._plugin import (
     DATA_SOURCE_REWARDS,
     DATASET_REWARDS,
     InProcessReward,
+    WeightedRewards,
     get_reward_fn,
+    register_callable,
+    reward_spec,
     load_function,
     load_reward_plugin,
 )
 from rljax.reward._make import make_reward
 from rljax.reward._pool import Outcome, RewardPool, RewardWorkerError, default_num_workers
+from rljax.reward._val_metrics import ValidationBySource, validation_metrics
 from rljax.reward._rules import (
     embedded_reward,
     exact_match_reward,
@@ -46,6 +50,10 @@ from rljax.reward._rules import (
 __all__ = [
     "BUILTIN_REWARDS",
     "InProcessReward",
+    "WeightedRewards",
+    "as_result",
+    "reward_spec",
+    "register_callable",
     "JUDGE_FIELDS",
     "JudgeReport",
     "check_judge_template",
@@ -73,6 +81,7 @@ __all__ = [
     "load_function",
     "gsm8k_ground_truth",
     "groups_to_keep",
+    "filter_values",
     "gsm8k_reward",
     "load_reward_plugin",
     "make_reward",
@@ -80,4 +89,6 @@ __all__ = [
     "overlong_metrics",
     "overlong_penalty",
     "score_batch",
+    "ValidationBySource",
+    "validation_metrics",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from rljax.errors import RunError
 from rljax.reward._pool import Outcome, RewardPool
 
 logger = logging.getLogger("rljax.reward")
@@ -23,7 +24,7 @@ _MAX_WARNINGS = 3  # per batch: the first failures by uid, then one count
 MAX_ABS_SCORE = 1e6
 
 
-class RewardError(RuntimeError):
+class RewardError(RunError):
     """More of the batch failed in the reward function than ``reward.max_error_fraction`` allows."""
 
 
@@ -40,6 +41,12 @@ class RewardReport:
       first_error: ``"<uid>: <ExceptionType>: <message>"`` of the first failure, or None.
       timeouts: of ``errors``, the rows that ran past ``reward.timeout_s`` (pool only).
       worker_restarts: workers replaced while scoring this batch (pool only).
+      extra_means: ``{key: mean}`` of the numbers a function returning a dict gave beside its
+        score (verl's ``acc``; :class:`~rljax.reward.WeightedRewards`' ``fn/<name>``), over the
+        rows that gave them.
+      function_errors: ``{name: (count, first error)}`` of the functions of ``reward.functions``
+        that raised on some rows (their part scored 0; the row is not an error of the batch).
+      row_extras: each row's extra dict (None for padding or a plain number).
     """
 
     num_scored: int
@@ -49,10 +56,25 @@ class RewardReport:
     first_error: str | None
     timeouts: int = 0
     worker_restarts: int = 0
+    extra_means: Mapping = dataclasses.field(default_factory=dict)
+    function_errors: Mapping = dataclasses.field(default_factory=dict)
+    row_extras: tuple = ()
 
     @property
     def error_fraction(self) -> float:
         return self.errors / self.num_scored if self.num_scored else 0.0
+
+    def extra_values(self, key: str, n: int) -> np.ndarray | None:
+        """``[n]`` float64 values of a numeric extra ``key`` per row (NaN where a row has none),
+        or None when no row has it (e.g. verl's ``acc`` for the filter)."""
+        if not any(isinstance(e, Mapping) and key in e for e in self.row_extras):
+            return None
+        out = np.full(n, np.nan)
+        for i, e in enumerate(self.row_extras):
+            v = e.get(key) if isinstance(e, Mapping) else None
+            if isinstance(v, float):
+                out[i] = v
+        return out
 
     def check(self, max_error_fraction: float, *, where: str = "") -> None:
         """Raises :class:`RewardError` (one line: the count, the bound, the first error) when
@@ -63,11 +85,24 @@ class RewardReport:
                      else f"{self.error_fraction:.1%} of the batch")
             raise RewardError(f"reward failed on {every} ({self.errors}/{self.num_scored}){where}, more than "
                               f"reward.max_error_fraction={max_error_fraction}; first error: {self.first_error}")
+        for name, (count, first) in self.function_errors.items():  # the bound holds for each of reward.functions
+            if self.num_scored and count / self.num_scored > max_error_fraction:
+                raise RewardError(f"reward function {name} failed on {count / self.num_scored:.1%} of the batch "
+                                  f"({count}/{self.num_scored}){where}, more than reward.max_error_fraction="
+                                  f"{max_error_fraction}; first error: {first}")
 
     def metrics(self) -> dict[str, float]:
-        """``reward/errors``, ``reward/error_fraction``, ``reward/timeouts``, ``reward/worker_restarts``."""
-        return {"reward/errors": float(self.errors), "reward/error_fraction": self.error_fraction,
-                "reward/timeouts": float(self.timeouts), "reward/worker_restarts": float(self.worker_restarts)}
+        """``reward/errors``, ``reward/error_fraction``, ``reward/timeouts``, ``reward/worker_restarts``;
+        a dict's extra numbers as ``reward/extra/<key>`` (verl's names), each of ``reward.functions``
+        as ``reward/fn/<name>/mean`` and ``reward/fn/<name>/errors``."""
+        out = {"reward/errors": float(self.errors), "reward/error_fraction": self.error_fraction,
+               "reward/timeouts": float(self.timeouts), "reward/worker_restarts": float(self.worker_restarts)}
+        for key, mean in self.extra_means.items():
+            out[f"reward/{key}/mean" if key.startswith("fn/") else f"reward/extra/{key}"] = mean
+        for key in self.extra_means:
+            if key.startswith("fn/"):
+                out[f"reward/{key}/errors"] = float(self.function_errors.get(key[3:], (0, None))[0])
+        return out
 
 
 def _short(text: str) -> str:
@@ -88,11 +123,51 @@ def _as_score(value) -> float:
     return v
 
 
+def as_result(value) -> tuple[float, dict | None]:
+    """``(score, extra)`` of what a reward returned: a number, or a dict with ``"score"`` (verl's
+    ``{"score", "acc", "pred", ...}``) whose other finite numbers and short strings are ``extra``."""
+    if not isinstance(value, Mapping):
+        return _as_score(value), None
+    if "score" not in value:
+        raise ValueError(f"returned a dict without 'score' (keys {sorted(map(str, value))})")
+    extra = {}
+    for key, v in value.items():
+        if key == "score":
+            continue
+        if isinstance(v, (bool, np.bool_, numbers.Real)) and math.isfinite(float(v)):
+            extra[str(key)] = float(v)
+        elif isinstance(v, str):
+            extra[str(key)] = v[:_MAX_MSG]  # verl's "pred" (majority voting), a function's error
+    return _as_score(value["score"]), extra or None
+
+
 def _call(fn, response, answer, extra) -> Outcome:
     try:
-        return Outcome(_as_score(fn(response, answer, **extra)))
+        score, more = as_result(fn(response, answer, **extra))
+        return Outcome(score, extra=more)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a user reward may raise anything; isolate it
         return Outcome(0.0, f"{type(e).__name__}: {_short(e)}")
+
+
+def _extras(rows, outcomes, n: int) -> tuple[dict, dict, tuple]:
+    """``(means, function errors, per-row extras)`` of a batch's outcomes (:class:`RewardReport`)."""
+    per_row: list = [None] * n
+    sums: dict[str, list] = {}
+    errors: dict[str, list] = {}
+    for i, out in zip(rows, outcomes):
+        if not out.extra or out.error is not None:
+            continue
+        per_row[i] = out.extra
+        for key, v in out.extra.items():
+            if key.startswith("error/"):
+                hit = errors.setdefault(key[6:], [0, v])
+                hit[0] += 1
+            elif isinstance(v, float):
+                acc = sums.setdefault(key, [0.0, 0])
+                acc[0] += v
+                acc[1] += 1
+    means = {k: total / count for k, (total, count) in sums.items()}
+    return means, {k: (c, first) for k, (c, first) in errors.items()}, tuple(per_row)
 
 
 def score_batch(
@@ -170,7 +245,9 @@ def score_batch(
             first = first or f"{uids[i]}: {out.error}"
             failed.append((uids[i], out.error))
     num_scored = len(rows)
-    report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first, timeouts, restarts)
+    means, fn_errors, row_extras = _extras(rows, outcomes, n)
+    report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first, timeouts, restarts,
+                          means, fn_errors, row_extras)
     report.check(max_error_fraction)
     for uid, error in failed[:_MAX_WARNINGS]:
         logger.warning("reward failed for uid %s (scored 0): %s", uid, error)

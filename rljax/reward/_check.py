@@ -15,7 +15,7 @@ import sys
 import rljax
 from rljax.errors import ConfigError
 from rljax.reward._judge import check_judge_template, load_judge_parse
-from rljax.reward._plugin import BUILTIN_REWARDS, DATA_SOURCES, load_reward_plugin
+from rljax.reward._plugin import BUILTIN_REWARDS, CALLABLE, DATA_SOURCES, load_reward_plugin
 
 _OK = "rljax-reward-plugin-ok"
 
@@ -32,7 +32,9 @@ def probe_plugin(spec: str, *, data_source: str | None, timeout_s: float, key: s
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        out = subprocess.run([sys.executable, "-m", "rljax.reward._check", spec, data_source or "", key],
+        # -W: runpy's warning that rljax.reward imported _check before running it is not the plugin's output
+        out = subprocess.run([sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "rljax.reward._check", spec,
+                              data_source or "", key],
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s, env=env,
                              start_new_session=True)
     except subprocess.TimeoutExpired:
@@ -66,8 +68,14 @@ def check(cfg) -> None:
         raise ConfigError(f"reward.timeout_s={r.timeout_s:g} needs reward workers: reward.num_workers=0 runs the reward "
                           "in the trainer's process, where a hung call cannot be stopped; set reward.num_workers>=1 "
                           "or reward.timeout_s=null")
-    if r.function != "auto" and r.function not in BUILTIN_REWARDS:
-        probe_plugin(r.function, data_source=DATA_SOURCES.get(cfg.data.dataset), timeout_s=r.import_timeout_s)
+    for spec, key in ((f, "reward.functions") for f in r.functions) if r.functions else ((r.function, "reward.function"),):
+        if spec.startswith(CALLABLE):  # a callable of this process (rljax.train): loaded here, no file to probe
+            load_reward_plugin(spec, key=key)
+            if r.num_workers:
+                raise ConfigError(f"reward.num_workers={r.num_workers}: a Python callable given to rljax.train runs in "
+                                  "the trainer's process; use reward.num_workers=0")
+        elif spec != "auto" and spec not in BUILTIN_REWARDS:
+            probe_plugin(spec, data_source=DATA_SOURCES.get(cfg.data.dataset), timeout_s=r.import_timeout_s, key=key)
     check_judge(cfg)
 
 

@@ -44,3 +44,14 @@ def groups_to_keep(values, group_id, num_groups: int, *, real=None) -> tuple[np.
     var = np.bincount(gid, (v - mean[gid]) ** 2, minlength=num_groups) / np.maximum(count, 1)
     std = np.sqrt(var)
     return (std > 0) | (count == 1), std
+
+
+def filter_values(metric: str, task, shaped, report=None) -> np.ndarray:
+    """``[B]`` the values ``algorithm.filter_groups.metric`` reads: for ``acc`` the ``acc`` a reward
+    returning verl's dict gave (:meth:`~rljax.reward.RewardReport.extra_values`; the task score on
+    rows without one), else the shaped score."""
+    if metric != "acc":
+        return np.asarray(shaped)
+    task = np.asarray(task, np.float64)
+    acc = report.extra_values("acc", len(task)) if report is not None else None
+    return task if acc is None else np.where(np.isnan(acc), task, acc)

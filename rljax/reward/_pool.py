@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 import rljax
-from rljax.reward._plugin import BUILTIN_REWARDS
+from rljax.reward._plugin import BUILTIN_REWARDS, builtin_only
 
 _START_TIMEOUT_S = 120.0
 _MAX_START_FAILURES = 3
@@ -50,11 +50,14 @@ class RewardWorkerError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """The result of one sample: ``score`` (0.0 on failure), ``error`` (``"<Type>: <message>"``,
-    ``"timeout after 2.0 s"``, ``"worker killed by SIGSEGV"``) and whether it timed out."""
+    ``"timeout after 2.0 s"``, ``"worker killed by SIGSEGV"``), whether it timed out, and
+    ``extra``: what a function returning a dict gave beside ``"score"`` (verl's ``acc``,
+    ``pred``, ...; numbers and short strings), None otherwise."""
 
     score: float
     error: Optional[str] = None
     timeout: bool = False
+    extra: Optional[dict] = None
 
 
 class _Worker:
@@ -178,7 +181,7 @@ class RewardPool:
             w.ready, self._start_failures = True, 0
             return
         if task == w.task:
-            results[task] = Outcome(0.0, error) if error is not None else Outcome(float(score))
+            results[task] = Outcome(0.0, error) if error is not None else Outcome(float(score[0]), extra=score[1])
             w.task = None
             if retire:  # out of reward.memory_mb: a fresh worker takes its place
                 self._replace(w)
@@ -236,6 +239,6 @@ class RewardPool:
 def default_num_workers(spec: str) -> int:
     """``reward.num_workers: null``: 0 (in-process) for the built-in rule rewards, which are
     fast and trusted; ``min(8, CPUs)`` workers for a ``path:function`` plugin."""
-    if spec == "auto" or spec in BUILTIN_REWARDS:
+    if spec == "auto" or spec in BUILTIN_REWARDS or builtin_only(spec):
         return 0
     return max(1, min(8, os.cpu_count() or 1))

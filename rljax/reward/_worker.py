@@ -2,7 +2,7 @@
 
 Started by :class:`rljax.reward.RewardPool` (never by hand). It loads the reward function
 once (``reward.function``), then answers ``(task_id, response, answer, extra)`` messages on
-``IN_FD`` with ``(task_id, score, None)`` or ``(task_id, None, "<Type>: <message>")`` on
+``IN_FD`` with ``(task_id, (score, extra), None)`` or ``(task_id, None, "<Type>: <message>")`` on
 ``OUT_FD``. Anything the reward raises, ``SystemExit`` and ``KeyboardInterrupt`` included,
 is an error of that sample; a crash, ``os._exit`` or a hang ends or stalls this process,
 and the pool counts the sample and starts a replacement.
@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from rljax.reward._batch import _as_score, _short
+from rljax.reward._batch import _short, as_result
 from rljax.reward._plugin import get_reward_fn
 
 
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
             return 0
         task, response, answer, extra = msg
         try:
-            result = (task, _as_score(fn(response, answer, **extra)), None)
+            result = (task, as_result(fn(response, answer, **extra)), None)
         except MemoryError:  # over reward.memory_mb: this sample fails, a fresh worker replaces this one
             outbox.send((task, None, f"MemoryError: over reward.memory_mb={memory_mb} MB", "retire"))
             return 3

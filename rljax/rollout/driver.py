@@ -487,6 +487,9 @@ class Driver:
 
     def _chunk(self, events):
         eng = self.engine
+        log = getattr(self.weights, "digest_log", None)
+        if log is not None:  # the weights this chunk decodes with, under the version label it records
+            log.chunk(self.params, self.version)
         decoding = self.decoding
         if self._park:
             exit_after = min(decoding, self.refill_batch)  # a turn's environment starts sooner

@@ -68,6 +68,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from rljax.models import functional as F
+from rljax.models.precision import traced_at
 from rljax.models.config import ModelConfig
 from rljax.rollout._jetstream import jetstream_api
 from rljax.rollout.sampling import DecodeParams, sample_tokens
@@ -423,6 +424,7 @@ class RljaxEngine(engine_api.Engine):
         prefill_batch_size: int = 8,
         tokenizer_path: str = CHAR_TOKENIZER_PATH,
         decode_attention: str = "live",
+        matmul_precision: str | None = None,
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -454,14 +456,16 @@ class RljaxEngine(engine_api.Engine):
         #: extended_tokens, generate_calls, decode_chunks).
         self.stats: Counter = Counter()
         g, m = self.graphdef, mesh
-        self._prefill_fn = jax.jit(functools.partial(_prefill_impl, g, m))
+        # matmul_precision (model.matmul_precision; None: JAX's setting): the model programs' matmuls
+        at = lambda fn: traced_at(fn, matmul_precision)  # noqa: E731
+        self._prefill_fn = jax.jit(at(functools.partial(_prefill_impl, g, m)))
         self._insert_fn = jax.jit(_insert_impl, donate_argnums=0)
         self._first_token_fn = jax.jit(_first_token_impl, donate_argnums=0)
-        self._extend_fn = jax.jit(functools.partial(_extend_impl, g, m, decode_attention), donate_argnums=1)
-        self._chunk_fn = jax.jit(functools.partial(_chunk_impl, g, m, decode_attention), donate_argnums=1)
-        self._generate_fn = jax.jit(functools.partial(_generate_impl, g, m, decode_attention), donate_argnums=1)
+        self._extend_fn = jax.jit(at(functools.partial(_extend_impl, g, m, decode_attention)), donate_argnums=1)
+        self._chunk_fn = jax.jit(at(functools.partial(_chunk_impl, g, m, decode_attention)), donate_argnums=1)
+        self._generate_fn = jax.jit(at(functools.partial(_generate_impl, g, m, decode_attention)), donate_argnums=1)
         self._compact_fn = jax.jit(functools.partial(_compact_impl, m))
-        self._layer_states_fn = jax.jit(functools.partial(_layer_states_impl, g))
+        self._layer_states_fn = jax.jit(at(functools.partial(_layer_states_impl, g)))
 
     # ----------------------------------------------------------------- properties
 

@@ -145,6 +145,9 @@ class Sampler:
         cfg_pad = engine.config.pad_token_id
         self.pad_id = int(pad_id if pad_id is not None else (cfg_pad if cfg_pad is not None else 0))
         self._lock = threading.Lock()
+        #: A :class:`rljax._digest.DigestLog` recording the digest of every install and decode chunk's
+        #: weights (set by a trainer whose trace ties versions to weights; None: not recorded).
+        self.digest_log = None
         self._params = None
         self._version: int | None = None
         #: Seconds spent in :meth:`update_weights`: the last call and the running total.
@@ -182,6 +185,8 @@ class Sampler:
         new = self.engine.load_params(params)
         jax.block_until_ready(new)
         elapsed = time.perf_counter() - t0
+        if self.digest_log is not None:  # the trace ties each version label to the weights installed under it
+            self.digest_log.record("install", version, new)
         with self._lock:
             if self._version is not None and version <= self._version:
                 raise ValueError(f"weight version must increase: got {version}, current is {self._version}")
@@ -203,7 +208,9 @@ class Sampler:
         version stays): the synchronous trainer releases them once generation ends, so the
         learner passes do not hold them; its weight sync installs the updated ones."""
         with self._lock:
-            self._params = None
+            released, self._params = self._params, None
+        if self.digest_log is not None and released is not None:
+            self.digest_log.forget(released)
 
     # ----------------------------------------------------------------- input checks
 

@@ -181,20 +181,74 @@ def truncate_logits(scaled: jax.Array, top_k, top_p) -> jax.Array:
     # Largest probability p* whose set {p >= p*} holds at least top_p of the mass. The
     # float32 rounding of the masses decides exact ties with top_p, as a cumsum would.
     pkey = jax.lax.bitcast_convert_type(probs, jnp.uint32)  # probs >= 0: bit order is value order
-    mass = lambda m: jnp.sum(jnp.where(m, probs, 0.0), axis=-1) >= jnp.minimum(top_p, jnp.sum(probs, axis=-1))
+    target = jnp.minimum(top_p, jnp.sum(probs, axis=-1))  # once, not in every bisection step
+    mass = lambda m: jnp.sum(jnp.where(m, probs, 0.0), axis=-1) >= target
     pth = jax.lax.cond(top_p < 1.0, lambda: _largest_threshold(pkey, mass), lambda: no_cut)
     keep = in_k & (pkey >= pth[..., None])
     return jnp.where(keep, scaled, -jnp.inf)
 
 
 def first_argmax(x: jax.Array) -> jax.Array:
-    """``jnp.argmax(x, axis=-1)`` (the first maximum; the first NaN when a row holds one) as two
-    plain reductions: XLA:CPU runs argmax's (value, index) reduce element by element, a max and a
-    min over a masked iota vectorise (1.2 ms -> 0.1 ms a decode step over ``[16, 8192]`` logits)."""
+    """``jnp.argmax(x, axis=-1)`` (the first maximum; the first NaN when a row holds one) as plain
+    reductions: XLA:CPU runs argmax's (value, index) reduce element by element; a max and a min
+    over a masked iota vectorise (1.2 ms -> 0.1 ms a decode step over ``[16, 8192]`` logits). The
+    iota is float32 (exact below ``2**24`` columns): float min reductions vectorise on XLA:CPU."""
     nan = jnp.isnan(x)  # XLA:CPU's max may skip NaNs: find them apart
     hit = jnp.where(jnp.any(nan, axis=-1, keepdims=True), nan, x == jnp.max(x, axis=-1, keepdims=True))
-    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.min(jnp.where(hit, iota, x.shape[-1]), axis=-1)
+    iota = jax.lax.broadcasted_iota(jnp.float32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(hit, iota, jnp.float32(x.shape[-1])), axis=-1).astype(jnp.int32)
+
+
+#: Columns per block of :func:`categorical`'s two-level inverse-CDF draw.
+BLOCK = 128
+
+
+def _last_positive(mass: jax.Array) -> jax.Array:
+    """Per row, the last index of ``mass [..., N]`` (non-negative) that is positive (0 if none)."""
+    iota = jax.lax.broadcasted_iota(jnp.float32, mass.shape, mass.ndim - 1)
+    return jnp.max(jnp.where(mass > 0, iota, 0.0), axis=-1).astype(jnp.int32)
+
+
+def _pick(mass: jax.Array, u: jax.Array) -> jax.Array:
+    """Per row, index ``i`` of ``mass [S, N]`` with probability ``mass[i] / sum(mass)``, by the
+    uniform ``u [S]`` in ``[0, 1)``: the first ``i`` whose inclusive cumulative mass exceeds
+    ``u * total``; rounding past the end picks the last index with positive mass."""
+    cum = jnp.cumsum(mass, axis=-1)
+    r = u * cum[:, -1]
+    i = jnp.sum((cum <= r[:, None]).astype(jnp.int32), axis=-1)
+    return jnp.minimum(i, _last_positive(mass))
+
+
+def categorical(dist: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One draw per row from ``softmax(dist)`` (``dist [S, V]`` float32, ``-inf`` excluded);
+    returns ``(tokens [S] int32, logsumexp(dist) [S])``.
+
+    Two-level inverse CDF with two uniforms of the row's key: the first picks a block of
+    :data:`BLOCK` columns with probability its mass, the second a column inside it with
+    probability its share of the block. The product is exactly ``softmax(dist)`` (up to
+    float32 rounding of the masses: each level's cumulative sums hold a few hundred to a
+    thousand terms, so no token's probability moves by more than ~1e-4 of itself); it costs
+    one ``exp`` pass over ``[S, V]`` (shared with the log-normaliser) instead of the
+    ``S x V`` random numbers, two logs and an argmax of Gumbel-max.
+    """
+    s, v = dist.shape
+    nb = -(-v // BLOCK)
+    top = jnp.max(dist, axis=-1)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    p = jnp.exp(dist - top[:, None])
+    blocks = jnp.pad(p, ((0, 0), (0, nb * BLOCK - v))).reshape(s, nb, BLOCK)
+    mass = jnp.sum(blocks, axis=-1)  # [S, nb]
+    u = jax.vmap(lambda k: jax.random.uniform(k, (2,), jnp.float32))(keys)
+    b = _pick(mass, u[:, 0])
+    row = jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0]  # [S, BLOCK]
+    tokens = b * BLOCK + _pick(row, u[:, 1])
+    return tokens, top + jnp.log(jnp.sum(mass, axis=-1))
+
+
+def _logsumexp(x: jax.Array) -> jax.Array:
+    top = jnp.max(x, axis=-1)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    return top + jnp.log(jnp.sum(jnp.exp(x - top[:, None]), axis=-1))
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top_p, logprobs="tempered"):
@@ -207,27 +261,34 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, *, temperature, top_k, top
       logprobs: ``"tempered"`` or ``"truncated"`` (see the module docstring), or a
         (possibly traced) bool scalar, True for ``"truncated"``.
 
-    Sampling draws ``argmax(truncated_logits + Gumbel(key))`` per row, so a row's token
-    depends only on its logits and its key.
+    Sampling draws from ``softmax(truncated_logits)`` with :func:`categorical` (two uniforms
+    of the row's key), so a row's token depends only on its logits and its key. The
+    log-probs come from one log-normaliser per row, not a ``log_softmax`` over ``[S, V]``.
     """
     if isinstance(logprobs, str):
         if logprobs not in LOGPROB_MODES:
             raise ValueError(f"logprobs is {logprobs!r}; accepted: {', '.join(LOGPROB_MODES)}")
         logprobs = logprobs == "truncated"
+    logprobs = jnp.asarray(logprobs, jnp.bool_)
     logits = logits.astype(jnp.float32)
 
     def greedy(_):
-        return first_argmax(logits), logits
+        tokens = first_argmax(logits)
+        return tokens, _pick_value(logits, tokens) - _logsumexp(logits)
 
     def sample(_):
         scaled = logits / temperature
         truncating = (top_k > 0) | (top_p < 1.0)
         truncated = jax.lax.cond(truncating, lambda x: truncate_logits(x, top_k, top_p), lambda x: x, scaled)
-        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-        return first_argmax(truncated + gumbel), jnp.where(logprobs, truncated, scaled)
+        tokens, norm = categorical(truncated, keys)
+        # the tempered normaliser differs from the drawn one only when a truncation ran
+        norm = jax.lax.cond(truncating & ~logprobs, _logsumexp, lambda _: norm, scaled)
+        return tokens, _pick_value(scaled, tokens) - norm
 
     # A real branch (the predicate is a scalar): greedy steps draw no random numbers.
-    tokens, dist = jax.lax.cond(temperature == 0, greedy, sample, None)
-    tokens = tokens.astype(jnp.int32)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(dist, axis=-1), tokens[:, None], axis=-1)[:, 0]
-    return tokens, logp
+    tokens, logp = jax.lax.cond(temperature == 0, greedy, sample, None)
+    return tokens.astype(jnp.int32), logp
+
+
+def _pick_value(x: jax.Array, tokens: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]

@@ -1,8 +1,11 @@
-"""Mesh specs (``dp8``, ``dp2,tp2,sp2``), mesh construction and the topology report.
+"""Mesh specs (``dp8``, ``fsdp8``, ``dp2,fsdp4``, ``dp2,tp2,sp2``), mesh construction and the topology report.
 
-Mesh axes have fixed names: ``dp`` (data: the batch), ``tp`` (tensor: attention heads,
-MLP hidden, vocabulary) and ``sp`` (sequence). A spec names each axis at most once with
-its size; missing axes have size 1; the product must equal the number of devices.
+Mesh axes have fixed names: ``dp`` (data: the batch, training state replicated), ``fsdp``
+(fully sharded data: the batch too, and the training state -- parameters, gradients,
+optimizer moments -- split along one dimension of each array, gathered per layer),
+``tp`` (tensor: attention heads, MLP hidden, vocabulary) and ``sp`` (sequence). A spec
+names each axis at most once with its size; missing axes have size 1; the product must
+equal the number of devices.
 
 Axis types. :func:`make_mesh` builds every axis as :attr:`jax.sharding.AxisType.Auto`
 (JAX 0.10+ defaults ``jax.make_mesh`` to ``Explicit``). With ``Auto`` axes the model code
@@ -22,7 +25,7 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, Mesh
 
-from rljax._meshspec import MESH_AXES, parse_mesh_sizes
+from rljax._meshspec import BATCH_AXES, MESH_AXES, batch_shards, parse_mesh_sizes
 
 
 def _device_summary(devices: Sequence[Any]) -> str:
@@ -48,16 +51,16 @@ def _check_axis_sizes(spec: str, sizes: Mapping[str, int], devices) -> dict[str,
 
 
 def parse_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | int | None = None) -> dict[str, int]:
-    """Parses a mesh spec into ``{"dp": n, "tp": n, "sp": n}``.
+    """Parses a mesh spec into ``{"dp": n, "fsdp": n, "tp": n, "sp": n}``.
 
     Args:
       spec: comma-separated ``<axis><size>`` items in any order, e.g. ``"dp8"``,
-        ``"dp2,tp2,sp2"``, ``"sp4,dp2"``; axes are ``dp``, ``tp``, ``sp``; missing axes
-        are 1. A mapping ``{"dp": 2, "tp": 4}`` is accepted too.
+        ``"fsdp4,tp2"``, ``"sp4,dp2"``; axes are ``dp``, ``fsdp``, ``tp``, ``sp``; missing
+        axes are 1. A mapping ``{"dp": 2, "tp": 4}`` is accepted too.
       devices: the devices the mesh must cover (default ``jax.devices()``), or their count.
 
     Returns:
-      A dict with all three axes, in the order ``dp, tp, sp``.
+      A dict with all four axes, in the order ``dp, fsdp, tp, sp``.
 
     Raises:
       ValueError: in one sentence, for an unknown axis, a size that is not a positive
@@ -101,24 +104,29 @@ def spec_device_count(spec: str | Mapping[str, int]) -> int:
 
 
 def make_mesh(spec: str | Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
-    """Builds the ``("dp", "tp", "sp")`` mesh for ``spec`` over ``devices``.
+    """Builds the ``("dp", "fsdp", "tp", "sp")`` mesh for ``spec`` over ``devices``.
 
     Devices are laid out with ``jax.make_mesh`` (which follows the physical topology on
-    TPU/GPU) in the order ``dp, sp, tp`` so that ``tp`` is innermost -- its groups are the
-    fastest-connected devices -- then ``sp``, then ``dp``; the axes are then listed as
-    ``("dp", "tp", "sp")``. All axes are ``AxisType.Auto`` (see the module docstring).
+    TPU/GPU) in the order ``dp, fsdp, sp, tp`` so that ``tp`` is innermost -- its groups are
+    the fastest-connected devices -- then ``sp``, then ``fsdp`` (its per-layer weight
+    gathers are the next heaviest traffic), then ``dp`` (one gradient all-reduce per
+    step: the axis to put across hosts); the axes are then listed as
+    ``("dp", "fsdp", "tp", "sp")``. A spec without ``fsdp`` (size 1) gives a mesh without
+    that axis, ``("dp", "tp", "sp")``, so such runs lay out and compute exactly as before
+    the axis existed. All axes are ``AxisType.Auto`` (see the module docstring).
     """
     devices = list(jax.devices() if devices is None else devices)
     sizes = parse_mesh(spec, devices)
-    auto = (AxisType.Auto,) * 3
-    physical = jax.make_mesh(
-        (sizes["dp"], sizes["sp"], sizes["tp"]), ("dp", "sp", "tp"), axis_types=auto, devices=devices
-    )
-    return Mesh(physical.devices.transpose(0, 2, 1), MESH_AXES, axis_types=auto)
+    physical_axes = tuple(a for a in ("dp", "fsdp", "sp", "tp") if a != "fsdp" or sizes["fsdp"] > 1)
+    auto = (AxisType.Auto,) * len(physical_axes)
+    physical = jax.make_mesh(tuple(sizes[a] for a in physical_axes), physical_axes, axis_types=auto, devices=devices)
+    names = tuple(a for a in MESH_AXES if a in physical_axes)
+    order = [physical_axes.index(a) for a in names]
+    return Mesh(physical.devices.transpose(order), names, axis_types=auto)
 
 
 def mesh_sizes(mesh: Mesh) -> dict[str, int]:
-    """``{"dp", "tp", "sp"}`` sizes of ``mesh`` (axes it lacks count as 1)."""
+    """``{"dp", "fsdp", "tp", "sp"}`` sizes of ``mesh`` (axes it lacks count as 1)."""
     shape = dict(mesh.shape)
     return {a: int(shape.get(a, 1)) for a in MESH_AXES}
 
@@ -126,8 +134,10 @@ def mesh_sizes(mesh: Mesh) -> dict[str, int]:
 def topology(mesh: Mesh) -> dict[str, Any]:
     """The learner's layout as a JSON-serialisable dict.
 
-    ``actor_dp = world_size / (tp * sp)`` is the learner's data-parallel degree. The
-    sampler's layout is reported separately; actor DP is never derived from it.
+    ``actor_dp = world_size / (tp * sp) = dp * fsdp`` is the learner's data-parallel degree
+    (the batch's shards); ``state_shards`` is ``fsdp``, the ways the training state is
+    split besides ``tp``. The sampler's layout is reported separately; actor DP is never
+    derived from it.
     """
     devs = list(mesh.devices.flat)
     sizes = mesh_sizes(mesh)
@@ -144,4 +154,20 @@ def topology(mesh: Mesh) -> dict[str, Any]:
         "mesh": sizes,
         "mesh_axis_names": list(mesh.axis_names),
         "actor_dp": world // (sizes["tp"] * sizes["sp"]),
+        "batch_axes": [a for a in BATCH_AXES if a in sizes],
+        "state_shards": sizes["fsdp"],
     }
+
+
+def mesh_batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes that split the batch on ``mesh``: those of :data:`BATCH_AXES` it has with
+    size > 1 (``("dp",)`` on ``dp8``, ``("dp", "fsdp")`` on ``dp2,fsdp4``, ``()`` on ``tp8``)."""
+    shape = dict(mesh.shape)
+    return tuple(a for a in BATCH_AXES if shape.get(a, 1) > 1)
+
+
+def data_shards(mesh: Mesh | Mapping[str, int] | None) -> int:
+    """The batch's shards on ``mesh`` (a mesh or its sizes): ``dp * fsdp``; 1 without a mesh."""
+    if mesh is None:
+        return 1
+    return batch_shards(dict(mesh.shape) if isinstance(mesh, Mesh) else mesh)

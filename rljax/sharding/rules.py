@@ -6,7 +6,16 @@ parallelism changes the table, never the model (MaxText's ``logical_axis_rules``
 
 Megatron-style tensor parallelism: attention heads, key/value heads, the MLP hidden
 dimension and the vocabulary are split over ``tp``; the model dimension (``embed``) is
-replicated. The batch is split over ``dp`` and the sequence over ``sp``.
+replicated over ``tp``. The batch is split over ``dp`` and the sequence over ``sp``.
+
+Fully sharded data parallelism (ZeRO-3 / FSDP, MaxText's ``fsdp`` axis): the batch is
+split over ``dp`` *and* ``fsdp``, and every parameter with a model dimension (``embed``)
+is split along it over ``fsdp`` -- so its gradient and both AdamW moments are too, and
+so are the reference model and the critic, which are laid out by the same table.
+Nothing else in the code knows about ``fsdp``: XLA's SPMD partitioner all-gathers each
+layer's weights where the scanned forward and backward use them and reduce-scatters the
+gradients back to the shards. An activation naming ``embed`` keeps it replicated
+whenever the batch has taken ``fsdp`` (a mesh axis is used once per array).
 
 Megatron sequence parallelism: between the tensor-parallel regions (the residual stream
 that the norms, the residual adds and the layer boundaries see, logical axis
@@ -32,11 +41,11 @@ MeshAxes = Union[str, tuple[str, ...], None]
 #: Logical axis -> mesh axis (or tuple of mesh axes, or None for replicated).
 LOGICAL_AXIS_RULES: tuple[tuple[str, MeshAxes], ...] = (
     # activations and trajectory batches
-    ("batch", "dp"),
+    ("batch", ("dp", "fsdp")),
     ("length", "sp"),
     ("residual_length", ("sp", "tp")),
     # parameters (and the matching activation dimensions)
-    ("embed", None),
+    ("embed", "fsdp"),
     ("heads", "tp"),
     ("kv_heads", "tp"),
     ("head_dim", None),
@@ -46,7 +55,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, MeshAxes], ...] = (
     ("layers", None),
     ("lora_rank", None),  # LoRA adapters: A [.., in, r], B [r, out..] shard with the base weight's in / out axes
     # KV cache [layers, slots, max_len, kv_heads, head_dim]
-    ("cache_batch", "dp"),
+    ("cache_batch", ("dp", "fsdp")),
     ("cache_length", None),
 )
 
@@ -72,7 +81,8 @@ def logical_to_spec(
     Args:
       logical_axes: one name (or None) per array dimension.
       rules: ``(logical, mesh_axes)`` pairs or a dict; default :data:`LOGICAL_AXIS_RULES`.
-      mesh: when given, mesh axes the mesh lacks are dropped, and (with ``shape``) a
+      mesh: when given, mesh axes the mesh lacks are dropped (a mesh without an ``fsdp``
+        split has no ``fsdp`` axis: :func:`rljax.sharding.make_mesh`), and (with ``shape``) a
         dimension whose size is not divisible by its mesh axes is replicated.
       shape: the array shape, used with ``mesh`` for the divisibility fallback.
 

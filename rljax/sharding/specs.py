@@ -29,7 +29,7 @@ def batch_logical_axes(ndim: int) -> tuple[str | None, ...]:
 
 
 def batch_spec(shape, mesh: Mesh | None = None, *, rules=None) -> PartitionSpec:
-    """``dp`` on the batch dimension, ``sp`` on the sequence dimension (replicated where a size does not divide)."""
+    """``dp`` x ``fsdp`` on the batch dimension, ``sp`` on the sequence dimension (replicated where a size does not divide)."""
     shape = tuple(shape)
     return logical_to_spec(batch_logical_axes(len(shape)), rules=rules, mesh=mesh, shape=shape if mesh is not None else None)
 
@@ -40,7 +40,7 @@ def batch_shardings(tree: Any, mesh: Mesh, *, rules=None) -> Any:
 
 
 def kv_cache_spec(shape=None, mesh: Mesh | None = None, *, rules=None) -> PartitionSpec:
-    """Spec of a KV-cache array ``[layers, slots, max_len, kv_heads, head_dim]``: slots on ``dp``, kv heads on ``tp``."""
+    """Spec of a KV-cache array ``[layers, slots, max_len, kv_heads, head_dim]``: slots on ``dp`` x ``fsdp``, kv heads on ``tp``."""
     return logical_to_spec(KV_CACHE_AXES, rules=rules, mesh=mesh, shape=None if shape is None else tuple(shape))
 
 

@@ -2,7 +2,7 @@
 
 :func:`to_host` brings device arrays back as NumPy (all-gathered across processes when the
 arrays span several; :func:`host_array` one array, gathered only when not fully addressable); :func:`place_batch` lays host NumPy batch fields out as global arrays
-with the batch specs (``dp`` on rows, ``sp`` on the sequence) from values every process
+with the batch specs (``dp`` x ``fsdp`` on rows, ``sp`` on the sequence) from values every process
 holds in full.
 """
 
@@ -36,7 +36,7 @@ def host_array(x) -> np.ndarray:
 
 
 def place_batch(host: Mapping[str, np.ndarray], mesh) -> dict:
-    """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` on rows,
+    """Host NumPy batch fields -> global arrays laid out with the batch specs (``dp`` x ``fsdp`` on rows,
     ``sp`` on the sequence), from values every process holds in full (each fills in the shards
     it owns). Fields of the rollout, which each process generates only its share of, go through
     :func:`rljax.trainer.distribute.assemble`."""

@@ -52,5 +52,17 @@ def main(argv=None) -> int:
     return rc
 
 
+def _piped_main() -> int:
+    """:func:`main`, quiet when its reader goes away (``... samples RUN | head``): Python's advice
+    for a closed pipe, stdout pointed at devnull so the interpreter's final flush cannot raise."""
+    try:
+        rc = main()
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a C tool killed by it
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_piped_main())

@@ -11,11 +11,15 @@ An alert is ``(name, message)``; the tracer writes ``alerts/<name> = 1`` into
   ``trace.alert_dp_imbalance``.
 * ``kl_spike`` / ``grad_norm_spike`` / ``entropy_spike``: the value is more than
   ``trace.alert_spike_factor`` times the running median of the last
-  ``trace.alert_spike_window`` steps (entropy also when it falls below median / factor).
+  ``trace.alert_spike_window`` steps (entropy also when it falls below median / factor);
+  from the fourth step on: before the window fills, the median of the steps so far is the
+  warm-up baseline.
 * ``batch_leak``: a field of a finished step's batch is still referenced (the runner's
   live-batch registry).
 * ``rollout_mismatch``: ``training/rollout_probs_diff_max`` (the largest gap between a token's
-  sampler and learner probability) above ``trace.alert_rollout_probs_diff_max``.
+  sampler and learner probability) above ``trace.alert_rollout_probs_diff_max_sync`` in a
+  synchronous run (the sampler decodes with the learner's very weights: the gap is float noise,
+  ~1e-8 in float32 on CPU), ``trace.alert_rollout_probs_diff_max`` in an asynchronous one.
 * ``batch_invariant``: a whole-batch invariant failed on some row (:mod:`rljax.trace.invariants`:
   loss tokens, mask positions, tokens under the mask, versions, observation tokens).
 * ``drop_rate`` (``trainer.mode=async``): more than ``trace.alert_drop_rate`` of the rows
@@ -55,11 +59,17 @@ SPIKE_METRICS = {
     "actor/grad_norm": ("grad_norm_spike", False),
     "actor/entropy": ("entropy_spike", True),
 }
-#: Spikes are judged once this many earlier steps are in the window (a baseline; the first
-#: steps of a run, with KL near 0 on-policy, are none).
-MIN_HISTORY = 10
-#: Values below this are treated as this (a KL of exactly 0 has no meaningful ratio).
+#: Spikes are judged once this many earlier steps are in the window: until the window fills, the
+#: baseline is the median of the warm-up steps seen so far (a run is not left unwatched for its
+#: first ``trace.alert_spike_window`` steps); a baseline at the floor (KL of exactly 0 on-policy)
+#: is none.
+MIN_HISTORY = 3
+#: A baseline at or below this is none (a KL of exactly 0 has no meaningful ratio).
 SPIKE_FLOOR = 1e-6
+#: Per metric, where the floor is higher: an on-policy KL is float noise (~1e-5 in float32 on CPU),
+#: so a KL baseline under 1e-4 is none (the async tau=1 run's KL rose from 1e-5 to 9e-4 as its
+#: batches became stale: no spike).
+SPIKE_FLOORS = {"actor/ppo_kl": 1e-4}
 
 
 def dp_token_counts(attention_mask: np.ndarray, dp: int) -> np.ndarray:
@@ -117,7 +127,7 @@ class SpikeDetector:
                 continue
             hist = self.history[key]
             med = float(np.median(np.abs(hist))) if len(hist) >= MIN_HISTORY else 0.0
-            if med > SPIKE_FLOOR:  # no baseline yet, or a zero one (exactly on-policy KL): no ratio to judge
+            if med > SPIKE_FLOORS.get(key, SPIKE_FLOOR):  # no baseline yet, or a noise one (on-policy KL)
                 a = abs(float(v))
                 if a > self.factor * med:
                     alerts.append((name, f"{key}={v:.4g} > {self.factor} x running median {med:.4g}"))
@@ -125,6 +135,14 @@ class SpikeDetector:
                     alerts.append((name, f"{key}={v:.4g} < running median {med:.4g} / {self.factor}"))
             hist.append(float(v))
         return alerts
+
+
+def mismatch_threshold(cfg) -> float:
+    """The ``rollout_mismatch`` threshold of a run: ``trace.alert_rollout_probs_diff_max_sync`` in a
+    synchronous one (the sampler decodes with the learner's very weights: the gap is float noise),
+    ``trace.alert_rollout_probs_diff_max`` in an asynchronous one (the sampler's weights may lag)."""
+    t = cfg.trace
+    return t.alert_rollout_probs_diff_max if cfg.trainer.mode == "async" else t.alert_rollout_probs_diff_max_sync
 
 
 def mismatch_alert(metrics: Mapping, threshold: float) -> Optional[Alert]:

@@ -47,6 +47,16 @@ FAULTS = {
     "swap_rewards": "the scores of two untraced rows of different prompt groups swapped after scoring",
     "observation_action_mask": "an untraced row's tool observation tokens given action mask 1 by the rollout",
     "observation_loss_mask": "an untraced row's tool observation tokens put in the learner's loss_mask",
+    # round four (rljax.trace.rederive, rljax.trace.rescore, rljax._digest): producers that are wrong
+    "wrong_group_id": "an untraced row's group_id points at another prompt group (advantages normalised over it)",
+    "mask_after_eos": "an untraced row's rollout mask counts the padding position after its EOS",
+    "restart_positions": "an untraced row's rotary positions restart at its response",
+    "reward_other_answer": "an untraced row is scored against another prompt's answer",
+    "drop_micro_row": "the update's first micro-batch of each mini-batch loses its first row",
+    "loss_agg_mode": "the update is built with another loss_agg_mode than the configuration's",
+    "stale_sampler_weights": "the sampler keeps its old weights while its version label advances",
+    "reference_is_policy": "the reference log-probs are taken from the current policy",
+    "stale_old_logp": "the old log-prob pass reads a copy of the policy taken at the first step",
 }
 _on: set[str] = set()
 _kept: list = []
@@ -71,6 +81,8 @@ def disable(*names: str) -> None:
     else:
         _on.clear()
     _kept.clear()
+    _stale.clear()
+    _stale_old.clear()
 
 
 def active(name: str) -> bool:
@@ -125,9 +137,20 @@ def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, versi
                 traj.response_mask[r, cols] = True
                 traj.loss_mask[r, cols] = True
             host["loss_mask"][r, cols] = 1  # the learner's copy (built from the rollout's before this hook)
-    if not _on & {"zero_loss_mask_token", "shift_loss_mask", "future_version"}:
+    if not _on & {"zero_loss_mask_token", "shift_loss_mask", "future_version", "wrong_group_id", "mask_after_eos",
+                  "restart_positions"}:
         return
-    r = untraced_row(traj, seed=seed, step=step, groups=groups, partial="shift_loss_mask" in _on)
+    r = untraced_row(traj, seed=seed, step=step, groups=groups,
+                     partial=bool(_on & {"shift_loss_mask", "mask_after_eos"}))
+    if "wrong_group_id" in _on:  # the learner's group ids (the advantages are normalised over them)
+        host["group_id"][r] = (int(host["group_id"][r]) + 1) % max(int(host["group_id"].max()) + 1, 2)
+    if "mask_after_eos" in _on:  # the rollout's own record, and so the learner's copy
+        t = int(traj.response_length[r])
+        traj.response_mask[r, t] = traj.loss_mask[r, t] = True
+        host["loss_mask"][r, t] = 1
+    if "restart_positions" in _on:  # the response's positions start again from 0
+        s = host["input_ids"].shape[1] - host["loss_mask"].shape[1]
+        host["positions"][r, s:] = np.arange(host["positions"].shape[1] - s)
     lm = host["loss_mask"]
     if "zero_loss_mask_token" in _on:
         lm[r, int(np.flatnonzero(lm[r])[0])] = 0
@@ -156,6 +179,54 @@ def reward_scores(scores, traj, *, seed: int, step: int, groups: int) -> None:
     a, b = next((a, b) for a in rows for b in rows if traj.group_id[a] != traj.group_id[b])
     scores[a] += 1.0  # every untraced score equal: a swap would change nothing; make it a wrong score
     scores[b] -= 1.0
+
+
+def reward_answers(answers: list, traj) -> list:
+    """``reward_other_answer``: the last real row is scored against another prompt's answer."""
+    if "reward_other_answer" not in _on:
+        return answers
+    r = max(i for i in range(traj.batch_size) if not traj.is_padding[i])
+    other = next((i for i in range(traj.batch_size) if not traj.is_padding[i] and answers[i] != answers[r]), None)
+    if other is not None:
+        answers = list(answers)
+        answers[r] = answers[other]
+    return answers
+
+
+_stale: list = []
+
+
+def sampler_weights(params):
+    """``stale_sampler_weights``: the weights of the first push, whatever the learner pushes later
+    (the version label still advances); a copy, the learner donates its buffers."""
+    if "stale_sampler_weights" not in _on:
+        return params
+    if not _stale:
+        import jax
+        import jax.numpy as jnp
+
+        _stale.append(jax.tree.map(jnp.copy, params))
+    return _stale[0]
+
+
+def old_params(params):
+    """``stale_old_logp``: the parameters of the first old log-prob pass, at every later one (a copy)."""
+    if "stale_old_logp" not in _on:
+        return params
+    if not _stale_old:
+        import jax
+        import jax.numpy as jnp
+
+        _stale_old.append(jax.tree.map(jnp.copy, params))
+    return _stale_old[0]
+
+
+_stale_old: list = []
+
+
+def reference_params(reference, policy):
+    """``reference_is_policy``: the reference pass reads the current policy's parameters."""
+    return policy if "reference_is_policy" in _on else reference
 
 
 _on.update(_parse(os.environ.get("RLJAX_FAULTS", "")))

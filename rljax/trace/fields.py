@@ -15,18 +15,20 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
+from rljax.trace.batch_fields import names
 
-# The batch data contract's field kinds (docs/concepts/batch-contract.md): how a summary reads a field.
+
+# How a summary reads a field: the columns of the one table of batch fields (rljax.trace.batch_fields).
 #: ``[B, T]`` fields (response positions): their trailing dim is the response length.
-RESPONSE_FIELDS = ("response_ids", "response_mask", "loss_mask", "rollout_logp", "token_version", "old_logp", "entropy",
-                   "ref_logp", "token_level_rewards", "advantages", "returns", "rollout_is_weights", "values")
+RESPONSE_FIELDS = names(valid="response")
 #: ``[B, S+T]`` fields of the learner layout.
-SEQUENCE_FIELDS = ("input_ids", "attention_mask", "positions")
+SEQUENCE_FIELDS = names(valid="sequence")
+#: ``[B, S]`` fields: the prompt, left-padded.
+PROMPT_FIELDS = names(valid="prompt")
 #: Masks: their own mask sums are reported.
-MASK_FIELDS = ("prompt_mask", "response_mask", "loss_mask", "sampler_loss_mask", "attention_mask")
+MASK_FIELDS = names(mask=True)
 #: Fields whose traced rows' values are summarised (row means under the mask).
-VALUE_FIELDS = ("scores", "rm_scores", "judge_scores", "function_scores", "old_logp", "entropy", "ref_logp", "advantages", "returns", "values",
-                "token_level_rewards", "rollout_is_weights")
+VALUE_FIELDS = names(values=True)
 
 
 def _is_device_array(x) -> bool:
@@ -69,6 +71,27 @@ def owner_devices(x, rows: Sequence[int]) -> Optional[list[int]]:
     return sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
 
 
+_SHARD_INDEX: dict = {}  # (sharding, shape) -> ((position among the addressable shards, index), ...)
+
+
+def _shard_index(x) -> tuple:
+    """Each distinct addressable shard of ``x`` once: its position (``x.addressable_data(pos)``)
+    and its index (cached: shardings and shapes repeat every step)."""
+    key = (x.sharding, tuple(x.shape))
+    found = _SHARD_INDEX.get(key)
+    if found is None:
+        seen, out = set(), []
+        for pos, shard in enumerate(x.addressable_shards):
+            k = tuple((s.start, s.stop) for s in shard.index)
+            if k not in seen:
+                seen.add(k)
+                out.append((pos, shard.index))
+        if len(_SHARD_INDEX) > 256:
+            _SHARD_INDEX.clear()
+        found = _SHARD_INDEX[key] = tuple(out)
+    return found
+
+
 def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
     """``x[rows]`` as NumPy, copying only the addressable shards that hold those rows.
 
@@ -79,19 +102,13 @@ def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
         return np.asarray(x)[rows]
     out = np.zeros((len(rows),) + tuple(x.shape[1:]), dtype=x.dtype)
     filled = np.zeros(out.shape, dtype=bool)
-    seen = set()
-    for shard in x.addressable_shards:
-        idx = shard.index
-        key = tuple((s.start, s.stop) for s in idx)
-        if key in seen:
-            continue
+    for pos, idx in _shard_index(x):
         r = idx[0]
         start, stop = r.start or 0, x.shape[0] if r.stop is None else r.stop
         sel = (rows >= start) & (rows < stop)
         if not sel.any():
             continue
-        seen.add(key)
-        local = np.asarray(shard.data)[rows[sel] - start]
+        local = np.asarray(x.addressable_data(pos))[rows[sel] - start]
         rest = (slice(None),) + tuple(idx[1:])
         block, done = out[sel], filled[sel]
         block[rest], done[rest] = local, True

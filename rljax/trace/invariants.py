@@ -27,10 +27,12 @@ generated and the tracer all-gathers the verdicts.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
+from rljax import loss as rl
 from rljax.sharding import to_host
 
 #: A prime below 2**16: residues times position weights stay below 2**32 (uint32 on device).
@@ -88,15 +90,16 @@ def _fact_names(with_ids: bool, with_obs: bool) -> list[str]:
 
 #: dtype of each per-row fact (they travel to the host as one ``uint32`` array, bit for bit).
 _FACT_DTYPES = {"tokens": np.int32, "mask_digest": np.uint32, "token_digest": np.uint32,
-                "observation_tokens": np.int32, "row_sum": np.float32, "scores": np.float32}
+                "observation_tokens": np.int32, "row_sum": np.float32, "scores": np.float32,
+                "advantage_error": np.float32, "position_errors": np.int32}
 
 
 @functools.lru_cache(maxsize=None)
-def _step_facts_fn():
+def _step_facts_fn(estimator: Optional[tuple] = None):
     import jax
     import jax.numpy as jnp
 
-    def facts(pairs, observations, row_sum_mask, scores):
+    def facts(pairs, observations, row_sum_mask, scores, advantages, positions, passthrough, counts):
         rows = []
         for lm, ids in pairs:
             resp = None if ids is None else ids[:, ids.shape[1] - lm.shape[1]:]  # the response columns
@@ -106,28 +109,50 @@ def _step_facts_fn():
             rows.append(jnp.sum(row_sum_mask, axis=1).astype(jnp.float32))
         if scores is not None:
             rows.append(scores.astype(jnp.float32))
+        if advantages is not None:
+            rows.append(advantage_error_traced(scores=scores, estimator=estimator, **advantages))
+        if positions is not None:
+            rows.append(position_errors_traced(*positions))
+        rows += [passthrough[k].astype(jnp.int32) for k in sorted(passthrough)]
+        rows += [jnp.sum(counts[k], axis=1).astype(jnp.int32) for k in sorted(counts)]
         return jnp.stack([jax.lax.bitcast_convert_type(r, jnp.uint32) for r in rows])
 
     return jax.jit(facts)
 
 
-def step_facts(pairs, observations=None, row_sum_mask=None, scores=None) -> tuple[list[dict], dict]:
+def step_facts(pairs, observations=None, row_sum_mask=None, scores=None, *, advantages: Optional[dict] = None,
+               estimator: Optional[tuple] = None, positions: Optional[tuple] = None,
+               passthrough: Optional[dict] = None, counts: Optional[dict] = None) -> tuple[list[dict], dict]:
     """Every device-side fact of a step in one jitted reduction and one host transfer.
 
     ``pairs``: the distinct ``(loss_mask [B, T'], input_ids [B, S + T'] or None)`` the learner
     stages read; ``observations``: ``[B, T]`` bool (multi-turn) or None; ``row_sum_mask``: a
     ``[B, T']`` mask whose per-row sums the trace records also (None: skipped); ``scores``: the
-    ``[B]`` scores the advantage stage read (None: skipped). Returns ``(facts per pair,
-    {"row_sum", "scores"})`` as NumPy arrays. The per-row facts are computed on device and only
-    ``[k, B]`` 32-bit values (stacked, bit-cast to ``uint32``) come to the host: the reduction
-    and the transfer are one dispatch each however many facts there are. Several processes:
-    every process calls it (the arrays are global) and receives every row (one all-gather).
+    ``[B]`` scores the advantage stage read (None: skipped). Re-derivations
+    (:mod:`rljax.trace.rederive`): ``advantages`` (needs ``scores``): ``{"advantages", "loss_mask",
+    "group_ids", "row_mask"[, "values"]}``, the advantages the update consumed and the inputs to
+    recompute them from with ``estimator`` (:func:`rljax.trace.rederive.estimator_key`), giving
+    ``advantage_error`` per row; ``positions``: ``(attention_mask, positions)`` the update read,
+    giving ``position_errors`` per row; ``passthrough``: ``{name: [B] int array}`` brought to the
+    host as they are (e.g. ``group_id``); ``counts``: ``{name: [B, X] int array}`` summed per row,
+    as ``count/<name>`` (e.g. the attended tokens of ``attention_mask``). Returns ``(facts per pair, {"row_sum", "scores",
+    "advantage_error", "position_errors"})`` as NumPy arrays. The per-row facts are computed on
+    device and only ``[k, B]`` 32-bit values (stacked, bit-cast to ``uint32``) come to the host:
+    the reduction and the transfer are one dispatch each however many facts there are. Several
+    processes: every process calls it (the arrays are global) and receives every row (one all-gather).
     """
     pairs = tuple((lm, ids) for lm, ids in pairs)
-    stacked = np.asarray(to_host(_step_facts_fn()(pairs, observations, row_sum_mask, scores)))
+    if advantages is not None and scores is None:
+        raise ValueError("step_facts: re-deriving the advantages needs the scores they were computed from")
+    fn = _step_facts_fn(estimator if advantages is not None else None)
+    passthrough, counts = dict(passthrough or {}), dict(counts or {})
+    stacked = np.asarray(to_host(fn(pairs, observations, row_sum_mask, scores, advantages, positions, passthrough,
+                                    counts)))
     names = [n for lm, ids in pairs for n in _fact_names(ids is not None, observations is not None)]
     names += ["row_sum"] * (row_sum_mask is not None) + ["scores"] * (scores is not None)
-    values = [stacked[i].view(_FACT_DTYPES[n]) for i, n in enumerate(names)]
+    names += ["advantage_error"] * (advantages is not None) + ["position_errors"] * (positions is not None)
+    names += sorted(passthrough) + [f"count/{k}" for k in sorted(counts)]
+    values = [stacked[i].view(_FACT_DTYPES.get(n, np.int32)) for i, n in enumerate(names)]
     per_pair, i = [], 0
     for lm, ids in pairs:
         keys = _fact_names(ids is not None, observations is not None)
@@ -136,10 +161,62 @@ def step_facts(pairs, observations=None, row_sum_mask=None, scores=None) -> tupl
     return per_pair, dict(zip(names[i:], values[i:]))
 
 
+# ------------------------------------------------------------------------- re-derivations on device
+# (rljax.trace.rederive compares their results on the host)
+
+
+def outcome_token_rewards_traced(scores, mask):
+    """Each row's score on its last loss token, 0 elsewhere (``[B, T]``; jax)."""
+    jnp = _jnp()
+    on = mask > 0
+    t = jnp.arange(mask.shape[1])
+    last = jnp.max(jnp.where(on, t[None, :], -1), axis=1)
+    return jnp.where(t[None, :] == last[:, None], scores[:, None].astype(jnp.float32), 0.0)
+
+
+def advantage_error_traced(*, scores, estimator: tuple, advantages, loss_mask, group_ids, row_mask, values=None):
+    """Per row, ``max_t |consumed - re-derived| / (1 + |re-derived|)`` over every column (``[B]`` float32)."""
+    jnp = _jnp()
+    name, algorithm, num_groups = estimator
+    mask = jnp.asarray(loss_mask, jnp.float32)[:, :advantages.shape[1]]
+    fn = rl.get_adv_estimator(name)
+    want, _ = fn(outcome_token_rewards_traced(scores, mask), mask, group_id=jnp.asarray(group_ids, jnp.int32),
+                 num_groups=num_groups, row_mask=jnp.asarray(row_mask, bool), values=values, config=dict(algorithm))
+    want = jnp.asarray(want, jnp.float32)
+    err = jnp.abs(advantages.astype(jnp.float32) - want) / (1.0 + jnp.abs(want))
+    return jnp.max(jnp.where(jnp.isfinite(err), err, jnp.inf), axis=1)
+
+
+def position_errors_traced(attention_mask, positions):
+    """Per row, attended columns whose rotary position is not the count of attended columns
+    before it (``[B]`` int32; jax)."""
+    jnp = _jnp()
+    attn = attention_mask.astype(jnp.int32)
+    want = jnp.cumsum(attn, axis=1) - 1
+    return jnp.sum((attn > 0) & (positions != want), axis=1, dtype=jnp.int32)
+
+
 def host_row_facts(mask: np.ndarray, ids: np.ndarray) -> dict:
     """The rollout's per-row facts (the sampler's host arrays)."""
     return {"tokens": (mask != 0).sum(axis=1).astype(np.int32), "mask_digest": position_digest(mask),
             "token_digest": position_digest(mask, ids)}
+
+
+class RowKeys(Sequence):
+    """The trajectory keys ``{uid}_{session}_{index}`` of a batch's rows, made only for the rows a
+    violation names (a step's checks build none when every row holds)."""
+
+    def __init__(self, traj):
+        self._traj = traj
+
+    def __len__(self) -> int:
+        return len(self._traj.uid)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        t = self._traj
+        return f"{t.uid[i]}_{t.session[i]}_{t.index[i]}"
 
 
 def compare(step: int, keys, real: np.ndarray, rollout: dict, update: dict, *, stage: str = "actor_minibatch",

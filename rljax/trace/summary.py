@@ -62,91 +62,109 @@ def slot_occupancy(run_dir: str, *, rows: int = 30) -> str:
 
 
 def summarize_run(run_dir: str) -> str:
-    out = []
+    """Every section of ``python -m rljax.trace summary``, in order, as text."""
+    sections = (_topology, _asynchronous, slot_occupancy, _config, _shape_ledger, _memory_ledger, _stage_times,
+                _bytes_per_field, _trace)
+    return "\n".join(text for section in sections for text in _lines(section(run_dir)))
+
+
+def _lines(part) -> list:
+    """A section's text: a list of blocks, one block, or nothing (an empty string)."""
+    if isinstance(part, list):
+        return part
+    return [part] if part else []
+
+
+def _topology(run_dir: str) -> list:
+    out = ["== topology"]
     topo = _load(run_dir, "topology.json")
-    out.append("== topology")
-    if topo:
-        rows = [(k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in topo.items() if k != "placement"]
-        out.append(table(rows, ("field", "value")))
-        pl = topo.get("placement")
-        if pl:
-            ratio = pl.get("device_ratio") or {}
-            out.append(f"\n== placement: {pl['mode']} (trainer.mode={pl.get('trainer_mode')}); device groups "
-                       + ("disjoint" if pl.get("disjoint") else "shared (colocated)")
-                       + (f"; rollout:learner devices {ratio['rollout']}:{ratio['learner']} = {ratio['ratio']}"
-                          if ratio else ""))
-            r = pl["rollout"]
-            out.append(table([("learner", json.dumps(pl["learner"]["devices"]), json.dumps(pl["learner"]["mesh"]), "-"),
-                              ("rollout", json.dumps(r["devices"]), json.dumps(r["mesh"]),
-                               f"{r['replicas_per_process']} replica(s) x tp{r['tp']} per process")],
-                             ("group", "devices", "mesh", "replicas")))
-    else:
-        out.append("(topology.json missing)")
-    trace_summary = _load(run_dir, "trace_summary.json") or {}
-    a = trace_summary.get("async")
-    if a:
-        out.append(f"\n== asynchronous training: max_staleness {a.get('max_staleness')}, {a.get('trained_batches')} "
-                   f"batch(es) trained of {a.get('batches_put')} queued; dropped {a.get('final_dropped_stale')} stale, "
-                   f"{a.get('final_dropped_overflow')} overflow row(s); queue depth max {a.get('max_queue_depth')}")
-        gen = a.get("final_generated_rows")
-        if gen is not None:
-            dropped = a.get("final_dropped_stale", 0) + a.get("final_dropped_overflow", 0)
-            trained = a.get("trained_rows", 0)
-            pct = (lambda n: f"{100 * n / gen:.1f}%" if gen else "-")  # noqa: E731
-            out.append(table([("generated", gen, pct(gen)), ("trained", trained, pct(trained)),
-                              ("dropped", dropped, pct(dropped)),
-                              ("  stale", a.get("final_dropped_stale", 0), pct(a.get("final_dropped_stale", 0))),
-                              ("  overflow", a.get("final_dropped_overflow", 0),
-                               pct(a.get("final_dropped_overflow", 0))),
-                              ("queued or unused at the end", gen - trained - dropped, pct(gen - trained - dropped))],
-                             ("rows", "count", "of generated")))
-        hist = a.get("staleness_hist") or {}
-        total = sum(hist.values()) or 1
-        out.append(table([(k, n, "#" * max(1, round(40 * n / total))) for k, n in sorted(hist.items(), key=lambda kv: int(kv[0]))],
-                         ("staleness", "rows", "")))
+    if not topo:
+        return out + ["(topology.json missing)"]
+    rows = [(k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in topo.items() if k != "placement"]
+    out.append(table(rows, ("field", "value")))
+    pl = topo.get("placement")
+    if pl:
+        ratio = pl.get("device_ratio") or {}
+        out.append(f"\n== placement: {pl['mode']} (trainer.mode={pl.get('trainer_mode')}); device groups "
+                   + ("disjoint" if pl.get("disjoint") else "shared (colocated)")
+                   + (f"; rollout:learner devices {ratio['rollout']}:{ratio['learner']} = {ratio['ratio']}"
+                      if ratio else ""))
+        r = pl["rollout"]
+        out.append(table([("learner", json.dumps(pl["learner"]["devices"]), json.dumps(pl["learner"]["mesh"]), "-"),
+                          ("rollout", json.dumps(r["devices"]), json.dumps(r["mesh"]),
+                           f"{r['replicas_per_process']} replica(s) x tp{r['tp']} per process")],
+                         ("group", "devices", "mesh", "replicas")))
+    return out
 
-    occ = slot_occupancy(run_dir)
-    if occ:
-        out.append(occ)
 
-    out.append("\n== resolved config: non-default fields")
+def _asynchronous(run_dir: str) -> list:
+    a = (_load(run_dir, "trace_summary.json") or {}).get("async")
+    if not a:
+        return []
+    out = [f"\n== asynchronous training: max_staleness {a.get('max_staleness')}, {a.get('trained_batches')} "
+           f"batch(es) trained of {a.get('batches_put')} queued; dropped {a.get('final_dropped_stale')} stale, "
+           f"{a.get('final_dropped_overflow')} overflow row(s); queue depth max {a.get('max_queue_depth')}"]
+    gen = a.get("final_generated_rows")
+    if gen is not None:
+        dropped = a.get("final_dropped_stale", 0) + a.get("final_dropped_overflow", 0)
+        trained = a.get("trained_rows", 0)
+        pct = (lambda n: f"{100 * n / gen:.1f}%" if gen else "-")  # noqa: E731
+        out.append(table([("generated", gen, pct(gen)), ("trained", trained, pct(trained)),
+                          ("dropped", dropped, pct(dropped)),
+                          ("  stale", a.get("final_dropped_stale", 0), pct(a.get("final_dropped_stale", 0))),
+                          ("  overflow", a.get("final_dropped_overflow", 0),
+                           pct(a.get("final_dropped_overflow", 0))),
+                          ("queued or unused at the end", gen - trained - dropped, pct(gen - trained - dropped))],
+                         ("rows", "count", "of generated")))
+    hist = a.get("staleness_hist") or {}
+    total = sum(hist.values()) or 1
+    out.append(table([(k, n, "#" * max(1, round(40 * n / total))) for k, n in sorted(hist.items(), key=lambda kv: int(kv[0]))],
+                     ("staleness", "rows", "")))
+    return out
+
+
+def _config(run_dir: str) -> list:
+    out = ["\n== resolved config: non-default fields"]
     path = os.path.join(run_dir, "config.resolved.yaml")
-    if os.path.exists(path):
-        cfg, prov = load_resolved(path)
-        changes = non_default_fields(cfg, prov)
-        out.append(table([(c.key, c.value, c.default, c.source) for c in changes], ("key", "value", "default", "source"))
-                   if changes else "(all defaults)")
-    else:
-        out.append("(config.resolved.yaml missing)")
+    if not os.path.exists(path):
+        return out + ["(config.resolved.yaml missing)"]
+    cfg, prov = load_resolved(path)
+    changes = non_default_fields(cfg, prov)
+    return out + [table([(c.key, c.value, c.default, c.source) for c in changes], ("key", "value", "default", "source"))
+                  if changes else "(all defaults)"]
 
-    out.append("\n== shape ledger")
+
+def _shape_ledger(run_dir: str) -> list:
+    out = ["\n== shape ledger"]
     shapes = _load(run_dir, "shape_ledger.json")
-    if shapes:
-        cols = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadcast", "owner_devices", "produced_at",
-                "consumed_at", "freed_after")
-        out.append(table([[r.get(c) for c in cols] for r in shapes], cols))
-        out.append("common bugs:\n" + "\n".join(f"  {r['tensor']}: {r['common_bug']}" for r in shapes))
-        notes = [f"  {r['tensor']}: {r['note']}" for r in shapes if r.get("note")]
-        if notes:
-            out.append("layout notes:\n" + "\n".join(notes))
-    else:
-        out.append("(shape_ledger.json missing)")
+    if not shapes:
+        return out + ["(shape_ledger.json missing)"]
+    cols = ("stage", "tensor", "logical_shape", "local_shape", "mask_broadcast", "owner_devices", "produced_at",
+            "consumed_at", "freed_after")
+    out.append(table([[r.get(c) for c in cols] for r in shapes], cols))
+    out.append("common bugs:\n" + "\n".join(f"  {r['tensor']}: {r['common_bug']}" for r in shapes))
+    notes = [f"  {r['tensor']}: {r['note']}" for r in shapes if r.get("note")]
+    if notes:
+        out.append("layout notes:\n" + "\n".join(notes))
+    return out
 
-    out.append("\n== memory ledger (per device, MiB)")
+
+def _memory_ledger(run_dir: str) -> list:
+    out = ["\n== memory ledger (per device, MiB)"]
     mem = _load(run_dir, "memory_ledger.json")
-    if mem:
-        out.append(table([(r["item"], _mib(r["estimate_bytes"]), _mib(r["measured_bytes"]), r["measured_from"])
-                          for r in mem["rows"]], ("item", "estimate", "measured", "measured from")))
-        st = [(k, *(_mib(v.get(x)) for x in ("argument", "output", "temp", "peak"))) if v and "error" not in v
-              else (k, "not measured", "", "", "") for k, v in mem["stages"].items()]
-        out.append(table(st, ("stage", "argument", "output", "temp", "peak")))
-        out.append(f"peak stage: {mem.get('peak_stage')} ({_mib(mem.get('peak_bytes'))} MiB); "
-                   f"device memory stats: {mem.get('device_memory_stats')}")
-    else:
-        out.append("(memory_ledger.json missing)")
+    if not mem:
+        return out + ["(memory_ledger.json missing)"]
+    out.append(table([(r["item"], _mib(r["estimate_bytes"]), _mib(r["measured_bytes"]), r["measured_from"])
+                      for r in mem["rows"]], ("item", "estimate", "measured", "measured from")))
+    st = [(k, *(_mib(v.get(x)) for x in ("argument", "output", "temp", "peak"))) if v and "error" not in v
+          else (k, "not measured", "", "", "") for k, v in mem["stages"].items()]
+    out.append(table(st, ("stage", "argument", "output", "temp", "peak")))
+    out.append(f"peak stage: {mem.get('peak_stage')} ({_mib(mem.get('peak_bytes'))} MiB); "
+               f"device memory stats: {mem.get('device_memory_stats')}")
+    return out
 
-    out.append("\n== stage-time split")
 
+def _stage_times(run_dir: str) -> list:
     totals: dict[str, float] = {}
     for m in read_metrics(run_dir):
         for k, v in m.items():
@@ -156,9 +174,12 @@ def summarize_run(run_dir: str) -> str:
     loop = {k: v for k, v in totals.items() if k.startswith("timing_s/")}
     busy = sum(loop.values()) or 1.0
     rows = [(k, f"{v:.3f}", f"{100 * v / busy:.1f}%") for k, v in sorted(loop.items(), key=lambda kv: -kv[1])]
-    out.append(table(rows, ("stage", "seconds", "share")) if rows else "(metrics.jsonl missing)")
+    return ["\n== stage-time split", table(rows, ("stage", "seconds", "share")) if rows else "(metrics.jsonl missing)"]
 
+
+def _bytes_per_field(run_dir: str) -> list:
     s = _load(run_dir, "trace_summary.json")
+    out = []
     sizes = (s or {}).get("bytes_per_field") or {}
     if sizes:
         out.append("\n== bytes per batch field, by the stage that wrote it (global, largest step)")
@@ -167,24 +188,28 @@ def summarize_run(run_dir: str) -> str:
     slow = (s or {}).get("slowest_process_steps") or {}
     if len(slow) > 1 or any(k != "0" for k in slow):
         out.append("slowest process: " + ", ".join(f"process {p} in {n} step(s)" for p, n in slow.items()))
-    out.append("\n== trace")
-    if s:
-        out.append(f"{s['records']} records over {s['steps']} steps ({s['groups_per_step']} group(s) per step); "
-                   f"tracing overhead {100 * s.get('overhead_frac_median', 0):.2f}% of step time (median; "
-                   f"max {100 * s.get('overhead_frac_max', 0):.2f}%), ledgers {s.get('ledger_s', 0):.2f} s once")
-        if s.get("status") != "completed":
-            out.append(f"status: {s.get('status')} (records up to step {s.get('last_step')})"
-                       + (f": {s['error']}" if s.get("error") else ""))
-        elif s.get("stopped"):  # completed by the resume of a run that trained every step
-            out.append(f"status: completed by a resume: {s['stopped'].get('how')}")
-        out.append("alerts: " + (", ".join(f"{k} x{v}" for k, v in s["alerts"].items()) if s.get("alerts") else "none"))
-        inv = s.get("invariants") or {}
-        if inv.get("error") or inv.get("skipped"):
-            out.append(f"whole-batch invariants: not checked ({inv.get('error') or inv['skipped']})")
-        elif inv:
-            out.append(f"whole-batch invariants: {inv.get('rows', 0)} rows over {inv.get('steps', 0)} step(s), "
-                       f"{inv.get('violating_rows', 0)} violating; {1000 * inv.get('s', 0.0):.1f} ms in all"
-                       + ("; scores tied to their trajectories" if inv.get("scores_tied") else ""))
-    else:
-        out.append("(trace_summary.json missing)")
-    return "\n".join(out)
+    return out
+
+
+def _trace(run_dir: str) -> list:
+    out = ["\n== trace"]
+    s = _load(run_dir, "trace_summary.json")
+    if not s:
+        return out + ["(trace_summary.json missing)"]
+    out.append(f"{s['records']} records over {s['steps']} steps ({s['groups_per_step']} group(s) per step); "
+               f"tracing overhead {100 * s.get('overhead_frac_median', 0):.2f}% of step time (median; "
+               f"max {100 * s.get('overhead_frac_max', 0):.2f}%), ledgers {s.get('ledger_s', 0):.2f} s once")
+    if s.get("status") != "completed":
+        out.append(f"status: {s.get('status')} (records up to step {s.get('last_step')})"
+                   + (f": {s['error']}" if s.get("error") else ""))
+    elif s.get("stopped"):  # completed by the resume of a run that trained every step
+        out.append(f"status: completed by a resume: {s['stopped'].get('how')}")
+    out.append("alerts: " + (", ".join(f"{k} x{v}" for k, v in s["alerts"].items()) if s.get("alerts") else "none"))
+    inv = s.get("invariants") or {}
+    if inv.get("error") or inv.get("skipped"):
+        out.append(f"whole-batch invariants: not checked ({inv.get('error') or inv['skipped']})")
+    elif inv:
+        out.append(f"whole-batch invariants: {inv.get('rows', 0)} rows over {inv.get('steps', 0)} step(s), "
+                   f"{inv.get('violating_rows', 0)} violating; {1000 * inv.get('s', 0.0):.1f} ms in all"
+                   + ("; scores tied to their trajectories" if inv.get("scores_tied") else ""))
+    return out

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rljax.config import apply_model_overrides, parse_mesh_spec
 from rljax.errors import ConfigError
+from rljax.hf_config import model_fields
 from rljax.tokenizer import checked_tokenizer
 
 _CHECKPOINT = "a local Hugging Face checkpoint directory with config.json, *.safetensors and tokenizer.json"
@@ -32,6 +33,7 @@ def check(config) -> None:
     _check_estimator(config)
     vocab, vocab_from = _check_model(config.model)
     _check_tp(config, vocab, vocab_from)
+    _check_teacher(config, vocab, vocab_from)
     _check_lora_saved_modules(config)
     _check_loggers(config)
 
@@ -93,6 +95,29 @@ def _check_model(m) -> tuple[int, str]:
         return hf_vocab, "model.path's config.json vocab_size"
     # A preset trained from scratch takes the tokenizer's vocabulary (rljax.trainer.build.model_for).
     return tokenizer.vocab_size, f"{where} vocabulary; a preset takes its tokenizer's"
+
+
+def _check_teacher(config, vocab: int, vocab_from: str) -> None:
+    """``distillation.teacher_model.model_path``: ``ref``, or a causal-LM checkpoint directory whose
+    vocabulary is the policy's (the teacher scores the policy's token ids, position by position)."""
+    d = config.distillation
+    path = d.teacher_model.model_path
+    if not d.enabled or not path or path == "ref":
+        return
+    key = f"distillation.teacher_model.model_path={path!r}"
+    root = Path(path).expanduser()
+    expected = "expected ref or a local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory"
+    if not root.is_dir() or not (root / "config.json").is_file() or not any(root.glob("*.safetensors")):
+        raise ConfigError(f"{key} is not a checkpoint directory with config.json and *.safetensors (cwd "
+                          f"{os.getcwd()}); {expected}")
+    try:
+        hf = json.loads((root / "config.json").read_text())
+        model_fields(hf)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{key}: config.json is not a supported causal LM ({e}); {expected}") from None
+    if hf.get("vocab_size") != vocab:
+        raise ConfigError(f"{key} has a vocabulary of {hf.get('vocab_size')} tokens, the policy's {vocab} ({vocab_from}):"
+                          " the teacher scores the policy's token ids, so it needs the policy's tokenizer")
 
 
 def _check_lora_saved_modules(config) -> None:

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from rljax._rundir import DIGEST_FILE, committed_checkpoints, resume_checkpoint
+from rljax._rundir import DIGEST_FILE, committed_checkpoints, passed_over_line, resume_checkpoint
 _DELETING = ".rljax-deleting"
 _ORBAX_TMP = ".orbax-checkpoint-tmp"
 _DISCARDED = "discarded"
@@ -119,7 +119,23 @@ class _QuietOrbaxErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return True
-        return not ("orbax" in record.pathname or _raised_in_orbax(record.exc_info))
+        return not ("orbax" in record.pathname or _raised_in_orbax(record.exc_info) or _lost_write(record))
+
+
+def _lost_write(record: logging.LogRecord) -> bool:
+    """asyncio's "Future exception was never retrieved" for a tensorstore write of a failed save: the
+    error is set on the future from C (no Python traceback to name orbax), an absl status such as
+    ``ValueError('RESOURCE_EXHAUSTED: ...')`` on a full disk. 1 full-disk run in 4 printed it after the
+    save's one-line error (issue 39)."""
+    exc = record.exc_info[1] if record.exc_info and len(record.exc_info) == 3 else None
+    return ("exception was never retrieved" in str(record.msg) and exc is not None and exc.__traceback__ is None
+            and str(exc).split(":", 1)[0] in _STATUS_CODES)
+
+
+#: absl status codes tensorstore's errors start with (``absl::StatusCode`` names).
+_STATUS_CODES = ("CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                 "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 
 
 _QUIET = _QuietOrbaxErrors()
@@ -263,7 +279,11 @@ class Checkpointer:
             logging.getLogger(name).addFilter(_QUIET)
         _install_closed_loop_hook()
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save, create=True)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        # the items' handlers named up front: a fresh process (a resume) reads a checkpoint's metadata
+        # and meta alone without orbax warning twice that "state" "could not be restored", and the
+        # shape check before a restore sees the saved shapes (it got None there, and checked nothing)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+            "state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
         self._verifier: Optional[threading.Thread] = None
         self._pending: Optional[int] = None
         self._failure: Optional[BaseException] = None
@@ -485,10 +505,8 @@ class Checkpointer:
         reported, not skipped; when none has a digest the newest is chosen (and refused)."""
         if resume_from is None:
             step, newer = resume_checkpoint(self.directory, past_undigested=past_undigested)
-            if newer:
-                self.echo(f"resume: checkpoint(s) {', '.join(map(str, newer))} have no digest (the run stopped "
-                          f"between a save's commit and its digest); resuming from {step}, the newest "
-                          f"with one (--resume-unverified restores {newer[-1]} instead)")
+            if newer:  # no digest, or a step's record cut short (it runs again)
+                self.echo(passed_over_line(self.directory, step, newer))
             return step
         steps = self.all_steps()
         if resume_from not in steps:

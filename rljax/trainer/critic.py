@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from rljax import loss as rl
 from rljax.models import functional as F
+from rljax.models.precision import traced_at
 from rljax.sharding import with_logical_constraint
 from rljax.trainer.packing import ROW_FIELDS
 
@@ -32,6 +33,7 @@ class CriticStepConfig:
     ppo_mini_batch_size: int = 8  # trajectories
     ppo_micro_batch_size: int = 8  # trajectories
     shuffle: bool = True  # permute the trajectories before each epoch's mini-batch split (actor.shuffle)
+    matmul_precision: Optional[str] = None  # model.matmul_precision (None: JAX's setting in effect)
 
 
 def init_critic(policy_params: dict) -> dict:
@@ -82,7 +84,7 @@ def _packed_values(graphdef, params: dict, rows: dict, *, mesh: Optional[Mesh] =
     return jnp.take(values.reshape(-1), rows["gather"], axis=0)
 
 
-def make_packed_values_fn(graphdef, *, mesh: Optional[Mesh] = None):
+def make_packed_values_fn(graphdef, *, mesh: Optional[Mesh] = None, matmul_precision: Optional[str] = None):
     """Jitted ``(params, packed, batch_size) -> V [B, T]`` from
     :func:`rljax.trainer.packing.pack_logprob_batch` arrays (one chunk per ``U``, mapped
     sequentially); rows come back in the batch's order."""
@@ -95,7 +97,7 @@ def make_packed_values_fn(graphdef, *, mesh: Optional[Mesh] = None):
         out = jnp.zeros((b + 1, t), values.dtype).at[index].set(values.reshape(-1, t))[:b]
         return out if mesh is None else with_logical_constraint(out, ("batch", "length"), mesh)
 
-    return jax.jit(compute, static_argnums=2)
+    return jax.jit(traced_at(compute, matmul_precision), static_argnums=2)
 
 
 def critic_loss(params, graphdef, micro: dict, counts, cfg: CriticStepConfig, mesh: Optional[Mesh]):

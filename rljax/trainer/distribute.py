@@ -63,6 +63,13 @@ class Share:
     def num_rows(self) -> int:
         return (self.hi - self.lo) * self.n
 
+    def local_bound(self, max_error_fraction: float) -> float:
+        """The ``reward.max_error_fraction`` bound a process applies to its own rows: the bound
+        itself on one process; with several, none (1.0): it applies to the whole batch, after the
+        processes merge their reports (``gather_rollout``, validation), so every process stops
+        together."""
+        return float(max_error_fraction) if self.processes == 1 else 1.0
+
     def describe(self) -> dict:
         """``topology.json``'s ``rollout_share``: which prompts (and uids) every process generates."""
         per = self.num_prompts // self.processes
@@ -260,10 +267,10 @@ def version_spans(traj) -> np.ndarray:
     return np.where(real.any(axis=1), hi - lo, 0)
 
 
-def gather_rows(traj, share: Share, *, judge_scores=None) -> RolloutRows:
-    """:class:`RolloutRows` of the step from this process's trajectories (a small all-gather; with
-    multi-turn episodes their :class:`EpisodeRows` too; ``judge_scores``: this process's rows'
-    verdict scores, gathered beside)."""
+def gather_rows(traj, share: Share, *, judge_scores=None, episodes=None) -> RolloutRows:
+    """:class:`RolloutRows` of the step from this process's trajectories (a small all-gather; then
+    ``episodes(traj, share)``, the multi-turn client's :func:`gather_episodes`, if given;
+    ``judge_scores``: this process's rows' verdict scores, gathered beside)."""
     local = {"session": np.asarray(traj.session, np.int32),
              "process": np.full(traj.batch_size, share.process, np.int32),
              "is_padding": np.asarray(traj.is_padding, bool),
@@ -276,9 +283,8 @@ def gather_rows(traj, share: Share, *, judge_scores=None) -> RolloutRows:
     if judge_scores is not None:
         local["judge_scores"] = np.asarray(judge_scores, np.float32)
     glob = allgather(local, share)
-    episodes = gather_episodes(traj, share) if getattr(traj, "num_turns", None) is not None else None
     return RolloutRows(uid=tuple(allgather_strings(traj.uid, share)), **{k: np.asarray(v) for k, v in glob.items()},
-                       episodes=episodes)
+                       episodes=episodes(traj, share) if episodes is not None else None)
 
 
 def merge_reward_reports(report, share: Share):

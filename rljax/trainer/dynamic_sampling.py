@@ -28,7 +28,7 @@ process runs its share of every draw's episodes, and the exchange moves their pe
 too (roles, turn counts, tool facts; the final text and turn spans as JSON).
 
 ``trainer.mode=async`` with ``async_training.streaming=false`` runs the same stage on the producer
-thread (:mod:`rljax.trainer.async_loop` takes the synchronous ``rollout_sessions`` and ``reward``);
+thread (:mod:`rljax.trainer.producers.batched` runs the synchronous ``rollout_sessions`` and ``reward``);
 with streaming (the default) the producer scores each group as it completes and fills the batch
 by the same rule and the same draws (the functions at the end of this module):
 a queued batch is a full batch of kept groups, its ``dynamic_sampling`` facts travel with it
@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from rljax.reward import groups_to_keep
+from rljax.errors import RunError
+from rljax.reward import filter_values, groups_to_keep
 
 #: Host fields with one entry per row (multi-turn episodes add the final turn's text and the turn spans).
 ROW_FIELDS = ("uid", "session", "index", "final_text", "turn_spans")
@@ -183,7 +184,7 @@ def filtered_rollout(s, b, *, rollout_fn, score_fn, shape_fn, digest_fn) -> dict
         task, report = score_fn(s, traj, prompts[lo:hi])
         shaped = shape_fn(s, traj, task)
         acc.reports.append(report)
-        facts = _draw_facts(traj, task if fg.metric == "acc" else shaped, share)
+        facts = _draw_facts(traj, filter_values(fg.metric, task, shaped, report), share)  # acc: a dict's (issue 38)
         take = _take(facts, uids, room=want - acc.kept, want=want, metric=fg.metric, dropped=acc.dropped)
         acc.add(traj, facts, take, prompts, uids, shaped, digest_fn(traj), share, lo, hi)
         if acc.kept >= want:
@@ -323,7 +324,7 @@ def metrics(facts: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- streaming admission
-# (trainer.mode=async with async_training.streaming: rljax.trainer.async_loop.FilteredStreamingProducer)
+# (trainer.mode=async with async_training.streaming: rljax.trainer.producers.filtered.Filtered)
 
 
 def group_facts(traj, values) -> dict:
@@ -379,10 +380,10 @@ def fill_state(draws: list, want: int) -> tuple[bool, int, int, int]:
     return full, kept, opened, zero
 
 
-def too_few_kept(step: int, kept: int, batches: int, zero_var: int, *, want: int, fg) -> RuntimeError:
+def too_few_kept(step: int, kept: int, batches: int, zero_var: int, *, want: int, fg) -> RunError:
     """The error at ``max_num_gen_batches`` draws without a full batch (:func:`filtered_rollout`,
     the streaming producer)."""
-    return RuntimeError(f"step {step}: {kept} of data.train_batch_size={want} prompt groups kept after "
+    return RunError(f"step {step}: {kept} of data.train_batch_size={want} prompt groups kept after "
                         f"{batches} prompt batches (algorithm.filter_groups.max_num_gen_batches="
                         f"{fg.max_num_gen_batches}; {zero_var} groups had zero {fg.metric} variance): the "
                         "data are too easy or too hard for the filter; raise max_num_gen_batches (0: no limit)")

@@ -142,7 +142,7 @@ def wait_for_save(checkpointer, timeout_s: float, echo: Callable[[str], None] = 
     try:
         done = checkpointer.wait(timeout_s)
     except Exception as e:  # noqa: BLE001 - we are already stopping; report, do not mask the first error
-        echo(f"checkpoint: the save of step {pending} failed while stopping: {e}")
+        echo(f"checkpoint: while stopping: {e}")  # names the step (pending is None once the save has failed)
         return False
     if not done:
         echo(f"checkpoint: gave up waiting for the save of step {pending} after {timeout_s:g} s "

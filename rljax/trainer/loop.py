@@ -25,23 +25,24 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from rljax._rundir import resume_checkpoint
+from rljax._rundir import drop_cut_records, resume_checkpoint
 from rljax.config import Config, to_dict
-from rljax.env import episode_scores
 from rljax.models.lora import check_base
-from rljax.reward import RewardError
+from rljax.reward import DATA_SOURCES, RewardError, ValidationBySource
 from rljax.trace import Tracer, plot_report
 from rljax.trace.loggers import open_run_logs
 from rljax.trace.mfu import mfu
-from rljax.trace.samples import TrainSamples, sample_rows
-from rljax.trainer import distribute
+from rljax.trace.recompute import attach as attach_recompute
+from rljax.trace.samples import TrainSamples
+from rljax.trainer import distribute, prefix
 from rljax.trainer.async_loop import AsyncSchedule
 from rljax.trainer.build import build
 from rljax.trainer.checkpoint import CheckpointError, Checkpointer
 from rljax.trainer.guard import (NONFINITE_ALERT, NonFiniteMonitor, NonFiniteUpdateError, RUN_RECORDS, StopRequested,
                                  StopSignals, MARKED_RECORDS, cut_jsonl, mark_resume, wait_for_save)
 from rljax.trainer.packing import AutoPacking
-from rljax.trainer.stages import actor_batch, model_inputs, score
+from rljax.trainer.runner import StepRunner
+from rljax.trainer.stages import actor_batch, model_inputs, validating
 from rljax.trainer.state import checkpoint_meta, checkpoint_tree, from_checkpoint
 from rljax.trainer.step import PackedTrainStep
 from rljax.trainer.sync_loop import SyncSchedule
@@ -144,6 +145,8 @@ class Trainer:
       resume_unverified: also restore a checkpoint without a digest (refused otherwise).
       resume_from_weights: take only the policy (and critic) weights of the checkpoint; the
         optimizer state and the data position start fresh (a resume under another task).
+      placement: the device groups (:class:`rljax.sharding.placement.Placement`) the launcher
+        computed; default: the sampler's devices by the placement rule around ``mesh``.
 
     Raises:
       RunComplete: ``resume`` of a run whose checkpoint is at ``trainer.total_steps``; nothing in
@@ -151,7 +154,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, mesh, run_dir: str, *, resume: bool = False, echo: Callable = print,
-                 resume_unverified: bool = False, resume_from_weights: bool = False):
+                 resume_unverified: bool = False, resume_from_weights: bool = False, placement=None):
         self.cfg, self.run_dir, self.echo = cfg, run_dir, echo
         if resume:  # before build and the restore write anything (records cut, resume markers, the summary)
             done, _ = resume_checkpoint(os.path.join(run_dir, "checkpoints"), cfg.trainer.resume_from,
@@ -160,7 +163,7 @@ class Trainer:
                 raise RunComplete(f"resume: checkpoint {done} is {'at' if done == cfg.trainer.total_steps else 'past'} "
                                   f"trainer.total_steps={cfg.trainer.total_steps}: the run in {run_dir} is complete, "
                                   "nothing to train; raise trainer.total_steps to train on")
-        self.services, self.state, stages = build(cfg, mesh, run_dir=run_dir, echo=echo)
+        self.services, self.state, stages = build(cfg, mesh, run_dir=run_dir, echo=echo, placement=placement)
         self.progress = Progress()
         os.makedirs(run_dir, exist_ok=True)
         self.checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), max_to_keep=cfg.trainer.max_checkpoints,
@@ -172,10 +175,11 @@ class Trainer:
         metrics, samples = open_run_logs(cfg, run_dir, enabled=main)  # + wandb / mlflow, samples
         self.out = Outputs(metrics=metrics, samples=samples, main=main,
                            tracer=Tracer(cfg, mesh, run_dir, enabled=main, ledger_sources=self.ledger_sources))
-        env = self.services.rollout.env
-        if env is not None and env.sandbox_probe is not None:  # what the python tool's sandbox holds
-            echo(env.sandbox_probe["line"])
-            self.out.tracer.sandbox = env.sandbox_probe
+        attach_recompute(self.out.tracer.whole_batch.recompute, self.services)  # the reward to re-score with, the sampler's digests
+        probe = self.services.rollout.client.sandbox_probe
+        if probe is not None:  # what the python tool's sandbox holds
+            echo(probe["line"])
+            self.out.tracer.sandbox = probe
         observers = [self.out.tracer]
         if cfg.trace.log_train_generations:  # several processes: process 0 writes every process's rows
             share = self.services.rollout.share
@@ -184,7 +188,7 @@ class Trainer:
             observers.append(TrainSamples(samples, decode=self.services.rollout.tokenizer.decode,
                                           limit=cfg.trace.log_train_generations, **multi))
         if cfg.trainer.mode == "async":
-            self.schedule = AsyncSchedule(self.services, self.state, stages, observers)
+            self.schedule = AsyncSchedule(self.services, self.state, observers)
         else:
             self.schedule = SyncSchedule(self.services, stages, observers)
 
@@ -215,6 +219,8 @@ class Trainer:
                 "params": st.actor.params, "opt_state": st.actor.opt_state,
                 "lower_update": lambda fields: fns.update.lower(st.actor, actor_batch(s, fields), jax.random.key(0)),
                 "lower_logprob": lambda fields: fns.forward.lower(st.actor.params, model_inputs(fields)),
+                "learner_layout": lambda: {"actor_minibatch": prefix.learner_layout(fns.update),
+                                           "old_log_prob": prefix.learner_layout(fns.forward)},
                 "sampler_engine": s.rollout.sampler.engine, "sampler_params": s.rollout.sampler.params,
                 "decode": s.rollout.decode}
 
@@ -261,6 +267,8 @@ class Trainer:
         """The records a previous launch wrote after ``step`` are dropped: those steps run again."""
         if not main:
             return
+        for line in drop_cut_records(self.run_dir, step):  # a record cut short: which step it was, what happens
+            self.echo(line)
         for name in RUN_RECORDS:
             dropped = cut_jsonl(os.path.join(self.run_dir, name), step)
             if name in MARKED_RECORDS:
@@ -348,6 +356,10 @@ class Trainer:
             if jax.process_count() > 1 and "gathered_bytes" in step.stats:  # the plan's all-gather: [B] spans only
                 out["perf/packing_gather_bytes"] = step.stats["gathered_bytes"]
             out["perf/learner_compiles"] = step.compiles + getattr(self.services.learner.actor.forward, "compiles", 0)
+            layout = prefix.learner_layout(step)  # actor.shared_prefix: the layout the update used, tokens saved
+            if layout["layout"] in ("packed", "shared_prefix"):
+                out["perf/learner_shared_prefix"] = float(layout["layout"] == "shared_prefix")
+                out["perf/shared_prefix_saved_frac"] = layout["shared_saved_frac"]
         for key, timing in (("actor", "timing_s/update_actor"), ("rollout", "timing_s/gen")):
             flops = metrics.get(f"perf/model_flops/{key}")
             if flops is not None and timing in metrics:
@@ -370,7 +382,7 @@ class Trainer:
         process's rows, the first ones in batch order, as one process writes it."""
         t = time.perf_counter()
         with self.schedule.paused():  # async: the rollout thread pauses; the newest pushed weights validate
-            rows, samples = self._validate_batches()
+            rows, samples, by_source = self._validate_batches()
         self.out.samples.write("val", self.progress.step, samples)
         self._time("testing", t)
         errors, scored = int(rows["errors"].sum()), int(rows["scored"].sum())
@@ -380,42 +392,37 @@ class Trainer:
         if "num_turns" in rows:  # held-out tool use, logged beside val/score/mean
             self.progress.val_env.update({"val/env/tool_call_rate": float(rows["tool_called"][real].mean()),
                                           "val/env/num_turns/mean": float(rows["num_turns"][real].mean())})
+        self.progress.val_env.update(by_source.metrics())  # verl's val-core/<data_source>/...
         scores = rows["scores"][real]
         return float(np.mean(scores.tolist())) if scores.size else float("nan")
 
-    def _validate_batches(self) -> tuple[dict, list[dict]]:
+    def _validate_batches(self) -> tuple[dict, list[dict], ValidationBySource]:
         """Generates and scores this process's share of every held-out batch; returns the per-row
         facts of every process's rows (``scores``, ``is_padding``, multi-turn ``tool_called`` and
         ``num_turns``; per process and batch ``errors`` and ``scored``) and the first
-        ``trainer.log_val_generations`` sample records, both in batch order."""
+        ``trainer.log_val_generations`` sample records, both in batch order, and every process's rows by
+        data source."""
         keep, bound = self.cfg.trainer.log_val_generations, self.cfg.reward.max_error_fraction
-        s, r, n = self.services, self.services.rollout, self.cfg.rollout.val_kwargs.n
+        r = self.services.rollout
         share = r.share
-        local_bound = bound if share.processes == 1 else 1.0  # the bound applies to the whole batch, below
+        # validation's own stage list, through a runner as the step's (rljax.trainer.stages.validating)
+        by_source = ValidationBySource(DATA_SOURCES.get(self.cfg.data.dataset, self.cfg.data.dataset))
+        runner = StepRunner(validating.stages(self.services, by_source=by_source))
         parts: list[dict] = []
         samples: list[dict] = []
         for i, batch in enumerate(r.val_prompts()):
             lo, hi = distribute.block(len(batch), share)
             prompts, uids = batch[lo:hi], [f"val-{i}-{j}" for j in range(lo, hi)]
-            local = {"scores": np.zeros(0, np.float64), "is_padding": np.zeros(0, bool)}
-            if r.env is not None:
-                local.update(tool_called=np.zeros(0, bool), num_turns=np.zeros(0, np.int64))
+            local = {"scores": np.zeros(0, np.float64), "is_padding": np.zeros(0, bool), **r.client.row_facts(None)}
             counts = np.zeros(2, np.int64)  # reward errors, rows scored
             mine: list[dict] = []
             if prompts:  # fewer prompts than processes: this process has none of this batch
-                if r.env is not None:  # multi-turn: episodes, scored by their final reward
-
-                    traj = r.env.run(r.sampler, prompts, uids, n=n, decode=r.val_decode, tokenizer=r.tokenizer)
-                    got, report = episode_scores(traj, s.reward.fn, prompts, max_error_fraction=local_bound)
-                    local.update(tool_called=np.asarray(traj.tool_calls) > 0, num_turns=np.asarray(traj.num_turns))
-                else:
-                    traj = r.sampler.generate([p.ids for p in prompts], uids=uids, n=n, decode=r.val_decode)
-                    got, report = score(s, traj, prompts, max_error_fraction=local_bound)
-                local.update(scores=np.asarray(got, np.float64), is_padding=np.asarray(traj.is_padding, bool))
-                counts[:] = (report.errors, report.num_scored)
-                if len(samples) < keep:  # this process's first rows; the batch's first are chosen below
-                    mine = sample_rows(traj, prompts, got, decode=r.tokenizer.decode, step=self.progress.step,
-                                       split="val", limit=keep - len(samples))
+                # the validation stages (the process's error bound; several processes: the whole batch's below);
+                # this process's first sample rows, the batch's first are chosen below
+                out, _ = runner.run(i, {"step": self.progress.step, "prompts": prompts, "uids": uids,
+                                                 "sample_limit": max(keep - len(samples), 0)})
+                local.update(out["rows"])
+                counts[:], mine = out["counts"], out["samples"]
             part = distribute.allgather_blocks(local, share)
             part.update(distribute.allgather_blocks({"errors": counts[None, :1], "scored": counts[None, 1:]}, share))
             if share.processes > 1:
@@ -427,10 +434,13 @@ class Trainer:
                     mine = [json.loads(x) for x in distribute.allgather_texts([json.dumps(m) for m in mine], share)]
             samples += mine[: keep - len(samples)]
             parts.append(part)
+        if share.processes > 1:  # every process's rows by data source (scores and reward extras, no tokens)
+            by_source.replace([json.loads(x) for x in distribute.allgather_texts(
+                [json.dumps(r, default=float) for r in by_source.records()], share)])
         rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else \
             {"scores": np.zeros(0), "is_padding": np.zeros(0, bool), "errors": np.zeros(0, np.int64),
              "scored": np.zeros(0, np.int64)}
-        return rows, samples
+        return rows, samples, by_source
 
     def run(self) -> RunSummary:
         """Trains to ``trainer.total_steps``. Any stop (an exception in a stage, the reward error
@@ -477,6 +487,8 @@ class Trainer:
         if stats is not None:  # what data.filter_overlong_prompts / data.truncation did to the train split
             no_answer = (f", {stats.no_answer} skipped for an empty answer (first: row {stats.first_no_answer})"
                          if stats.no_answer else "")
+            no_answer += (f", {stats.no_prompt} skipped for an empty prompt (first: row {stats.first_no_prompt})"
+                          if stats.no_prompt else "")
             self.echo(f"train prompts: {stats.total} total, {stats.kept} kept, {stats.filtered} filtered as overlong, "
                       f"{stats.truncated} truncated (max_prompt_length {stats.max_length}, longest {stats.longest})"
                       f"{no_answer}")

@@ -48,11 +48,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.models import functional as F
+from rljax.models.attention import BRANCH_BITS, branch_ids
 from rljax.pallas import fused_logprob, fused_logprob_sharded
-from rljax.sharding import with_logical_constraint
+from rljax.sharding import mesh_batch_axes, with_logical_constraint
 
 #: Keys of a packed micro-batch's row arrays (``[R, L]`` each).
 ROW_FIELDS = ("tokens", "positions", "segment_ids", "targets")
+#: Row arrays only a shared-prefix plan has (``key_blocks [R, nq, J]``).
+SHARED_ROW_FIELDS = ("key_blocks",)
 #: Learner-batch fields that are the padded token layout (replaced by the packed rows).
 TOKEN_FIELDS = ("input_ids", "attention_mask", "positions")
 
@@ -171,7 +174,7 @@ def row_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def span_arrays(xp, attention_mask):
     """``(first, count, last)`` ``[B]`` int32 per row of a ``[B, W]`` mask: its first real column
     (0 for an empty row), its real columns and its last real column; ``xp``: NumPy on the host,
-    ``jax.numpy`` where the rows lie (:func:`rljax.trainer.step.host_spans`)."""
+    ``jax.numpy`` where the rows lie (:func:`rljax.trainer.prefix.host_spans`)."""
     mask = attention_mask.astype(bool)
     count = mask.sum(axis=1).astype(xp.int32)
     first = xp.where(count > 0, xp.argmax(mask, axis=1), 0).astype(xp.int32)
@@ -189,38 +192,95 @@ def check_spans(first, count, last) -> None:
                          "packing needs each row's real tokens in one span (left-padded prompt, right-padded response)")
 
 
-def _micro_batches(members: np.ndarray, lengths: np.ndarray, cfg: PackConfig) -> list[list[list[int]]]:
-    """A mini-batch's trajectories -> micro-batches, each a list of rows (lists of trajectory ids)."""
+class _Units:
+    """How a pass's trajectories are laid: a *unit* is a tuple of trajectory ids laid together in
+    one row. Unshared, every trajectory is its own unit, packed first-fit-decreasing. Shared
+    (``prompt_keys``), the members of a micro-batch with equal prompts form units: the prompt laid
+    once, less its last token, then each member's last prompt token and response (a branch;
+    :func:`plan`). Rows are filled in turn, group after group; a group that does not fit the rest
+    of a row continues in the next one, laying its prompt again (groups are large next to a row:
+    a whole-group unit would leave rows part empty)."""
+
+    def __init__(self, first, lengths, prompt_len, row_len: int, prompt_keys=None):
+        self.lengths, self.row_len = lengths, row_len
+        self.shared = prompt_keys is not None
+        # tokens of a row's prompt a unit lays once: all but the last (which starts each branch)
+        self.keep = np.maximum(prompt_len - 1, 0) if self.shared else np.zeros_like(lengths)
+        self.keys = None if prompt_keys is None else [(int(p),) + tuple(int(x) for x in k)
+                                                      for p, k in zip(prompt_len, np.asarray(prompt_keys))]
+
+    def length(self, unit) -> int:
+        keep = int(self.keep[unit[0]])
+        return keep + sum(int(self.lengths[t]) - keep for t in unit)
+
+    def rows(self, members) -> list[list[tuple]]:
+        """``members``' units laid in rows of ``row_len``."""
+        members = [int(t) for t in members]
+        if not self.shared:
+            bins = first_fit_decreasing(self.lengths[members], self.row_len)
+            return [[(members[i],) for i in r] for r in bins]
+        if members and max(self.lengths[members]) > self.row_len:
+            raise ValueError(f"a sequence of {int(max(self.lengths[members]))} tokens does not fit a packed row of "
+                             f"{self.row_len}")
+        groups: dict = {}
+        for t in members:  # equal prompts (length and token hashes), in order of first appearance
+            groups.setdefault(self.keys[t] if self.keep[t] > 0 else ("alone", t), []).append(t)
+        rows, row, room = [], [], self.row_len
+        for ts in groups.values():
+            unit: list = []
+            for t in ts:
+                keep = int(self.keep[t])
+                need = int(self.lengths[t]) - (keep if unit else 0)
+                if need > room:  # the group continues in a new row, its prompt laid again
+                    if unit:
+                        row.append(tuple(unit))
+                    rows.append(row)
+                    row, unit, room, need = [], [], self.row_len, int(self.lengths[t])
+                unit.append(t)
+                room -= need
+            row.append(tuple(unit))
+        return [r for r in rows + [row] if r]
+
+
+def _micro_batches(members: np.ndarray, units: _Units, cfg: PackConfig) -> list[list[list[tuple]]]:
+    """A mini-batch's trajectories -> micro-batches, each a list of rows (lists of units)."""
     if cfg.use_dynamic_bsz:
-        rows = [[int(members[i]) for i in r] for r in first_fit_decreasing(lengths[members], cfg.row_len)]
+        rows = units.rows(members)
         per = cfg.dp * cfg.rows_per_device
         return [rows[i:i + per] for i in range(0, len(rows), per)]
-    out = []
-    for i in range(0, members.size, cfg.micro_batch_size):
-        chunk = members[i:i + cfg.micro_batch_size]
-        out.append([[int(chunk[j]) for j in r] for r in first_fit_decreasing(lengths[chunk], cfg.row_len)])
-    return out
+    return [units.rows(members[i:i + cfg.micro_batch_size]) for i in range(0, members.size, cfg.micro_batch_size)]
 
 
-def _order_rows(rows: list[list[int]], lengths: np.ndarray, num_rows: int, cfg: PackConfig) -> list[list[int]]:
+def _order_rows(rows: list[list[tuple]], units: _Units, num_rows: int, cfg: PackConfig) -> list[list[tuple]]:
     """Pads ``rows`` with empty rows to ``num_rows`` and orders them so that row ``i`` lands
     on dp shard ``i // (num_rows / dp)``; with ``balance`` shards get about equal tokens."""
     rows = rows + [[] for _ in range(num_rows - len(rows))]
     if not cfg.balance or cfg.dp == 1:
         return rows
-    loads = [int(lengths[r].sum()) if r else 0 for r in rows]
+    loads = [sum(units.length(u) for u in r) for r in rows]
     group = balanced_assignment(loads, cfg.dp)
     return [rows[i] for g in range(cfg.dp) for i in np.flatnonzero(group == g)]
 
 
 def plan(first: np.ndarray, count: np.ndarray, width: int, response_len: int, orders: Sequence[np.ndarray], *,
-         mini_batch_size: int, cfg: PackConfig, shape: Optional[tuple[int, int, int]] = None) -> tuple[dict, dict]:
+         mini_batch_size: int, cfg: PackConfig, shape: Optional[tuple[int, int, int]] = None,
+         prompt_keys: Optional[np.ndarray] = None) -> tuple[dict, dict]:
     """The packing of a ``[B, width]`` learner batch from its rows' spans alone (:func:`row_spans`;
     no token is read, so several processes plan from all-gathered ``[B]`` spans). Returns
     ``(index, stats)``: ``source [M, U, R, L]`` int32 (the flat index into the ``[B * width]``
     batch of each packed slot's token, -1: empty), ``segment_ids``, ``traj_index`` and ``gather``
     (see :func:`pack`), and :func:`pack`'s ``stats``; :func:`take_rows` (host) or
-    :func:`take_rows_on_mesh` (devices) turn ``source`` into ``tokens``, ``positions``, ``targets``."""
+    :func:`take_rows_on_mesh` (devices) turn ``source`` into ``tokens``, ``positions``, ``targets``.
+
+    ``prompt_keys [B, k]`` (:func:`rljax.trainer.prefix.prompt_hash`): the shared-prefix layout. Members of a
+    micro-batch whose prompts have the same length and keys are laid as one unit: the prompt
+    but its last token once (segment id :func:`~rljax.models.attention.branch_ids` ``(g, 0)``),
+    then per member its last prompt token and its response (``(g, k)``), each at the positions
+    of its own padded row, which continue from the prompt. Every response token is predicted
+    by the same tokens at the same positions as unshared, so the numbers are the unshared
+    layout's to float rounding (:mod:`rljax.trainer.prefix` adds the attention's key-block lists).
+    Stats: ``laid_tokens`` (tokens the rows hold), and shared, ``shared_saved_tokens``
+    (``real_tokens - laid_tokens``) and ``shared_units`` (units of two members or more)."""
     first = np.asarray(first, np.int64)
     lengths = np.asarray(count, np.int64)
     b = lengths.size
@@ -229,56 +289,96 @@ def plan(first: np.ndarray, count: np.ndarray, width: int, response_len: int, or
         raise ValueError(f"response_len={response_len} leaves no prompt column in a row of {width}")
     if b % mini_batch_size:
         raise ValueError(f"batch of {b} trajectories does not divide into mini-batches of {mini_batch_size}")
+    units = _Units(first, lengths, np.clip(s - first, 0, lengths), cfg.row_len, prompt_keys)
 
-    mini = []  # per mini-batch: list of micro-batches (lists of rows)
+    mini = []  # per mini-batch: list of micro-batches (lists of rows of units)
     for order in orders:
         order = np.asarray(order)
         if sorted(order.tolist()) != list(range(b)):
             raise ValueError(f"each order must be a permutation of range({b})")
         for m in range(0, b, mini_batch_size):
-            mini.append(_micro_batches(order[m:m + mini_batch_size], lengths, cfg))
+            mini.append(_micro_batches(order[m:m + mini_batch_size], units, cfg))
     u, r_rows, bm = _shape(mini, cfg, mini_batch_size, shape)
     big_m, el = len(mini), cfg.row_len
-    source = np.full((big_m, u, r_rows, el), -1, np.int32)
-    segment_ids = np.zeros((big_m, u, r_rows, el), np.int32)
-    traj_index = np.full((big_m, u, bm), b, np.int32)
-    gather = np.zeros((big_m, u, bm, response_len), np.int32)
-    ratios = []
-    for mi, micro_batches in enumerate(mini):
-        for ui, rows in enumerate(micro_batches):
-            rows = _order_rows(rows, lengths, r_rows, cfg)
-            slot = 0
-            shard = np.zeros(cfg.dp, np.int64)
-            for ri, row in enumerate(rows):
-                off = 0
-                for seg, t in enumerate(row, start=1):
-                    n, c0 = int(lengths[t]), int(first[t])
-                    source[mi, ui, ri, off:off + n] = t * width + c0 + np.arange(n)
-                    segment_ids[mi, ui, ri, off:off + n] = seg
-                    # response token j is predicted at padded column s-1+j
-                    where = np.full(width, -1, np.int64)
-                    where[c0:c0 + n] = ri * el + off + np.arange(n)
-                    traj_index[mi, ui, slot] = t
-                    gather[mi, ui, slot] = np.maximum(where[s - 1: s - 1 + response_len], 0)
-                    slot += 1
-                    off += n
-                shard[ri // (r_rows // cfg.dp)] += off
-            ratios.append(imbalance(shard))
+    index = {"source": np.full((big_m, u, r_rows, el), -1, np.int32),
+             "segment_ids": np.zeros((big_m, u, r_rows, el), np.int32),
+             "traj_index": np.full((big_m, u, bm), b, np.int32),
+             "gather": np.zeros((big_m, u, bm, response_len), np.int32)}
+    ratios, laid, joint = _lay_all(index, mini, units, first, r_rows, width, s, cfg)
+    real = int(lengths.sum()) * len(orders)
     stats = {
-        "real_tokens": int(lengths.sum()) * len(orders),
+        "real_tokens": real,
+        "laid_tokens": laid,
         "packed_tokens": int(big_m * u * r_rows * el),
         "padded_tokens": int(len(orders) * b * width),
         "dp_token_imbalance": float(np.mean(ratios)),
         "shape": (u, r_rows, bm),
+        "rows": (big_m, u, r_rows, el),
     }
-    return {"source": source, "segment_ids": segment_ids, "traj_index": traj_index, "gather": gather}, stats
+    if units.shared:
+        stats.update(shared_saved_tokens=real - laid, shared_units=joint)
+    return index, stats
+
+
+def _lay_all(index: dict, mini: list, units: _Units, first, r_rows: int, width: int, s: int,
+             cfg: PackConfig) -> tuple[list[float], int, int]:
+    """Lays every micro-batch of ``mini`` into ``index``; returns the per-micro-batch dp token
+    imbalances, the tokens laid and the number of units of two members or more."""
+    ratios, laid, joint = [], 0, 0
+    for mi, micro_batches in enumerate(mini):
+        for ui, rows in enumerate(micro_batches):
+            rows = _order_rows(rows, units, r_rows, cfg)
+            slot = 0
+            shard = np.zeros(cfg.dp, np.int64)
+            for ri, row in enumerate(rows):
+                off = 0
+                for seg, unit in enumerate(row, start=1):
+                    off, slot = _lay(index, (mi, ui, ri), seg, unit, units, first, off, slot, width, s, cfg.row_len)
+                    joint += len(unit) > 1
+                shard[ri // (r_rows // cfg.dp)] += off
+                laid += off
+            ratios.append(imbalance(shard))
+    return ratios, laid, joint
+
+
+def _lay(index: dict, at: tuple, seg: int, unit: tuple, units: _Units, first, off: int, slot: int, width: int,
+         s: int, el: int) -> tuple[int, int]:
+    """Lays ``unit`` in row ``at = (mi, ui, ri)`` from column ``off`` as segment ``seg``; returns the
+    next free column and micro-batch slot. Unshared, a trajectory's span is one segment id ``seg``;
+    shared, its kept prompt is branch 0 of group ``seg`` and each member a branch after it."""
+    mi, ui, ri = at
+    source, segment_ids = index["source"][at], index["segment_ids"][at]
+    keep = int(units.keep[unit[0]])
+    if seg >= 1 << (31 - BRANCH_BITS) or len(unit) >= 1 << BRANCH_BITS:
+        raise ValueError(f"a packed row of {seg} segments or a unit of {len(unit)} members exceeds the segment ids")
+    prompt_at = np.arange(0)
+    if units.shared:  # the shared prompt, less its last token, from the unit's first member
+        c0 = int(first[unit[0]])
+        source[off:off + keep] = unit[0] * width + c0 + np.arange(keep)
+        segment_ids[off:off + keep] = branch_ids(seg, 0)
+        prompt_at = ri * el + off + np.arange(keep)
+        off += keep
+    for k, t in enumerate(unit, start=1):
+        c0 = int(first[t]) + keep
+        n = int(units.lengths[t]) - keep
+        source[off:off + n] = t * width + c0 + np.arange(n)
+        segment_ids[off:off + n] = branch_ids(seg, k) if units.shared else seg
+        # response token j is predicted at padded column s-1+j
+        where = np.full(width, -1, np.int64)
+        where[c0 - keep:c0] = prompt_at
+        where[c0:c0 + n] = ri * el + off + np.arange(n)
+        index["traj_index"][mi, ui, slot] = t
+        index["gather"][mi, ui, slot] = np.maximum(where[s - 1: s - 1 + index["gather"].shape[-1]], 0)
+        slot += 1
+        off += n
+    return off, slot
 
 
 def _shape(mini: list, cfg: PackConfig, mini_batch_size: int, shape) -> tuple[int, int, int]:
     """``(U, R, Bm)`` of a plan's mini-batches: the buckets of what they need, or ``shape``."""
     need_u = max(len(mb) for mb in mini)
     need_r = max(len(rows) for mb in mini for rows in mb)
-    need_b = max(sum(len(r) for r in rows) for mb in mini for rows in mb)
+    need_b = max(sum(len(unit) for r in rows for unit in r) for mb in mini for rows in mb)
     if shape is not None:
         if shape[0] < need_u or shape[1] < need_r or shape[1] % cfg.dp or shape[2] < need_b:
             raise ValueError(f"packing shape {shape} is smaller than this batch needs ({need_u}, {need_r}, {need_b}) "
@@ -305,7 +405,7 @@ def _take(xp, input_ids, positions, source):
 def take_rows(input_ids: np.ndarray, positions: np.ndarray, index: dict) -> dict:
     """The packed arrays (:func:`pack`'s) of a :func:`plan` from host token arrays."""
     rows = _take(np, np.asarray(input_ids), np.asarray(positions), index["source"])
-    return {**rows, "segment_ids": index["segment_ids"], "traj_index": index["traj_index"], "gather": index["gather"]}
+    return {**rows, **{k: v for k, v in index.items() if k != "source"}}
 
 
 @functools.partial(jax.jit, static_argnames=("out_sharding",))
@@ -386,25 +486,26 @@ def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *,
                              impl: str = "auto", mesh=None) -> tuple[jax.Array, jax.Array]:
     """``(logp, entropy)`` ``[Bm, T]`` of a packed micro-batch, in the padded layout.
 
-    ``rows``: ``tokens, positions, segment_ids, targets [R, L]``; ``gather [Bm, T]``: flat
-    index into ``R*L`` of the position predicting each response token.
+    ``rows``: ``tokens, positions, segment_ids, targets [R, L]`` (and a shared-prefix plan's
+    ``key_blocks [R, nq, J]``); ``gather [Bm, T]``: flat index into ``R*L`` of the position
+    predicting each response token.
     """
     seg = rows["segment_ids"]
     hidden = F.forward(graphdef, params, rows["tokens"], positions=rows["positions"], mask=seg > 0, mesh=mesh,
-                       segment_ids=seg)
+                       segment_ids=seg, key_blocks=rows.get("key_blocks"))
     unembed = F.unembedding(params)
     if mesh is None:
         logp, entropy = fused_logprob(hidden, unembed, rows["targets"], temperature=temperature, impl=impl)
     else:
         hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
         logp, entropy = fused_logprob_sharded(hidden, unembed, rows["targets"], mesh=mesh, temperature=temperature,
-                                              impl=impl)
+                                              batch_axes=mesh_batch_axes(mesh), impl=impl)
     return jnp.take(logp.reshape(-1), gather, axis=0), jnp.take(entropy.reshape(-1), gather, axis=0)
 
 
 def place_packed(arrays: dict, mesh) -> dict:
     """Packed arrays -> global arrays on ``mesh``: rows ``[..., R, L]`` (and :func:`plan`'s
-    ``source``) with ``R`` on ``dp`` and ``L`` on ``sp``; index arrays replicated (they are small)."""
+    ``source``) with ``R`` on ``dp`` x ``fsdp`` and ``L`` on ``sp``; index arrays replicated (they are small)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     if mesh is None:
@@ -412,7 +513,10 @@ def place_packed(arrays: dict, mesh) -> dict:
     out = {}
     for k, v in arrays.items():
         lead = (None,) * (v.ndim - 2)
-        spec = PartitionSpec(*lead, "dp", "sp") if k in ROW_FIELDS or k == "source" else PartitionSpec()
+        spec = PartitionSpec(*lead, mesh_batch_axes(mesh) or None, "sp") if k in ROW_FIELDS or k == "source" \
+            else PartitionSpec()
+        if k == "key_blocks":  # [..., R, nq, J]: rows on the batch axes, like the rows they index
+            spec = PartitionSpec(*(None,) * (v.ndim - 3), mesh_batch_axes(mesh) or None)
         sharding = NamedSharding(mesh, spec)
         out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
     return out

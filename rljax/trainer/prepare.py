@@ -52,6 +52,7 @@ class PrepareConfig:
     kl_penalty: str = "low_var_kl"
     correction: str = "none"
     correction_threshold: float = 2.0
+    rollout_correction: tuple = ()  # algorithm.rollout_correction items (decoupled mode); () when off
     behaviour_logp: str = "old_logp"
 
     def inputs(self, *, critic: bool) -> tuple[str, ...]:
@@ -61,14 +62,15 @@ class PrepareConfig:
             keys += [self.behaviour_logp, "ref_logp"]
         if critic:
             keys.append("values")
-        if self.correction != "none":
+        if self.correction != "none" or self.rollout_correction:
             keys += ["old_logp", "rollout_logp"]
         return tuple(dict.fromkeys(keys))
 
 
 def prepare(fields: Mapping[str, jax.Array], kl_coef: jax.Array, *, cfg: PrepareConfig,
             estimator: Optional[Callable] = None) -> dict[str, Any]:
-    """``token_level_rewards``, ``advantages``, ``returns`` (+ ``rollout_is_weights``, ``kl_in_reward``)."""
+    """``token_level_rewards``, ``advantages``, ``returns`` (+ ``rollout_is_weights``, ``kl_in_reward``, and with
+    ``algorithm.rollout_correction`` in decoupled mode ``rollout_corr``: verl's ``rollout_corr/*`` scalars)."""
     mask = jnp.asarray(fields["loss_mask"], jnp.float32)
     row = jnp.asarray(fields["row_mask"], bool)
     token_rewards = outcome_token_rewards(fields["scores"], mask)
@@ -86,7 +88,21 @@ def prepare(fields: Mapping[str, jax.Array], kl_coef: jax.Array, *, cfg: Prepare
         out["rollout_is_weights"] = rl.rollout_correction_weights(
             fields["old_logp"], fields["rollout_logp"], mask, level=cfg.correction,
             threshold=cfg.correction_threshold)
+    if cfg.rollout_correction:
+        out["rollout_is_weights"], out["rollout_corr"] = decoupled_weights(fields, mask, dict(cfg.rollout_correction))
     return out
+
+
+def decoupled_weights(fields, mask, rc: dict):
+    """verl's decoupled rollout correction as one weight per token: the IS weight (1 without
+    ``rollout_is``) times the rejection mask (``rollout_rs``), and verl's ``rollout_corr/*`` metrics.
+    verl drops rejected tokens from the response mask instead; here they weigh 0 in the policy
+    loss but stay in its normaliser and in the entropy / KL terms (docs: algorithms guide)."""
+    weights, kept, metrics = rl.rollout_correction(
+        fields["old_logp"], fields["rollout_logp"], mask, rollout_is=rc["rollout_is"],
+        rollout_is_threshold=rc["rollout_is_threshold"], rollout_is_batch_normalize=rc["rollout_is_batch_normalize"],
+        rollout_rs=rc["rollout_rs"], rollout_rs_threshold=rc["rollout_rs_threshold"])
+    return (kept if weights is None else weights * kept), metrics
 
 
 #: Keyword arguments every estimator accepts (the registry's one signature).

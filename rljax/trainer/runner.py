@@ -1,10 +1,13 @@
 """Runs a step as a fixed sequence of named stages over one batch dict, and tells observers.
 
 A :class:`Stage` is a name, a timing key (verl's ``timing_s/<key>``) and a function
-``fn(batch) -> dict`` that reads fields of the batch and returns the fields it produced, or,
-for a stage that reads or changes the run's state (:class:`rljax.trainer.state.RunState`),
-``fn(state, batch) -> (state, dict)``: the runner threads the state through the stages
-and returns the last one (:meth:`StepRunner.run_state`); no stage keeps it.
+``fn(batch) -> dict`` that reads fields of the batch and returns the fields it produced;
+a stage that reads the run's state (:class:`rljax.trainer.state.RunState`) is
+``fn(state, batch) -> dict``, one that changes it ``fn(state, batch) -> (state, dict)``
+(:data:`STATE_MODES`): the runner threads the state through the stages and returns the last
+one (:meth:`StepRunner.run_state`); no stage keeps it. A stage is declared once, beside its
+function, with :func:`stage` (a :class:`StageSpec`); :meth:`StageSpec.bind` makes the run's
+:class:`Stage` from it (:mod:`rljax.trainer.stages`).
 :class:`StepRunner` runs the stages in order and, for every stage, hands a
 :class:`StageEvent` to each observer: the fields the stage *actually read* (recorded as it
 read them, not declared), the fields it wrote, and who produced each field it read. A
@@ -25,9 +28,12 @@ observers only read. The asynchronous and multi-turn schedules reuse the same st
 another runner loop.
 
 **Stages describe themselves.** A stage declares the batch fields it may read (``reads``)
-and write (``writes``); the runner raises :class:`StageContractError` (one line naming the
-stage and the field) when a stage reads or writes a field it did not declare, so a stage's
-declaration is what it does, not a comment. A stage may also carry ``facts``: what a reader
+and write (``writes``), the configuration keys it reads (``config``: the stage sees the
+configuration through a :class:`ConfigView` of those keys) and how it relates to the run
+state (``state``); the runner raises :class:`StageContractError` (one line naming the stage
+and the field or key) when a stage reads or writes a field, or reads a key, it did not
+declare, or declares a state change it does not make, so a stage's declaration is what it
+does, not a comment. A stage may also carry ``facts``: what a reader
 of the trace needs beyond the field summaries (versions, sizes, statuses), computed from its
 own outputs. The signature, for any stage (the asynchronous producer's and admission's
 included)::
@@ -51,6 +57,7 @@ the cleanup record, and ``trace check`` compares every traced group's records wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import time
 import weakref
@@ -65,42 +72,155 @@ class StageContractError(RuntimeError):
     declaration, not a user's mistake)."""
 
 
+#: How a stage relates to the run's state: ``"none"`` (``fn(batch) -> dict``), ``"reads"``
+#: (``fn(state, batch) -> dict``: it reads the state, cannot change it) and ``"changes"``
+#: (``fn(state, batch) -> (state, dict)``: it returns a new state, every step).
+STATE_MODES = ("none", "reads", "changes")
+
+
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """A named step of the pipeline.
+    """A named step of the pipeline, bound to its run (what :meth:`StageSpec.bind` makes).
 
     Args:
       name: the stage's name in the trace (``rollout_sessions``, ``old_log_prob``, ...).
-      fn: ``fn(batch) -> dict`` of the fields it produced; ``batch`` is read-only. With
-        ``updates_state``: ``fn(state, batch) -> (state, dict)``.
+      fn: by ``state`` (:data:`STATE_MODES`): ``fn(batch) -> dict`` of the fields it produced,
+        ``fn(state, batch) -> dict``, or ``fn(state, batch) -> (state, dict)``; ``batch`` is read-only.
       timing: the ``timing_s/<timing>`` metric key (verl's names where they exist).
-      updates_state: the stage takes the run's state and returns it (changed or not).
+      state: ``"none"``, ``"reads"`` or ``"changes"`` (:data:`STATE_MODES`).
       reads: the batch fields the stage may read (optional ones included).
       writes: the batch fields it may write (a subset each step).
       facts: ``facts(event, view) -> dict`` for the trace (see the module docstring), or None.
       comm: the stage is one communication the run issues (the rollout gather): the trace
         counts its whole time as ``comm_s/<name>``.
+      config: the configuration keys (dotted, a section covers its keys) the stage reads.
     """
 
     name: str
     fn: Callable[..., Any]
     timing: Optional[str] = None
-    updates_state: bool = False
+    state: str = "none"
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     facts: Optional[Callable[..., dict]] = None
     comm: bool = False
+    config: tuple[str, ...] = ()
 
     def __post_init__(self):
-        for what in ("reads", "writes"):
+        for what in ("reads", "writes", "config"):
             value = getattr(self, what)
             if isinstance(value, str):
-                raise TypeError(f"stage {self.name!r}: {what}={value!r} must be a tuple of field names, not a string")
+                kind = "keys" if what == "config" else "field names"
+                raise TypeError(f"stage {self.name!r}: {what}={value!r} must be a tuple of {kind}, not a string")
             object.__setattr__(self, what, tuple(value))
+        if self.state not in STATE_MODES:
+            raise ValueError(f"stage {self.name!r}: state={self.state!r}; accepted: {', '.join(STATE_MODES)}")
 
     @property
     def timing_key(self) -> str:
         return self.timing or self.name
+
+    @property
+    def updates_state(self) -> bool:
+        """The stage takes the run's state (reads or changes it)."""
+        return self.state != "none"
+
+
+class ConfigView:
+    """The run's configuration as one stage may read it: the keys its declaration names
+    (``StageSpec.config``; a section name covers every key under it). Reading any other key
+    raises :class:`StageContractError` naming the stage and the key, so a stage's ``config``
+    is the list of what it reads, not a comment."""
+
+    __slots__ = ("_cfg", "_path", "_allowed", "_stage")
+
+    def __init__(self, cfg, allowed: Sequence[str], stage: str, path: str = ""):
+        object.__setattr__(self, "_cfg", cfg)
+        object.__setattr__(self, "_allowed", tuple(allowed))
+        object.__setattr__(self, "_stage", stage)
+        object.__setattr__(self, "_path", path)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._cfg, name)
+        path = f"{self._path}.{name}" if self._path else name
+        if any(path == a or path.startswith(a + ".") for a in self._allowed):
+            return value
+        if dataclasses.is_dataclass(value) and any(a.startswith(path + ".") for a in self._allowed):
+            return ConfigView(value, self._allowed, self._stage, path)
+        raise StageContractError(f"stage {self._stage!r} read config {path!r}, which it does not declare "
+                                 f"(config={list(self._allowed)})")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("the configuration is read-only")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """A stage's declaration, written once beside its function with :func:`stage`.
+
+    ``fn(services, [state,] batch, **options)``; ``services`` is a dataclass with a ``cfg``
+    field (:class:`rljax.trainer.services.Services`). :meth:`bind` makes the run's
+    :class:`Stage`: the function over the services, whose ``cfg`` is a :class:`ConfigView`
+    of the declared ``config`` keys. ``when(services)`` (through the same view) says whether
+    the stage is in this configuration's list (``only``: the same in words, for the page);
+    ``facts_args(services)`` the run constants its facts take. Several functions may
+    declare one name (variants of a stage, such as the rollout of single-turn, multi-turn
+    or filtered batches): their ``when`` must exclude each other.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    timing: Optional[str] = None
+    state: str = "none"
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    config: tuple[str, ...] = ()
+    facts: Optional[Callable[..., dict]] = None
+    facts_args: Optional[Callable[[Any], dict]] = None
+    when: Optional[Callable[[Any], bool]] = None
+    only: str = ""
+    comm: bool = False
+    options: tuple[str, ...] = ()  # keyword arguments bind() passes on (a scheduler's hooks)
+    summary: str = ""  # reads -> writes in words, for docs/concepts/stage-flow.md
+
+    def __post_init__(self):
+        for what in ("reads", "writes", "config", "options"):
+            object.__setattr__(self, what, tuple(getattr(self, what)))
+        if self.state not in STATE_MODES:
+            raise ValueError(f"stage {self.name!r}: state={self.state!r}; accepted: {', '.join(STATE_MODES)}")
+
+    def view(self, services):
+        """``services`` with its ``cfg`` narrowed to this stage's declared keys."""
+        return dataclasses.replace(services, cfg=ConfigView(services.cfg, self.config, self.name))
+
+    def applies(self, services) -> bool:
+        return self.when is None or bool(self.when(self.view(services)))
+
+    def bind(self, services, **options) -> Stage:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise TypeError(f"stage {self.name!r} takes no option {unknown[0]!r} (options={list(self.options)})")
+        s = self.view(services)
+        facts = self.facts
+        if facts is not None and self.facts_args is not None:
+            facts = functools.partial(facts, **self.facts_args(s))
+        return Stage(self.name, functools.partial(self.fn, s, **options), self.timing, state=self.state,
+                     reads=self.reads, writes=self.writes, facts=facts, comm=self.comm, config=self.config)
+
+
+def stage(name: str, *, timing: Optional[str] = None, state: str = "none", reads: Sequence[str] = (),
+          writes: Sequence[str] = (), config: Sequence[str] = (), facts: Optional[Callable] = None,
+          facts_args: Optional[Callable] = None, when: Optional[Callable] = None, only: str = "",
+          comm: bool = False, options: Sequence[str] = (), summary: str = "") -> Callable:
+    """Declares the function below as the stage ``name`` (:class:`StageSpec`, in ``fn.stage``)."""
+
+    def declare(fn):
+        fn.stage = StageSpec(name, fn, timing, state=state, reads=tuple(reads), writes=tuple(writes),
+                             config=tuple(config), facts=facts, facts_args=facts_args, when=when, only=only,
+                             comm=comm, options=tuple(options), summary=summary)
+        return fn
+
+    return declare
 
 
 @dataclasses.dataclass
@@ -185,6 +305,19 @@ def _weak(value) -> list:
     return refs
 
 
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """A stage's outputs computed elsewhere, over ``[t_start, t_end]`` (``time.perf_counter``): a
+    streaming source draws and generates a batch over many rounds, interleaved with other
+    batches', and hands the result to :meth:`StepRunner.produce`, which records it as the
+    stage's (its declared writes checked, its facts and its time in the trace) without calling
+    the stage's function."""
+
+    outputs: Mapping[str, Any]
+    t_start: float
+    t_end: float
+
+
 @dataclasses.dataclass
 class Produced:
     """What :meth:`StepRunner.produce` ran ahead of a step: fields, their producers, the stage
@@ -223,25 +356,33 @@ class StepRunner:
         return tuple(s.name for s in self.stages)
 
     def _stages(self, step: int, batch: dict, producers: dict, timings: dict, emit: Callable, state: Any,
-                ran: list) -> Any:
+                ran: list, done: Mapping[str, "Done"]) -> Any:
         for stage in self.stages:
             view = _Reads(batch, stage)
             t_start = time.perf_counter()
-            if stage.updates_state:
-                if state is None:
-                    raise ValueError(f"stage {stage.name!r} takes the run's state: run it with run_state()")
-                state, out = stage.fn(state, view)
-                self.live_state = state
-                out = dict(out or {})
+            did = done.get(stage.name)
+            if did is not None:  # its work was done elsewhere (a streaming source's rounds)
+                out, t_start = did.outputs, did.t_start
+            elif stage.state == "none":
+                out = stage.fn(view)
+            elif state is None:
+                raise ValueError(f"stage {stage.name!r} takes the run's state: run it with run_state()")
+            elif stage.state == "reads":
+                out = stage.fn(state, view)
             else:
-                out = dict(stage.fn(view) or {})
+                new, out = stage.fn(state, view)
+                if new is state:
+                    raise StageContractError(f"stage {stage.name!r} declares state='changes' but returned the run "
+                                             "state it took: declare state='reads'")
+                state = self.live_state = new
+            out = dict(out or {})
             undeclared = [k for k in out if k not in stage.writes]
             if undeclared:
                 raise StageContractError(f"stage {stage.name!r} wrote field {undeclared[0]!r}, which it does not "
                                          f"declare (writes={list(stage.writes)})")
             ran.append(stage.name)
             jax.block_until_ready(_device_leaves(out))
-            t_end = time.perf_counter()
+            t_end = time.perf_counter() if did is None else did.t_end
             timings[stage.timing_key] = timings.get(stage.timing_key, 0.0) + (t_end - t_start)
             aliases = {}
             for k, v in out.items():
@@ -259,17 +400,23 @@ class StepRunner:
             del event, view, out
         return state
 
-    def produce(self, step: int, seed: Optional[Mapping[str, Any]] = None) -> "Produced":
+    def produce(self, step: int, seed: Optional[Mapping[str, Any]] = None, *, state: Any = None,
+                done: Optional[Mapping[str, "Done"]] = None) -> "Produced":
         """Runs the stages ahead of a step (the asynchronous producer side), telling no observer:
         the fields, producers, events and timings are handed to a later :meth:`run_state`
-        (``prior``), which tells the observers as if the stages had run in that step. The
-        producer's stages do not take the run's state (the learner owns it)."""
+        (``prior``), which tells the observers as if the stages had run in that step. ``state``:
+        what a stage that reads the state sees (the producer's view: the learner owns the run
+        state); a stage may not change it here. ``done``: stages whose outputs were computed
+        elsewhere, by name (:class:`Done`)."""
         batch: dict[str, Any] = dict(seed or {})
         producers = {k: "step_start" for k in batch}
         events: list[StageEvent] = []
         timings: dict[str, float] = {}
         ran: list[str] = []
-        self._stages(step, batch, producers, timings, events.append, None, ran)
+        changing = [st.name for st in self.stages if st.state == "changes" and st.name not in (done or {})]
+        if changing:
+            raise ValueError(f"stage {changing[0]!r} changes the run state: it runs on the learner, not ahead of a step")
+        self._stages(step, batch, producers, timings, events.append, state, ran, done or {})
         return Produced(batch=batch, producers=producers, events=events, timings=timings, stages=ran)
 
     def run(self, step: int, seed: Optional[Mapping[str, Any]] = None,
@@ -308,7 +455,7 @@ class StepRunner:
             for obs in self.observers:
                 obs.stage(event)
 
-        state = self._stages(step, batch, producers, timings, emit, state, ran)
+        state = self._stages(step, batch, producers, timings, emit, state, ran, {})
         metrics = dict(batch.get("metrics") or {})
         metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
         metrics["timing_s/step"] = time.perf_counter() - t0

@@ -59,11 +59,12 @@ class Rollout:
     decode: Any  # DecodeParams of training rollouts
     val_decode: Any  # DecodeParams of validation (rollout.val_kwargs)
     tokenizer: Any
-    env: Any  # rljax.env.EnvRuntime of a multi-turn run (env.function), else None
     prompts: Any  # the train split's PromptIterator (its position is RunState.data)
     val_prompts: Callable  # () -> a fresh pass over the held-out split
     share: Any  # this process's share of a batch's prompts (rljax.trainer.distribute.rollout_share)
     to_sampler: Callable  # actor params -> what the sampler reshards from
+    client: Any = None  # the run's rollout client (rljax.trainer.clients): single-turn or multi-turn episodes
+    weights: Any = None  # the weight publisher weight_sync calls (rljax.trainer.weights): install now, or push
 
 
 class Lazy:
@@ -83,7 +84,7 @@ class Lazy:
 class Reward:
     fn: Callable  # the rule / plugin reward (a worker pool or the function itself)
     model: Optional[Lazy]  # reward.model.path: get() -> (inputs -> [B] scores)
-    judge: Optional[Lazy]  # reward.judge.path: get(services, state) -> rljax.trainer.judge.Judge
+    judge: Optional[Lazy]  # reward.judge.path: get(state) -> rljax.trainer.judge.Judge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Services:
     rollout: Rollout
     learner: Learner
     reward: Reward
+    teacher: Optional[Lazy] = None  # distillation.enabled: get() -> rljax.trainer.teacher.Teacher
 
     @property
     def behaviour_logp(self) -> str:

@@ -44,10 +44,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax import loss as rl
 from rljax.models import functional as F
 from rljax.models.lora import LoRAParams
+from rljax.models.precision import traced_at
 from rljax.pallas import fused_logprob, fused_logprob_sharded
-from rljax.sharding import with_logical_constraint
-from rljax.trainer import packing
-from rljax.trainer.packing import ROW_FIELDS as _ROW_FIELDS, TOKEN_FIELDS as _TOKEN_FIELDS, packed_response_logprobs
+from rljax.sharding import mesh_batch_axes, with_logical_constraint
+from rljax.trace import faults
+from rljax._digest import digest_traced as param_digest_traced
+from rljax.trainer import packing, prefix
+from rljax.trainer.prefix import host_spans  # noqa: F401  (re-exported: its home before rljax.trainer.prefix)
+from rljax.trainer.update_report import AGG_PROBE, REPORT, first_token, micro_report, update_report
+from rljax.trainer.packing import (ROW_FIELDS as _ROW_FIELDS, SHARED_ROW_FIELDS as _SHARED_FIELDS,
+                                   TOKEN_FIELDS as _TOKEN_FIELDS, packed_response_logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,7 @@ class StepConfig:
     """Static hyper-parameters of the actor update (verl names)."""
 
     policy_loss: str = "vanilla"
+    policy_loss_options: tuple = ()  # (name, value) pairs: the mode's own hyper-parameters (rljax.loss.policy_loss_options)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: Optional[float] = 3.0
@@ -68,17 +75,23 @@ class StepConfig:
     ppo_micro_batch_size: int = 8  # trajectories per forward/backward
     temperature: float = 1.0
     logprob_impl: str = "auto"
+    matmul_precision: Optional[str] = None  # model.matmul_precision (None: JAX's setting in effect)
     use_rollout_correction: bool = False
     shuffle: bool = True  # permute the trajectories before each epoch's mini-batch split
     # old_logp = stop_gradient(current logp) inside the update; only for one epoch over one
     # mini-batch (the train step checks), where it equals a separate old-log-prob pass.
     on_policy: bool = False
+    # distillation.*: the teacher's term joins the loss (rljax.loss.with_distillation); None: no teacher
+    distillation: Optional[rl.DistillationSpec] = None
 
 
 #: Per-row ``[micro, T]`` outputs a loss function may put in its aux metrics: they are not
 #: summed over micro-batches like the scalar metrics but gathered back into ``[B, T]`` in the
 #: batch's row order (``StepConfig.on_policy``: the update's own detached log-probs).
 ROW_OUTPUTS = ("old_logp",)
+#: Distillation metrics normalised by the mini-batch's counts already (summed over micro-batches as they are);
+#: its ``*_min`` / ``*_max`` ranges are combined by their extreme.
+DISTILL_SUMMED = ("distillation/loss",)
 
 
 @flax.struct.dataclass
@@ -149,7 +162,8 @@ def response_logprobs(graphdef, params, batch: dict, *, response_len: int, tempe
     if mesh is None:
         return fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl)
     hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
-    return fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, temperature=temperature, impl=impl)
+    return fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
+                                 temperature=temperature, impl=impl)
 
 
 def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array], cfg: StepConfig,
@@ -165,7 +179,8 @@ def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array
         logp, old_logp, micro["advantages"], mask, mode=cfg.policy_loss,
         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
         loss_agg_mode=cfg.loss_agg_mode,
-        is_weights=micro.get("rollout_is_weights") if cfg.use_rollout_correction else None, **agg)
+        is_weights=micro.get("rollout_is_weights") if cfg.use_rollout_correction else None, **agg,
+        **dict(cfg.policy_loss_options))
     entropy_agg = rl.aggregate(entropy, mask, mode=cfg.loss_agg_mode, **agg)
     loss = pg_loss - cfg.entropy_coeff * entropy_agg
     metrics = {"pg_loss": pg_loss, "entropy": entropy_agg}
@@ -179,7 +194,32 @@ def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array
     # Per-micro-batch ratios (clip fractions, ppo_kl) are token-weighted when summed below.
     weight = jnp.sum(mask) / jnp.maximum(num_tokens, 1.0)
     metrics.update({k: v * weight for k, v in pg_metrics.items()})
+    if cfg.distillation is not None:  # the teacher's term (its loss is normalised by the mini-batch's counts already)
+        loss, distill = rl.with_distillation(
+            loss, logp, old_logp, mask, cfg.distillation, teacher_logp=micro.get("teacher_logp"),
+            loss_agg_mode=cfg.loss_agg_mode, is_weights=micro.get("rollout_is_weights") if cfg.use_rollout_correction
+            else None, **agg)
+        metrics.update({k: v if k in DISTILL_SUMMED or _extreme(k) else v * weight for k, v in distill.items()})
+    # What the aggregation really did (the update's report, :func:`update_report`): the same mode and
+    # denominators applied to 1 on each row's first loss token, a value that differs between the modes.
+    metrics[AGG_PROBE] = rl.aggregate(first_token(mask), mask, mode=cfg.loss_agg_mode, **agg)
     return loss, metrics
+
+
+def _extreme(key: str) -> str:
+    """``"min"`` / ``"max"`` for a distillation range metric (combined over micro-batches by its
+    extreme), else ``""`` (summed: token-weighted or normalised by the mini-batch's counts)."""
+    return key.rsplit("_", 1)[-1] if key.startswith("distillation/") and key.endswith(("_min", "_max")) else ""
+
+
+def _combine(key: str, acc, value):
+    kind = _extreme(key)
+    return jnp.minimum(acc, value) if kind == "min" else jnp.maximum(acc, value) if kind == "max" else acc + value
+
+
+def _metric_start(key: str, shape):
+    kind = _extreme(key)
+    return jnp.full(shape.shape, jnp.inf if kind == "min" else -jnp.inf if kind == "max" else 0, shape.dtype)
 
 
 def _split(tree, n: int):
@@ -257,6 +297,9 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
             return tree
         return jax.tree.map(lambda x: with_logical_constraint(x, ("batch", "length")[: x.ndim] + (None,) * (x.ndim - 2), mesh), tree)
 
+    if faults.active("loss_agg_mode"):  # an update built with another aggregation than it was configured with
+        cfg = dataclasses.replace(cfg, loss_agg_mode=next(m for m in rl.AGGREGATION_MODES if m != cfg.loss_agg_mode))
+
     def minibatch_update(state: TrainState, xs):
         minibatch, dropout_key = xs
         return micro_batches_update(state, (_split(minibatch, mini // micro_size), dropout_key))
@@ -270,24 +313,30 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         train = trainable(state.params)
 
         def accumulate(carry, xs):
-            micro, key = xs
+            micro, key, index = xs
             grads_acc, loss_acc, metrics_acc = carry
+            if faults.active("drop_micro_row"):  # the first micro-batch of each mini-batch loses its first row
+                micro = dict(micro, loss_mask=micro["loss_mask"].at[0].multiply(jnp.where(index == 0, 0.0, 1.0)))
             (loss, metrics), grads = grad_fn(train, state.params, key, graphdef, constrain(micro), counts, cfg, mesh)
             metrics, rows = _split_rows(metrics)
+            report = micro_report(micro["loss_mask"], metrics.pop(AGG_PROBE, None))
             grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
-            metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
-            return (grads_acc, loss_acc + loss, metrics_acc), rows
+            metrics_acc = {k: _combine(k, metrics_acc[k], v) for k, v in metrics.items()}
+            return (grads_acc, loss_acc + loss, metrics_acc), (rows, report)
 
         n_micro = mask.shape[0]
         micro_keys = None if dropout_key is None else jax.random.split(dropout_key, n_micro)
         zeros = jax.tree.map(jnp.zeros_like, train)
         metric_shapes = jax.eval_shape(lambda: _split_rows(loss_fn(state.params, graphdef, jax.tree.map(lambda x: x[0], micro_batches), counts, cfg, mesh)[1])[0])
-        metric_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
-        (grads, loss, metrics), rows = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
-                                                    (micro_batches, micro_keys))
+        metric_shapes.pop(AGG_PROBE, None)
+        metric_zeros = {k: _metric_start(k, s) for k, s in metric_shapes.items()}
+        (grads, loss, metrics), (rows, report) = jax.lax.scan(
+            accumulate, (zeros, jnp.zeros((), jnp.float32), metric_zeros),
+            (micro_batches, micro_keys, jnp.arange(n_micro)))
         state, checks = apply_gradients(state, grads, loss, optimizer)
         metrics = dict(metrics, loss=loss, **checks)
-        return state, (metrics, rows)  # rows: [n_micro, micro, T] per ROW_OUTPUTS key
+        report["denominators"] = jnp.stack(counts)  # what the loss divided by: the mini-batch's tokens, rows
+        return state, (metrics, rows, report)  # rows: [n_micro, micro, T] per ROW_OUTPUTS key
 
     def train_step(state: TrainState, batch: dict, key: jax.Array):
         batch_size = batch["loss_mask"].shape[0]
@@ -296,17 +345,24 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
         if getattr(cfg, "on_policy", False) and (cfg.ppo_epochs != 1 or batch_size != mini):
             raise ValueError(f"StepConfig.on_policy needs one epoch over one mini-batch; got ppo_epochs={cfg.ppo_epochs} "
                              f"and {batch_size // mini} mini-batches of {mini} (later updates would be off-policy)")
-        all_metrics = []
+        all_metrics, reports = [], []
         n_mini = batch_size // mini
+        before = param_digest_traced(state.params)
+        row_tokens = jnp.zeros((batch_size,), jnp.float32)
         for epoch_key in jax.random.split(key, cfg.ppo_epochs):
             perm = jax.random.permutation(epoch_key, batch_size) if cfg.shuffle else None
             epoch_batch = batch if perm is None else jax.tree.map(lambda x: x[perm], batch)
             # LoRA dropout draws from its own stream, so the shuffle is the same with or without it
             dropout_keys = jax.random.split(jax.random.fold_in(epoch_key, 1), n_mini) if _dropout(state.params) else None
-            state, (metrics, rows) = jax.lax.scan(minibatch_update, state, (_split(epoch_batch, n_mini), dropout_keys))
+            state, (metrics, rows, report) = jax.lax.scan(minibatch_update, state,
+                                                          (_split(epoch_batch, n_mini), dropout_keys))
+            tokens = report.pop("row_tokens").reshape(batch_size)  # [n_mini, n_micro, micro] in the epoch's order
+            row_tokens = row_tokens + (tokens if perm is None else jnp.zeros_like(tokens).at[perm].set(tokens))
             all_metrics.append(metrics)
+            reports.append(report)
         metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.concatenate(xs)), *all_metrics)
         metrics["skipped_updates"] = state.skipped
+        metrics[REPORT] = update_report(reports, row_tokens, cfg, before, param_digest_traced(state.params))
         # on_policy: one epoch, one mini-batch; its rows [1, n_micro, micro, T] back in batch order
         out_rows = {}
         for k, x in rows.items():
@@ -322,17 +378,20 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, cfg: Step
                              "packed mini-batch passes (later updates would be off-policy)")
         take = lambda x: jnp.take(x, index, axis=0, mode="fill", fill_value=0)  # noqa: E731
         minis = {k: take(v) for k, v in batch.items() if k not in _TOKEN_FIELDS}
-        minis["packed"] = {k: packed[k] for k in (*_ROW_FIELDS, "gather")}
-        state, (metrics, rows) = jax.lax.scan(micro_batches_update, state, (minis, None))
+        minis["packed"] = {k: packed[k] for k in (*_ROW_FIELDS, *_SHARED_FIELDS, "gather") if k in packed}
+        before = param_digest_traced(state.params)
+        state, (metrics, rows, report) = jax.lax.scan(micro_batches_update, state, (minis, None))
         metrics = jax.tree.map(jnp.mean, metrics)
         metrics["skipped_updates"] = state.skipped
         b = batch["loss_mask"].shape[0]
         flat = index.reshape(-1)  # slot -> trajectory row (b for empty slots, dropped)
+        row_tokens = jnp.zeros((b + 1,), jnp.float32).at[flat].add(report.pop("row_tokens").reshape(-1))[:b]
+        metrics[REPORT] = update_report([report], row_tokens, cfg, before, param_digest_traced(state.params))
         out_rows = {k: jnp.zeros((b + 1,) + x.shape[3:], x.dtype).at[flat].set(x.reshape((-1,) + x.shape[3:]))[:b]
                     for k, x in rows.items()}
         return state, metrics, constrain(out_rows)
 
-    return _PinnedStateStep(packed_train_step if packed else train_step, mesh)
+    return _PinnedStateStep(traced_at(packed_train_step if packed else train_step, cfg.matmul_precision), mesh)
 
 
 #: XLA:CPU options for the update. By default XLA:CPU hands each dot to YNNPACK on its own
@@ -400,7 +459,8 @@ class _PinnedStateStep:
 
 
 def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: str = "auto",
-                    mesh: Optional[Mesh] = None, micro_batch_size: Optional[int] = None) -> Callable:
+                    mesh: Optional[Mesh] = None, micro_batch_size: Optional[int] = None,
+                    matmul_precision: Optional[str] = None) -> Callable:
     """Jitted ``(params, batch) -> (logp, entropy)`` for old / reference log-probs, in micro-batches."""
 
     def compute(params, batch):
@@ -415,20 +475,20 @@ def make_logprob_fn(graphdef, *, response_len: int, temperature: float, impl: st
             out = tuple(with_logical_constraint(x, ("batch", "length"), mesh) for x in out)
         return out
 
-    return jax.jit(compute)
+    return jax.jit(traced_at(compute, matmul_precision))
 
 
 # --------------------------------------------------------------------------- packed log-probs
 
 
 def make_packed_logprob_fn(graphdef, *, temperature: float, impl: str = "auto",
-                           mesh: Optional[Mesh] = None) -> Callable:
+                           mesh: Optional[Mesh] = None, matmul_precision: Optional[str] = None) -> Callable:
     """Jitted ``(params, packed, batch_size) -> (logp, entropy) [B, T]`` for old / reference log-probs
     from :func:`rljax.trainer.packing.pack_logprob_batch` arrays (``[1, U, R, L]`` rows,
     one micro-batch per ``U``, mapped sequentially); rows come back in the batch's order."""
 
     def compute(params, packed, b):
-        rows = {k: packed[k][0] for k in _ROW_FIELDS}
+        rows = {k: packed[k][0] for k in (*_ROW_FIELDS, *_SHARED_FIELDS) if k in packed}
         fn = lambda r: packed_response_logprobs(graphdef, params, r, r["gather"], temperature=temperature,  # noqa: E731
                                                 impl=impl, mesh=mesh)
         logp, entropy = jax.lax.map(fn, dict(rows, gather=packed["gather"][0]))  # [U, Bm, T]
@@ -441,7 +501,7 @@ def make_packed_logprob_fn(graphdef, *, temperature: float, impl: str = "auto",
 
         return scatter(logp), scatter(entropy)
 
-    return jax.jit(compute, static_argnums=2)
+    return jax.jit(traced_at(compute, matmul_precision), static_argnums=2)
 
 
 class PackedTrainStep:
@@ -454,16 +514,20 @@ class PackedTrainStep:
     (:func:`rljax.trainer.packing.epoch_orders`), plans the packing from the spans
     (:func:`rljax.trainer.packing.plan`), takes the packed rows' tokens on the devices
     (:func:`rljax.trainer.packing.take_rows_on_mesh`) and runs the packed step; numbers equal
-    the padded step's to float tolerance. ``stats`` holds the last call's packing statistics
-    (``dp_token_imbalance``, ``padding_frac``: the fraction of processed token slots that
-    are padding, ``gathered_bytes``: what this process all-gathered to plan) and ``compiles``
-    the number of distinct packed shapes seen so far (each is one compiled program).
+    the padded step's to float tolerance. ``shared_prefix`` (True / False / "auto"): lay each
+    group's prompt once (:mod:`rljax.trainer.prefix`; the prompts' hashes are read too). ``stats``
+    holds the last call's packing statistics (``dp_token_imbalance``, ``padding_frac``: the
+    fraction of processed token slots that are padding, ``gathered_bytes``: what this process
+    all-gathered to plan, ``shared_prefix``: the layout used, ``shared_saved_tokens``) and
+    ``compiles`` the number of distinct packed programs seen so far.
     """
 
     def __init__(self, graphdef, optimizer: optax.GradientTransformation, cfg: StepConfig, pack_cfg,
-                 mesh: Optional[Mesh] = None, *, response_len: int, loss_fn: Optional[Callable] = None):
+                 mesh: Optional[Mesh] = None, *, response_len: int, loss_fn: Optional[Callable] = None,
+                 shared_prefix=False):
         self._step = make_train_step(graphdef, optimizer, cfg, mesh, loss_fn=loss_fn, packed=True)
         self.cfg, self.pack_cfg, self.mesh, self.response_len = cfg, pack_cfg, mesh, response_len
+        self.shared_prefix = shared_prefix  # actor.shared_prefix: True, False or "auto" (rljax.trainer.prefix.plan_layout)
         self.shapes: set = set()
         self.stats: dict = {}
 
@@ -472,14 +536,11 @@ class PackedTrainStep:
         return len(self.shapes)
 
     def _packed(self, batch: dict, key):
-        first, count, nbytes = host_spans(batch["attention_mask"])
         b, width = batch["input_ids"].shape
         orders = packing.epoch_orders(key, b, self.cfg.ppo_epochs, self.cfg.shuffle)
-        index, stats = packing.plan(first, count, width, self.response_len, orders,
-                                    mini_batch_size=self.cfg.ppo_mini_batch_size, cfg=self.pack_cfg)
-        self.shapes.add(stats["shape"])
-        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1),
-                          gathered_bytes=nbytes)
+        index, self.stats = prefix.plan_batch(batch, self.response_len, orders, self.cfg.ppo_mini_batch_size,
+                                              self.pack_cfg, self.shared_prefix)
+        self.shapes.add((self.stats["shape"], self.stats["shared_prefix"]))
         return packing.take_rows_on_mesh(batch["input_ids"], batch["positions"], index, self.mesh)
 
     def __call__(self, state, batch: dict, key):
@@ -500,10 +561,13 @@ class PackedLogprob:
     ``packed_fn`` any such packed pass, e.g. the critic's values (``V [B, T]``)."""
 
     def __init__(self, graphdef, pack_cfg, *, response_len: int, temperature: float = 1.0, impl: str = "auto",
-                 mesh: Optional[Mesh] = None, packed_fn: Optional[Callable] = None):
+                 mesh: Optional[Mesh] = None, packed_fn: Optional[Callable] = None,
+                 matmul_precision: Optional[str] = None, shared_prefix=False):
         # packed_fn: another jitted (params, packed, batch_size) pass, e.g. the critic's values
-        self._fn = packed_fn or make_packed_logprob_fn(graphdef, temperature=temperature, impl=impl, mesh=mesh)
+        self._fn = packed_fn or make_packed_logprob_fn(graphdef, temperature=temperature, impl=impl, mesh=mesh,
+                                                       matmul_precision=matmul_precision)
         self.pack_cfg, self.mesh, self.response_len = pack_cfg, mesh, response_len
+        self.shared_prefix = shared_prefix  # as PackedTrainStep's
         self.shapes: set = set()
         self.stats: dict = {}
 
@@ -512,13 +576,10 @@ class PackedLogprob:
         return len(self.shapes)
 
     def _packed(self, inputs: dict):
-        first, count, nbytes = host_spans(inputs["attention_mask"])
-        b, width = inputs["input_ids"].shape
-        index, stats = packing.plan(first, count, width, self.response_len, [np.arange(b)], mini_batch_size=b,
-                                    cfg=self.pack_cfg)
-        self.shapes.add(stats["shape"])
-        self.stats = dict(stats, padding_frac=1.0 - stats["real_tokens"] / max(stats["packed_tokens"], 1),
-                          gathered_bytes=nbytes)
+        b = inputs["input_ids"].shape[0]
+        index, self.stats = prefix.plan_batch(inputs, self.response_len, [np.arange(b)], b, self.pack_cfg,
+                                              self.shared_prefix)
+        self.shapes.add((self.stats["shape"], self.stats["shared_prefix"]))
         return packing.take_rows_on_mesh(inputs["input_ids"], inputs["positions"], index, self.mesh), b
 
     def __call__(self, params, inputs: dict):
@@ -534,26 +595,3 @@ class PackedLogprob:
 def _abstract(tree):
     """Shapes, dtypes and shardings of ``tree``'s arrays (enough to lower a program; holds no memory)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
-
-
-#: Per row of the learner batch's mask: first real column, real columns, last real column (on its devices).
-_spans = jax.jit(functools.partial(packing.span_arrays, jnp))
-
-
-def host_spans(attention_mask) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(first, count, gathered bytes)``: every row's real-token span (:func:`rljax.trainer.packing.row_spans`)
-    of the learner batch's mask, on the host of every process: computed where the rows lie and,
-    with several processes, all-gathered as three ``[B]`` int32 arrays (the bytes this process
-    received; 0 on one process). The packing plan needs nothing else: no token array leaves
-    its devices for the host. A ``ValueError`` when a row's real tokens are not one span."""
-    spans = _spans(attention_mask)
-    if jax.process_count() == 1:
-        first, count, last = (np.asarray(x) for x in jax.device_get(spans))
-        nbytes = 0
-    else:
-        from jax.experimental import multihost_utils
-
-        first, count, last = (np.asarray(x) for x in multihost_utils.process_allgather(spans, tiled=True))
-        nbytes = int(first.nbytes + count.nbytes + last.nbytes)
-    packing.check_spans(first, count, last)
-    return first, count, nbytes

@@ -194,11 +194,8 @@ def test_unknown_keys_suggest_the_nested_key_with_that_leaf(override, suggestion
 
 
 @pytest.mark.parametrize("override, says", [
-    ("reward_model.enable=true", "reward.model.path=DIR"),
-    ("reward.reward_model.enable=true", "reward.model.path=DIR"),
-    ("reward_model.model.path=/rm", "rljax: reward.model.path=DIR"),
-    ("reward.reward_model.model_path=/rm", "rljax: reward.model.path=DIR"),
     ("data.gen_batch_size=64", "as data.train_batch_size prompts"),
+    ("trainer.total_epochs=15", "set trainer.total_steps"),
 ])
 def test_verl_keys_rljax_does_differently_say_what_it_does(override, says):
     """verl's spelling of a key rljax names or does otherwise: one line saying what rljax does
@@ -395,13 +392,16 @@ def test_validate_for_mesh_rollout_tp_and_device_count():
     cfg, _ = resolve()
     with pytest.raises(ConfigError, match="needs 8 devices, found 4"):
         C.validate_for_mesh(cfg, {"dp": 8}, num_devices=4)
-    with pytest.raises(ConfigError, match="accepted: dp, tp, sp"):
-        C.validate_for_mesh(cfg, {"fsdp": 8})
+    with pytest.raises(ConfigError, match="accepted: dp, fsdp, tp, sp"):
+        C.validate_for_mesh(cfg, {"xp": 8})
+    with pytest.raises(ConfigError, match=r"divisible by the mesh's dp\*fsdp=2\*3=6"):
+        C.validate_for_mesh(cfg, {"dp": 2, "fsdp": 3})
 
 
 def test_parse_mesh_spec():
-    assert C.parse_mesh_spec("dp8") == {"dp": 8, "tp": 1, "sp": 1}
-    assert C.parse_mesh_spec("sp2,dp2,tp2") == {"dp": 2, "tp": 2, "sp": 2}
+    assert C.parse_mesh_spec("dp8") == {"dp": 8, "fsdp": 1, "tp": 1, "sp": 1}
+    assert C.parse_mesh_spec("sp2,dp2,tp2") == {"dp": 2, "fsdp": 1, "tp": 2, "sp": 2}
+    assert C.parse_mesh_spec("fsdp4,tp2") == {"dp": 1, "fsdp": 4, "tp": 2, "sp": 1}
     assert C.parse_mesh_spec(None) is None
     with pytest.raises(ConfigError):
         C.parse_mesh_spec("dp0")
@@ -502,3 +502,13 @@ def test_import_and_resolve_without_jax_or_tensorflow():
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_CONFIGS.parent)
+
+
+def test_a_list_type_error_shows_the_keys_own_example():
+    """Every list key's type error showed betas' [0.9,0.999] (issue 38); now the key's default, or an accepted element."""
+    with pytest.raises(ConfigError, match=r"trainer.logger='console' .* expected a list, e\.g\. \[console,tensorboard\]$"):
+        resolve(None, ["trainer.logger=console"])
+    with pytest.raises(ConfigError, match=r"e\.g\. \[lm_head\]$"):
+        resolve(None, ["actor.lora.modules_to_save=lm_head"])
+    with pytest.raises(ConfigError, match=r"e\.g\. \[0\.9,0\.999\]$"):
+        resolve(None, ["actor.optim.betas=0.9"])

@@ -21,12 +21,17 @@ import json
 import pytest
 
 from config_reads import record_reads
-from hf_tiny import tiny_reward_model
-from rljax.config import field_specs, resolve, validate_for_mesh
+from hf_tiny import tiny_reward_model, tokenizer_dir
+from rljax.config import POLICY_LOSS_KEYS, field_specs, resolve, validate_for_mesh
+from rljax.trainer.loss_config import DECOUPLED_KEYS
 
-#: Keys the stage work of issue 10 wires into the step loop (rljax/trainer/loop.py); remove
-#: a key from here when the loop reads it (the test fails while a listed key is read).
-PENDING: set = set()
+#: Keys only a run in their own policy loss mode reads (``rljax.config.POLICY_LOSS_KEYS``: ``sapo``'s
+#: ``tau_pos`` / ``tau_neg``, ``clip_cov``'s, ``kl_cov``'s, ``dro``'s). The trainer's build reads them
+#: (rljax/trainer/loss_config.py) and tests/loss/test_losses_train.py checks, mode by mode, that
+#: a run in that mode reads its own keys and no other mode's, then trains with them; the four runs
+#: here stay on the default loss; the gae run's decoupled rollout correction reads the correction keys
+#: that ``bypass_mode`` shares, all but ``loss_type`` (bypass mode's only).
+PER_MODE: set = set().union(*POLICY_LOSS_KEYS.values()) - {f"algorithm.rollout_correction.{k}" for k in DECOUPLED_KEYS}
 
 
 def _call_from(filename: str, fn, *args):
@@ -99,6 +104,10 @@ def _conversations(path, n):
 #: A reward plugin (reward.function=path:function) the async run scores through reward workers.
 PLUGIN = """def reward(response, answer, **extra):
     return float(response.strip() == answer) + 0.1 * float(answer in response)
+
+
+def brevity(response, answer, **extra):
+    return -0.01 * len(response)
 """
 
 
@@ -110,6 +119,8 @@ def _judge_parse(path):
 
 @pytest.mark.slow
 def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+
     from rljax.launch import main
 
     monkeypatch.chdir(tmp_path)  # the first run goes to the default runs/<project_name>/<experiment_name>
@@ -123,7 +134,9 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
             "algorithm.filter_groups.max_num_gen_batches=8", "reward.reward_kwargs.max_resp_len=8",
             "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=6",
-            "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5"]
+            "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            # on-policy distillation from the policy's initial weights (verl's distillation.*)
+            "distillation.enabled=true", "distillation.teacher_model.model_path=ref"]
     # GAE with a reward model (a tiny sequence-classification checkpoint) combined with the rule reward.
     gae = ["--run-dir", str(tmp_path / "gae"), *small, "data.dataset=gsm8k", f"data.path={_gsm8k_dir(tmp_path / 'd')}",
            "data.prompt_template={prompt}", "data.max_prompt_length=8", "algorithm.adv_estimator=gae",
@@ -134,6 +147,10 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
            "reward.judge.path=ref", f"reward.judge.parse={_judge_parse(tmp_path / 'judge.py')}:length",
            "reward.judge.prompt_template={prompt}|{response}|{answer}>", "reward.judge.temperature=0.5",
            "reward.judge.response_length=3", "reward.judge.prompt_length=40", "reward.combine.judge_weight=0.1",
+           # verl's decoupled rollout correction: IcePop bounds and rejection by divergence
+           "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0.5_2.0",
+           "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+           "algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
            "trainer.total_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
     # A multi-turn run (rljax.env) reads env.*; the tools environment's python tool probes its
     # sandbox (non_root only: the others need user namespaces or CAP_SYS_ADMIN, which CI may lack).
@@ -146,10 +163,14 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
     # conversation files (verl's train_files / val_files, TRL's messages) scored by a reward
     # plugin in a worker process.
     (tmp_path / "plugin.py").write_text(PLUGIN)
+    tok = tokenizer_dir(tmp_path / "tok")
+    eos = Tokenizer.from_file(str(tok / "tokenizer.json")).token_to_id("<|endoftext|>")
     asy = ["--mesh=dp4", "--run-dir", str(tmp_path / "async"), *small, "data.dataset=local",
            f"data.train_files={_conversations(tmp_path / 'train.jsonl', 16)}",
            f"data.val_files={_conversations(tmp_path / 'val.jsonl', 8)}", "data.messages_key=messages",
-           "data.apply_chat_template=false", f"reward.function={tmp_path / 'plugin.py'}:reward",
+           "data.apply_chat_template=false",
+           f"reward.functions=[{tmp_path / 'plugin.py'}:reward,{tmp_path / 'plugin.py'}:brevity]", "reward.weights=[1,0.5]",
+           f"model.tokenizer={tok / 'tokenizer.json'}", f"model.eos_token_id={eos}",
            "reward.num_workers=1", "reward.import_timeout_s=30", "reward.memory_mb=1024",
            "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
            "trainer.mode=async", "rollout.placement=disaggregated", "rollout.num_devices=4",
@@ -159,14 +180,17 @@ def test_every_schema_key_is_read_by_a_real_run(tmp_path, monkeypatch):
             assert main(args) == 0, args
     assert (tmp_path / "runs" / "p" / "grpo" / "config.resolved.yaml").is_file()
     unread = set(field_specs()) - reads
-    assert unread - PENDING == set(), f"schema keys nothing read: {sorted(unread - PENDING)}"
-    assert PENDING & reads == set(), f"read now, remove from PENDING: {sorted(PENDING & reads)}"
+    assert unread - PER_MODE == set(), f"schema keys nothing read: {sorted(unread - PER_MODE)}"
+    assert PER_MODE & reads == set(), f"read by a run in another loss mode: {sorted(PER_MODE & reads)}"
     # the features ran, not only their keys: dynamic sampling and the overlong penalty, the
     # reward model's stage, the python tool's sandbox probe
     from launching import metrics
 
     logged = lambda run: set().union(*metrics(run))  # noqa: E731
-    assert {"train/num_gen_batches", "reward/overlong_penalty/mean"} <= logged(tmp_path / "runs" / "p" / "grpo")
+    assert {"train/num_gen_batches", "reward/overlong_penalty/mean", "distillation/loss"} <= logged(
+        tmp_path / "runs" / "p" / "grpo")
     assert {"reward/model/mean", "timing_s/reward_model", "reward/judge/mean", "timing_s/reward_judge"} <= logged(
         tmp_path / "gae")
+    assert any(k.startswith("rollout_corr/") for k in logged(tmp_path / "gae"))  # the decoupled correction ran
+    assert {"reward/fn/reward/mean", "reward/fn/brevity/mean"} <= logged(tmp_path / "async")  # both functions
     assert json.loads((tmp_path / "env" / "trace_summary.json").read_text())["sandbox"]["non_root"]

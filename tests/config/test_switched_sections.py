@@ -18,9 +18,16 @@ from rljax.config._validate import switched_sections
 EXPECTED = {"algorithm.filter_groups": "algorithm.filter_groups.enable", "actor.lora": "actor.lora.rank",
             "reward.reward_kwargs.overlong_buffer_cfg": "reward.reward_kwargs.overlong_buffer_cfg.enable",
             "reward.model": "reward.model.path", "reward.judge": "reward.judge.path",
-            "algorithm.kl_ctrl": "algorithm.use_kl_in_reward", "critic": "algorithm.adv_estimator"}
+            "algorithm.kl_ctrl": "algorithm.use_kl_in_reward", "critic": "algorithm.adv_estimator",
+            "distillation": "distillation.enabled"}
 #: What turns each switch on at resolve time (the packages' own checks of the value come later).
-ON = {"enable": "true", "rank": "4", "path": "ref", "use_kl_in_reward": "true", "adv_estimator": "gae"}
+ON = {"enable": "true", "rank": "4", "path": "ref", "use_kl_in_reward": "true", "adv_estimator": "gae",
+      "enabled": "true"}
+DL = "distillation.distillation_loss"
+#: What a switch needs beside itself to resolve (distillation: a teacher).
+WITH = {"distillation.enabled": ["distillation.teacher_model.model_path=ref"]}
+#: The keys whose only accepted setting is refused until it is wired: their on-state is that refusal.
+NOT_WIRED = {"distillation.distillation_loss.topk", "distillation.distillation_loss.log_prob_min_clamp"}
 
 
 def _other_value(tp, default):
@@ -91,7 +98,12 @@ def test_a_key_of_a_switched_off_section_is_a_usage_error(section, switch, name,
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{key}=") and f"{switch}=" in msg, msg
     # the same key with the feature on passes resolve and is applied (the package checks its value later)
-    cfg, _ = resolve("default", [f"{key}={value}", f"{switch}={ON[switch.rsplit('.', 1)[1]]}"])
+    on = [f"{switch}={ON[switch.rsplit('.', 1)[1]]}"] + [w for w in WITH.get(switch, []) if not w.startswith(f"{key}=")]
+    if key in NOT_WIRED:  # needs loss_mode=forward_kl_topk, refused in runs until the teacher's top-k pass exists
+        with pytest.raises(ConfigError, match="forward_kl_topk is not wired into runs yet"):
+            resolve("default", [f"{key}={value}", f"{DL}.loss_mode=forward_kl_topk", *on])
+        return
+    cfg, _ = resolve("default", [f"{key}={value}", *on])
     default, _ = resolve("default", [])
     for part in key.split("."):
         cfg, default = getattr(cfg, part), getattr(default, part)
@@ -109,7 +121,8 @@ def test_presets_and_their_defaults_pass():
     from repo_paths import REPO
 
     #: what a preset needs from the command line (its own paths)
-    needs = {"qwen2_5_0_5b_gsm8k": ["model.path=/ckpt/qwen", "data.path=/data/gsm8k"]}
+    needs = {name: ["model.path=/ckpt/qwen", "data.path=/data/gsm8k"]
+             for name in ("qwen2_5_0_5b_gsm8k", "qwen2_5_1_5b_gsm8k", "qwen2_5_7b_gsm8k")}
     for preset in sorted(p.stem for p in (REPO / "configs").glob("*.yaml")):
         resolve(preset, needs.get(preset, []))
     resolve("default", ["reward.judge.path=ref", "reward.judge.temperature=0.5"])
@@ -124,7 +137,21 @@ OWN = "algorithm.adv_estimator=*:*"
 ESTIMATOR_NEEDS = {"algorithm.gamma": ("algorithm.adv_estimator=gae", OWN),
                    "algorithm.lam": ("algorithm.adv_estimator=gae", OWN),
                    "algorithm.norm_adv_by_std_in_grpo": ("algorithm.adv_estimator=grpo", OWN)}
-EXPECTED_NEEDS = {**PATH_NEEDS, **ESTIMATOR_NEEDS}
+#: ... or read only by one policy loss (verl's policy_loss.* options), or with a rollout correction.
+LOSS_NEEDS = {f"actor.{k}": (f"actor.policy_loss={mode}",) for mode, keys in (
+    ("sapo", ("tau_pos", "tau_neg")), ("clip_cov", ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
+    ("kl_cov", ("kl_cov_ratio", "ppo_kl_coef")), ("dro", ("dro_beta",))) for k in keys}
+RC = "algorithm.rollout_correction"
+CORRECTION_NEEDS = {f"{RC}.rollout_is_threshold": (f"{RC}.rollout_is",),
+                    f"{RC}.rollout_is_batch_normalize": (f"{RC}.rollout_is",),
+                    f"{RC}.rollout_rs_threshold": (f"{RC}.rollout_rs",),
+                    f"{RC}.loss_type": ("algorithm.bypass_mode",)}
+DISTILL_NEEDS = {f"{DL}.topk": (f"{DL}.loss_mode=forward_kl_topk",),
+                 f"{DL}.log_prob_min_clamp": (f"{DL}.loss_mode=forward_kl_topk",),
+                 f"{DL}.distillation_loss_coef": (f"{DL}.use_task_rewards",),
+                 f"{DL}.clip_ratio_low": (f"{DL}.use_policy_gradient",),
+                 f"{DL}.clip_ratio_high": (f"{DL}.use_policy_gradient",)}
+EXPECTED_NEEDS = {**PATH_NEEDS, **ESTIMATOR_NEEDS, **LOSS_NEEDS, **CORRECTION_NEEDS, **DISTILL_NEEDS}
 
 
 def test_the_needing_keys_are_the_listed_ones():

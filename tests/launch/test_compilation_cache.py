@@ -79,42 +79,149 @@ def test_an_unusable_directory_turns_it_off_with_one_line(own_cache, tmp_path):
     assert len(lines) == 1 and "compilation cache off" in lines[0] and "a writable directory, auto, or null" in lines[0]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
-def test_a_damaged_entry_is_compiled_again_then_removed(own_cache, tmp_path, damage, monkeypatch):
-    monkeypatch.setattr(cc, "SETTLE_S", 0.0)  # check entries however young (a run would wait a minute)
+def _entries(path, prefix=""):
+    return sorted(p for p in path.iterdir() if p.name.endswith("-cache") and p.name.startswith(prefix))
+
+
+def _refusals(err: str) -> list:
+    return [ln for ln in err.splitlines() if "refused" in ln or "Error reading persistent" in ln]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_damaged_entries_are_refused_deleted_and_stored_again(own_cache, tmp_path, damage, capfd):
+    """A changed byte (or a cut) in every entry: one line names the cache, every program is
+    compiled and written again, and the next load takes them all without a word. (JAX alone
+    warned once per entry, compiled, and never rewrote the entry: every launch again.)"""
     path = tmp_path / "c"
     cc.setup(str(path), echo=None, report_at_exit=False)
-    x = jnp.arange(16.0).reshape(4, 4)
-    want = float(_fn(0.75)(x))
-    entries = sorted(p for p in path.iterdir() if p.name.endswith("-cache"))
-    assert entries
-    for p in entries:  # damage every entry of the program
+    x = jnp.ones(64)
+    want = [float(f(x)) for f in _programs()[:4]]
+    entries = _entries(path, "jit__lambda")
+    assert len(entries) == 4
+    for p in entries:
         data = p.read_bytes()
-        if damage == "truncate":
-            data = data[: len(data) // 2]
-        elif damage == "flip":
-            mid = len(data) // 2
-            data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
-        else:
-            data = b""
-        p.write_bytes(data)
+        if damage == "flip":
+            mid = len(data) // 3
+            data = data[:mid] + bytes([data[mid] ^ 0x01]) + data[mid + 1:]
+        p.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"" if damage == "empty" else data)
+    capfd.readouterr()
     jax.clear_caches()
     with warnings.catch_warnings(record=True) as caught, cc.counting() as c:
         warnings.simplefilter("always")
-        got = float(_fn(0.75)(x))
-    assert got == want  # the run goes on: JAX compiled the program instead
-    assert c.loaded == 0 and c.built >= 1
-    assert any("Error reading persistent compilation cache entry" in str(w.message) for w in caught)
-    lines = []
-    found = cc.setup(str(path), echo=lines.append, report_at_exit=False)
-    assert sorted(found.removed) == [p.name for p in entries] and "damaged" in lines[0]
+        assert [float(f(x)) for f in _programs()[:4]] == want
+    lines = _refusals(capfd.readouterr().err) + [str(w.message) for w in caught if "cache" in str(w.message)]
+    assert len(lines) == 1 and f"compilation cache {path}: refused" in lines[0], lines
+    assert c.loaded == 0 and c.refused == len(entries) and c.written == c.built == len(entries)
     jax.clear_caches()
-    with cc.counting() as c:  # compiled and written again, then loaded
-        _fn(0.75)(x)
+    with cc.counting() as again:  # healed: every entry loads
+        assert [float(f(x)) for f in _programs()[:4]] == want
+    assert again.loaded == again.built == len(entries) and again.refused == 0 and not _refusals(capfd.readouterr().err)
+
+
+def test_a_swapped_pair_of_valid_entries_is_refused(own_cache, tmp_path, capfd):
+    """Two entries of one module name and one signature swap files: each is a valid program,
+    the other one. Each is refused as stored under another key, both are compiled and stored
+    again, with one line; the next load takes both. (Unverified, each ran the other's program.)"""
+    path = tmp_path / "c"
+    cc.setup(str(path), echo=None, report_at_exit=False)
+    x = jnp.arange(8.0)
+    sin, cos = (lambda: jax.jit(lambda v: jnp.sin(v).sum())), (lambda: jax.jit(lambda v: jnp.cos(v).sum()))
+    want = (float(sin()(x)), float(cos()(x)))
+    a, b = _entries(path, "jit__lambda")
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db), b.write_bytes(da)
+    capfd.readouterr()
     jax.clear_caches()
-    with cc.counting() as c2:
-        _fn(0.75)(x)
-    assert c.written >= 1 and c2.loaded == c2.built >= 1
+    with cc.counting() as c:
+        assert (float(sin()(x)), float(cos()(x))) == want
+    lines = _refusals(capfd.readouterr().err)
+    assert len(lines) == 1 and "written under another key" in lines[0], lines
+    assert (c.loaded, c.refused, c.written) == (0, 2, 2)
+    jax.clear_caches()
+    with cc.counting() as again:
+        assert (float(sin()(x)), float(cos()(x))) == want
+    assert (again.loaded, again.refused) == (2, 0) and not _refusals(capfd.readouterr().err)
+
+
+def test_a_run_failing_after_loading_programs_retries_with_the_cache_bypassed(own_cache, tmp_path, capfd):
+    """A wrong program the seal cannot catch (two entries swapped and sealed again under their new
+    keys, as a cache-key clash would store them): the run fails after loading it, says so, runs
+    once more compiling everything, and the entries written over the wrong ones load next time."""
+    path = tmp_path / "c"
+    cc.setup(str(path), echo=None, report_at_exit=False)
+    x = jnp.arange(4.0)
+    total, twice = (lambda: jax.jit(lambda v: jnp.sin(v).sum())), (lambda: jax.jit(lambda v: jnp.cos(v) * 2))
+
+    def run():  # a launch checking what it computed
+        t, w = np.asarray(total()(x)), np.asarray(twice()(x))
+        if t.shape != () or w.shape != (4,) or not np.allclose(w, np.cos(np.arange(4.0)) * 2):
+            raise ValueError(f"output shapes {t.shape}, {w.shape}: not the programs traced")
+        return 0
+
+    assert run() == 0
+    a, b = _entries(path, "jit__lambda")
+    ka, kb = a.name[: -len("-cache")], b.name[: -len("-cache")]
+    va, vb = cc.unseal(ka, a.read_bytes())[0], cc.unseal(kb, b.read_bytes())[0]
+    a.write_bytes(cc.seal(ka, vb)), b.write_bytes(cc.seal(kb, va))
+    jax.clear_caches()
+    capfd.readouterr()
+    try:
+        with cc.counting() as c:
+            assert cc.retry_bypassed(run) == 0
+        err = capfd.readouterr().err
+        assert "the launch failed after loading 2 program(s) from the compilation cache" in err
+        assert "ValueError: output shapes (4,), ()" in err and "retrying once with the cache bypassed" in err
+        assert c.written == 2
+        with pytest.raises(ValueError):  # a failure the bypass does not cure is raised on the second run
+            cc.retry_bypassed(lambda: (_ for _ in ()).throw(ValueError("not the cache")))
+    finally:
+        cc.bypass(False)
+    with cc.counting() as again:  # the fresh programs were written over the wrong ones
+        assert run() == 0
+    assert again.loaded == 2
+
+
+def test_verify_checks_and_cleans_a_directory(own_cache, tmp_path, capsys):
+    """``python -m rljax.compilation_cache --verify DIR``: every entry checked, whatever its age;
+    the damaged, moved and unsealed ones and a killed write's leftovers removed; exit 1 then 0."""
+    path = tmp_path / "c"
+    cc.setup(str(path), echo=None, report_at_exit=False)
+    x = jnp.ones(64)
+    [f(x) for f in _programs()[:4]]
+    e = _entries(path, "jit__lambda")
+    assert len(e) == 4
+    e[0].write_bytes(e[0].read_bytes()[:-1] + b"\0")  # a changed byte (the seal's digest)
+    d1, d2 = e[1].read_bytes(), e[2].read_bytes()
+    e[1].write_bytes(d2), e[2].write_bytes(d1)
+    (path / "jit_old-0123-cache").write_bytes(zlib.compress(b"written by an older rljax"))
+    (path / ".rljax-writing-x").mkdir()
+    old = os.path.getmtime(path) - 2 * cc.SETTLE_S
+    os.utime(path / ".rljax-writing-x", (old, old))
+    assert cc.main(["--verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}: removed {e[0].name}: {cc.DAMAGED}" in out and f"removed {e[1].name}: {cc.MOVED}" in out
+    assert "removed 1 damaged entry; removed 2 moved entries (stored under another key); removed 1 entry " \
+           "without a digest" in out
+    assert sorted(p.name for p in path.iterdir() if not p.name.startswith(".rljax-checked")) == \
+        sorted(p.name for p in _entries(path)) and e[3].exists()
+    assert cc.main(["--verify", str(path)]) == 0 and "every entry intact" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:
+        cc.main(["--verify", str(tmp_path / "nothing")])
+    assert usage.value.code == 2
+
+
+def test_an_older_reader_loads_a_sealed_entry(own_cache, tmp_path):
+    """The seal is a zstd skippable frame after JAX's bytes: JAX's own reader (and an older rljax)
+    decompresses a sealed entry to the same executable."""
+    jax_cc = pytest.importorskip("jax._src.compilation_cache")
+    path = tmp_path / "c"
+    cc.setup(str(path), echo=None, report_at_exit=False)
+    _fn(0.125)(jnp.ones((4, 4)))
+    entry = _entries(path)[0]
+    sealed = entry.read_bytes()
+    value, why = cc.unseal(entry.name[: -len("-cache")], sealed)
+    assert why is None and len(sealed) > len(value)
+    assert jax_cc.decompress_executable(sealed) == jax_cc.decompress_executable(value)
 
 
 _WORKER = textwrap.dedent("""
@@ -173,11 +280,13 @@ def test_an_entry_appears_whole_or_not_at_all(own_cache, tmp_path, monkeypatch):
         seen.append(sorted(n for n in os.listdir(path) if n.endswith("-cache")))
     monkeypatch.setattr(lru.LRUCache, "put", spy)
     value = zlib.compress(b"an executable" * 1000)
-    cache.put("module-k1", value)
-    cache.put("module-k1", zlib.compress(b"another"))  # a key written before stays as it is
+    with cc.counting() as c:
+        cache.put("module-k1", value)
+        cache.put("module-k1", zlib.compress(b"another"))  # a key written before stays as it is
+    assert c.written == 1  # what reached the directory (JAX's event counted both writes it asked for)
     assert seen and seen[0] == []  # the entry was not in the directory while its bytes were written
     entries = sorted(n for n in os.listdir(path) if n.endswith("-cache"))
-    assert len(entries) == 1 and (path / entries[0]).read_bytes() == value
+    assert len(entries) == 1 and cc.unseal("module-k1", (path / entries[0]).read_bytes()) == (value, None)
     assert not [n for n in os.listdir(path) if n.startswith(".rljax-writing-")]  # nothing left behind
 
 
@@ -201,8 +310,10 @@ def test_a_write_killed_before_its_rename_leaves_nothing_read(tmp_path, monkeypa
 @pytest.mark.slow
 def test_a_second_launch_loads_its_programs_and_matches(tmp_path):
     """Two launches of one small run into one cache: the second loads programs instead of
-    compiling them and logs the same metrics; a damaged entry in between is removed, compiled
-    again, and changes nothing."""
+    compiling them and logs the same metrics. In between, two same-named entries swap files and
+    a byte changes in a third (after the start-up check, as the issue's campaign did): the
+    second launch refuses the three with one line, compiles and stores them again, counts them
+    at exit, and leaves every entry verified."""
     from test_launch import SMALL
 
     cache = str(tmp_path / "cache")
@@ -212,22 +323,48 @@ def test_a_second_launch_loads_its_programs_and_matches(tmp_path):
     assert f"compilation cache {cache}: 0 program(s) stored" in first.stdout
     entries = sorted(p for p in os.listdir(cache) if p.endswith("-cache"))
     assert len(entries) > 10
-    victim = os.path.join(cache, entries[len(entries) // 2])
-    with open(victim, "r+b") as fh:
-        fh.truncate(os.path.getsize(victim) // 2)
-    # as if damaged (changed on disk, or cut where a rename is not atomic) after its start-up check
+    by_module = {}
+    for name in entries:
+        by_module.setdefault(name.rsplit("-", 2)[0], []).append(os.path.join(cache, name))
+    pair = next(v for v in by_module.values() if len(v) >= 2)[:2]
+    flipped = next(os.path.join(cache, n) for n in entries if os.path.join(cache, n) not in pair)
+    one, two = (open(p, "rb").read() for p in pair)
+    for p, data in zip(pair, (two, one)):
+        open(p, "wb").write(data)
+    data = open(flipped, "rb").read()
+    open(flipped, "wb").write(data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
     checked = os.path.getmtime(os.path.join(cache, ".rljax-checked"))
-    os.utime(victim, (checked + 0.5, checked + 0.5))
+    for p in (*pair, flipped):  # older than the start-up check: only the read sees them
+        os.utime(p, (checked - 5, checked - 5))
     second = launch("--run-dir", str(tmp_path / "b"), *args)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "removed 1 damaged entry" in second.stdout
-    report = [ln for ln in second.stdout.splitlines() if "this process loaded" in ln]
-    loaded = int(report[0].split("loaded ")[1].split(" ")[0])
-    assert loaded >= len(entries) - 1, report
+    warned = [ln for ln in (second.stdout + second.stderr).splitlines()
+              if "refused" in ln and "this process loaded" not in ln or "Error reading persistent" in ln]
+    assert len(warned) == 1 and f"compilation cache {cache}: refused" in warned[0], warned
+    report = [ln for ln in second.stdout.splitlines() if "this process loaded" in ln][0]
+    assert f"loaded {len(entries) - 3} program(s) from it and compiled 3 (3 written to it; refused 3 damaged or " \
+           "moved entries, deleted and compiled again)" in report, report
     strip = lambda rows: [{k: v for k, v in r.items() if not is_wall_clock(k)} for r in rows]
     a, b = strip(train_rows(tmp_path / "a")), strip(train_rows(tmp_path / "b"))
     assert a == b and len(a) == 2
-    np.testing.assert_equal(len(os.listdir(cache)) > 0, True)
+    verify = subprocess.run([sys.executable, "-m", "rljax.compilation_cache", "--verify", cache], cwd=REPO,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    assert verify.returncode == 0 and f"{len(entries)} entries verified" in verify.stdout, verify.stdout + verify.stderr
+    # A wrong program the seal cannot catch (a pair swapped and sealed again under the new keys, as
+    # a key clash would store it): the launch fails on it (JAX's layout check, as in the issue),
+    # says so, runs again with the cache bypassed, and writes the fresh programs over the wrong ones.
+    stage = sorted(n for n in os.listdir(cache) if n.startswith("jit_stage-"))[:2]
+    keys = [n[: -len("-cache")] for n in stage]
+    values = [cc.unseal(k, open(os.path.join(cache, n), "rb").read())[0] for k, n in zip(keys, stage)]
+    for n, k, v in zip(stage, keys, values[::-1]):
+        open(os.path.join(cache, n), "wb").write(cc.seal(k, v))
+    third = launch("--run-dir", str(tmp_path / "c"), *args)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    retry = [ln for ln in third.stderr.splitlines() if "retrying once with the cache bypassed" in ln]
+    assert len(retry) == 1 and "the launch failed after loading" in retry[0] and "Traceback" not in third.stderr
+    assert strip(train_rows(tmp_path / "c")) == a
+    for n, k, forged in zip(stage, keys, values[::-1]):  # written over
+        assert cc.unseal(k, open(os.path.join(cache, n), "rb").read())[0] != forged, n
 
 
 def test_the_directory_stays_under_its_bound_oldest_first(tmp_path):
@@ -236,7 +373,7 @@ def test_the_directory_stays_under_its_bound_oldest_first(tmp_path):
 
     for i in range(8):  # 8 intact entries of ~1 KiB, entry 0 the oldest
         p = tmp_path / f"jit_f-{i:02d}-cache"
-        p.write_bytes(zlib.compress(os.urandom(1024), 0))
+        p.write_bytes(cc.seal(f"jit_f-{i:02d}", zlib.compress(os.urandom(1024), 0)))
         os.utime(p, (time.time() - 1000 + i, time.time() - 1000 + i))
     size = sum(p.stat().st_size for p in tmp_path.glob("*-cache"))
     found = cc.check_entries(str(tmp_path), max_bytes=size // 2)

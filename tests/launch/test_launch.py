@@ -78,8 +78,8 @@ def _mistakes(tmp):
         ("prompts all filtered", [*gsm, f"data.path={long_dir}", "data.max_prompt_length=8",
                                   "data.filter_overlong_prompts=true"], "all 8 prompts are longer"),
         ("dataset smaller than the batch", [*gsm, f"data.path={small_dir}"],
-         "3 usable prompts (3 rows: 0 filtered as overlong, 0 with an empty or null answer) are fewer than "
-         "data.train_batch_size=4"),
+         "3 usable prompts (3 rows: 0 filtered as overlong, 0 with an empty or null answer, 0 with an empty or "
+         "null prompt) are fewer than data.train_batch_size=4"),
         ("embedded smaller than the batch", ["data.embedded.num_train=16"], "fewer than data.train_batch_size=32"),
         ("data path missing", [*gsm, f"data.path={tmp}/nowhere"], "is not a directory"),
         ("no test file", [*gsm, f"data.path={no_test}"], "has no test file"),

@@ -5,15 +5,11 @@ import json
 
 import pytest
 
-from launching import launch
-
 
 @pytest.mark.slow
-def test_default_run_reaches_the_readme_held_out_reward(tmp_path):
-    run = tmp_path / "run"
-    # compiled as users' runs are (300 steps: -O0's slower programs would cost more than its compile saves)
-    out = launch("--mesh=dp8", "--run-dir", str(run), timeout=1800, compile_as_user=True)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+def test_default_run_reaches_the_readme_held_out_reward(default_run):
+    run, _ = default_run  # tests/conftest.py: launched once, compiled as users' runs are (its policy is also
+    # the distillation learning test's teacher)
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == list(range(301))  # one record per step
     val = [r["val/score/mean"] for r in rows if "val/score/mean" in r]

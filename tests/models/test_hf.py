@@ -1,4 +1,4 @@
-"""Hugging Face parity: tiny random Llama / Qwen2 built with transformers, loaded by rljax."""
+"""Hugging Face parity: tiny random Llama / Qwen2 / Qwen3 / Mistral built with transformers, loaded by rljax."""
 
 import json
 import os
@@ -49,6 +49,40 @@ def _qwen2(tmp_path, **kw):
     return _save(_randomise(transformers.Qwen2ForCausalLM(cfg), 1), tmp_path / "qwen2")
 
 
+def _qwen3(tmp_path, **kw):
+    """Qwen3 (dense): QK-norm, no QKV bias, head_dim apart from hidden_size / heads, untied."""
+    cfg = transformers.Qwen3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rope_theta=1000000.0, max_position_embeddings=128, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, **kw,
+    )
+    return _save(_randomise(transformers.Qwen3ForCausalLM(cfg), 2), tmp_path / "qwen3")
+
+
+def _mistral(tmp_path, **kw):
+    """Mistral with a sliding window longer than every test sequence (exact there)."""
+    cfg = transformers.MistralConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, rope_theta=1000000.0, max_position_embeddings=128, rms_norm_eps=1e-5,
+        sliding_window=64, tie_word_embeddings=False, **kw,
+    )
+    return _save(_randomise(transformers.MistralForCausalLM(cfg), 3), tmp_path / "mistral")
+
+
+def _gemma3(tmp_path, **kw):
+    """Gemma 3 (text): offset norms, sandwich norms, scaled embeddings, GeGLU, QK-norm, a query scale
+    apart from head_dim, and sliding-window layers (every other one here) with their own rotary base."""
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=16, sliding_window=64, max_position_embeddings=128,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        rms_norm_eps=1e-6, tie_word_embeddings=True, **kw,
+    )
+    return _save(_randomise(transformers.Gemma3ForCausalLM(cfg), 4), tmp_path / "gemma3")
+
+
 def _save(model, path, **kw):
     model.eval()
     model.save_pretrained(str(path), safe_serialization=True, **kw)
@@ -87,15 +121,21 @@ def _max_diff_on_real_tokens(a, b, mask):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf")
-    return {"llama": _llama(tmp), "qwen2": _qwen2(tmp)}
+    return {"llama": _llama(tmp), "qwen2": _qwen2(tmp), "qwen3": _qwen3(tmp), "mistral": _mistral(tmp),
+            "gemma3": _gemma3(tmp)}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma3"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_load_matches_transformers(arch, checkpoints):
     hf_model, path = checkpoints[arch]
     config, params, graphdef = _ours(path)
     assert config.architecture == arch
-    assert config.tie_embeddings == (arch == "qwen2") and config.qkv_bias == (arch == "qwen2")
+    assert config.tie_embeddings == (arch in ("qwen2", "gemma3")) and config.qkv_bias == (arch == "qwen2")
+    assert config.qk_norm == (arch in ("qwen3", "gemma3"))
+    assert config.sliding_window == (64 if arch in ("mistral", "gemma3") else None)
     if arch == "llama":
         assert config.rope_scaling_dict["rope_type"] == "llama3"
     toks, mask, pos = _batch(config.vocab_size)
@@ -104,7 +144,8 @@ def test_load_matches_transformers(arch, checkpoints):
     assert _max_diff_on_real_tokens(ours, ref, mask) <= 1e-4
 
 
-@pytest.mark.parametrize("arch, spec", [("llama", "dp2,tp2,sp2"), ("qwen2", "tp4,dp2"), ("llama", "tp2,sp4")])
+@pytest.mark.parametrize("arch, spec", [("llama", "dp2,tp2,sp2"), ("qwen2", "tp4,dp2"), ("llama", "tp2,sp4"),
+                                        ("qwen3", "dp2,tp2,sp2"), ("gemma3", "dp2,tp2,sp2")])
 def test_load_onto_mesh_matches_transformers(arch, spec, checkpoints, devices):
     hf_model, path = checkpoints[arch]
     mesh = sh.make_mesh(spec)
@@ -121,7 +162,7 @@ def test_load_onto_mesh_matches_transformers(arch, spec, checkpoints, devices):
     assert _max_diff_on_real_tokens(ours, ref, mask) <= 1e-4
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_save_roundtrip_reloads_in_transformers(arch, checkpoints, tmp_path):
     hf_model, path = checkpoints[arch]
     config, params, graphdef = _ours(path)
@@ -188,7 +229,7 @@ def test_bfloat16_checkpoint(tmp_path, checkpoints):
 def test_unsupported_architecture(tmp_path):
     cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32)
     _, path = _save(transformers.GPT2LMHeadModel(cfg), tmp_path / "gpt2")
-    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'.*LlamaForCausalLM, Qwen2ForCausalLM"):
+    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
         models.load_hf_checkpoint(path)
 
 
@@ -239,8 +280,9 @@ def test_safetensors_io_is_readable_by_the_safetensors_package(tmp_path):
     np.testing.assert_array_equal(back["c"], arrays["c"])
 
 
-def test_greedy_decode_matches_transformers_generate(checkpoints):
-    hf_model, path = checkpoints["qwen2"]
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_decode_matches_transformers_generate(arch, checkpoints):
+    hf_model, path = checkpoints[arch]
     config, params, graphdef = _ours(path)
     prompt = np.array([[5, 17, 42, 3, 88]], np.int64)
     with torch.no_grad():
@@ -257,3 +299,15 @@ def test_greedy_decode_matches_transformers_generate(checkpoints):
         out.append(tok)
         length += 1
     assert out == ref
+
+
+def test_sequence_longer_than_the_sliding_window_is_refused(checkpoints):
+    """Mistral's window is exact only while a sequence fits it; a longer one is a ValueError, not other numbers."""
+    _, path = checkpoints["mistral"]
+    config, params, graphdef = _ours(path)
+    toks = np.zeros((1, config.sliding_window + 1), np.int32)
+    with pytest.raises(ValueError, match="65 tokens is longer than the model's sliding_window=64"):
+        models.forward(graphdef, params, toks)
+    with pytest.raises(ValueError, match="KV cache of 80 tokens"):
+        models.decode(graphdef, params, models.init_kv_cache(config, 1, 80), jnp.array([1], jnp.int32),
+                      cache_index=jnp.array([0], jnp.int32))

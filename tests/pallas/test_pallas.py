@@ -1,5 +1,6 @@
-"""rljax.pallas on one device: the chunked path and the Pallas kernels (interpret mode) against
-the naive reference, values and both gradients, for each output's cotangent separately."""
+"""rljax.pallas on one device: the chunked path and the Pallas kernels (TPU and GPU, interpret
+mode) against the naive reference, values and both gradients, for each output's cotangent
+separately."""
 
 import functools
 import json
@@ -14,10 +15,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rljax.pallas import MASK_VALUE, fused_logprob
-from rljax.pallas import _tpu
+from rljax.pallas import _api, _gpu, _tpu
 
 # Pallas interpret-mode grids stay small: (ceil(N/16) x ceil(V/128)) = 3 x 3 steps here.
 PALLAS_BLOCKS = dict(block_t=16, block_v=128)
+# GPU (Triton) blocks are powers of two >= 16; H is contracted in chunks of up to 64.
+GPU_BLOCKS = dict(block_t=16, block_v=128)
 CHUNKED_BLOCKS = dict(block_t=16, block_v=96)
 
 
@@ -74,11 +77,16 @@ IMPLS = [
     pytest.param("chunked", {}, id="chunked-default-blocks"),
     pytest.param("pallas", PALLAS_BLOCKS, id="pallas"),
 ]
+GPU = pytest.param("pallas_gpu", GPU_BLOCKS, id="pallas_gpu")
+# each interpret-mode compile of the GPU kernels costs ~1.5 s here: the wider cases run slow
+GPU_SLOW = pytest.param("pallas_gpu", GPU_BLOCKS, id="pallas_gpu", marks=pytest.mark.slow)
 
 
-@pytest.mark.parametrize("impl,blocks", IMPLS)
+# the GPU kernel at 0.7 runs in test_pallas_gpu_hidden_chunks_and_every_edge
+@pytest.mark.parametrize("impl,blocks,temperature", [
+    pytest.param(*p.values, t, id=f"{p.id}-{t}") for p in IMPLS for t in (1.0, 0.7)] + [
+    pytest.param(*GPU.values, 1.0, id="pallas_gpu-1.0")])
 @pytest.mark.parametrize("cotangents", ["both", "logp", "entropy"])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_float32_matches_naive(impl, blocks, cotangents, temperature):
     # N=37, V=300: neither is a multiple of any block (ragged token and vocab tails).
     problem = make_problem(37, 32, 300)
@@ -89,7 +97,7 @@ def test_float32_matches_naive(impl, blocks, cotangents, temperature):
         assert np.max(np.abs(want[2])) > 1e-2 and np.max(np.abs(want[3])) > 1e-2
 
 
-@pytest.mark.parametrize("impl,blocks", IMPLS)
+@pytest.mark.parametrize("impl,blocks", IMPLS + [GPU])
 @pytest.mark.parametrize("cotangents", ["both", "entropy"])
 def test_bfloat16_inputs_match_naive(impl, blocks, cotangents):
     problem = make_problem(37, 32, 300, dtype=jnp.bfloat16, seed=1)
@@ -102,7 +110,7 @@ def test_bfloat16_inputs_match_naive(impl, blocks, cotangents):
     assert_close_abs(got[:2], want32[:2], atol=1e-5)
 
 
-@pytest.mark.parametrize("impl,blocks", IMPLS[::2])
+@pytest.mark.parametrize("impl,blocks", IMPLS[::2] + [GPU_SLOW])
 def test_mixed_input_dtypes(impl, blocks):
     """float32 hidden with a bfloat16 unembed: computed in the promoted dtype, like naive."""
     hidden, unembed, targets, g_logp, g_ent = make_problem(37, 32, 300, seed=9)
@@ -111,7 +119,7 @@ def test_mixed_input_dtypes(impl, blocks):
     assert_close_rel(got, run(problem, impl="naive"), rel=1e-2)
 
 
-@pytest.mark.parametrize("impl,blocks", IMPLS)
+@pytest.mark.parametrize("impl,blocks", IMPLS + [GPU_SLOW])
 def test_batch_time_layout_and_exact_blocks(impl, blocks):
     # [B, T, H] input; N = 2 * 24 = 48 and V = 384 are exact multiples of the pallas blocks.
     problem = make_problem(48, 16, 384, seed=2, lead=(2, 24))
@@ -121,7 +129,7 @@ def test_batch_time_layout_and_exact_blocks(impl, blocks):
     assert_close_abs(got, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl,blocks", IMPLS)
+@pytest.mark.parametrize("impl,blocks", IMPLS + [GPU_SLOW])
 def test_peaked_and_flat_distributions(impl, blocks):
     # Large logits (|z| ~ 100s) and a low temperature: entropy ~ 0, log-probs ~ -100s. The
     # running max must keep this finite and as exact as the reference.
@@ -183,6 +191,47 @@ def test_pallas_single_ragged_edge_blocks():
                          atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
+def test_pallas_gpu_hidden_chunks_and_every_edge(dtype):
+    """H=80: two chunks of 64 with a ragged second one; N=37, V=300: ragged token and vocab
+    blocks, targets in the last, partial vocab block. (With the last vocab block unmasked, the
+    interpreter's NaN padding reaches logp and d_unembed.)"""
+    problem = make_problem(37, 80, 300, dtype=dtype, seed=10)
+    problem[2].block_until_ready()
+    assert int(problem[2][-1]) == 299 and 300 % GPU_BLOCKS["block_v"]
+    got = run(problem, impl="pallas_gpu", temperature=0.7, **GPU_BLOCKS)
+    if dtype == jnp.float32:
+        assert_close_abs(got, run(problem, impl="naive", temperature=0.7), atol=1e-5)
+    else:
+        assert_close_rel(got, run(problem, impl="naive", temperature=0.7), rel=1e-2)
+
+
+@pytest.mark.slow
+def test_pallas_gpu_qwen_vocabulary():
+    """Qwen2.5's vocabulary, 151,936 = 128 * 1187 columns: with 4096-column blocks, 38 vocab
+    blocks, the last one 384 wide and holding the last target."""
+    problem = make_problem(5, 16, 151936, seed=12)
+    got = run(problem, impl="pallas_gpu", block_t=16, block_v=4096)
+    assert_close_abs(got, run(problem, impl="naive"), atol=1e-5)
+
+
+def test_pallas_dispatch_per_backend(monkeypatch):
+    """impl="pallas" is the kernel of the backend it runs on; "auto" stays chunked off TPU."""
+    table = {}
+    for backend in ("cpu", "gpu", "tpu"):
+        monkeypatch.setattr(_api.jax, "default_backend", lambda b=backend: b)
+        table[backend] = {impl: (cfg.impl, cfg.interpret) for impl in ("auto", "pallas", "pallas_gpu")
+                          for cfg in [_api._resolve(impl, 1.0, None, None)]}
+    assert table == {
+        "cpu": {"auto": ("chunked", False), "pallas": ("pallas_tpu", True),
+                "pallas_gpu": ("pallas_gpu", True)},
+        "gpu": {"auto": ("chunked", False), "pallas": ("pallas_gpu", False),
+                "pallas_gpu": ("pallas_gpu", False)},
+        "tpu": {"auto": ("pallas_tpu", False), "pallas": ("pallas_tpu", False),
+                "pallas_gpu": ("pallas_gpu", True)},
+    }
+
+
 def test_chunked_temporary_memory_is_tiles_not_logits():
     """Compiled fwd+bwd temporaries: chunked holds tiles, naive holds [N, V] logits."""
     n, h, v = 2048, 64, 32768
@@ -219,6 +268,22 @@ def test_kernels_lower_to_mosaic_for_tpu(dtype):
         assert [t.count("tpu_custom_call") for t in texts] == [1, 2]
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_kernels_lower_to_triton(dtype):
+    """Without a GPU, the GPU kernels still go through JAX's Pallas -> Triton lowering for the
+    CUDA platform (H=896 as in Qwen2.5-0.5B, ragged N and V): catches ops Triton lacks and
+    blocks it rejects. (Triton's own compile runs only on a GPU: bench/accelerator.py.)"""
+    n, h, v = 1000, 896, 5000
+    hs, ws = jax.ShapeDtypeStruct((n, h), dtype), jax.ShapeDtypeStruct((h, v), dtype)
+    ys, vs = jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((n,), jnp.float32)
+    fwd = functools.partial(_gpu.stats, inv_temp=1.0, interpret=False, block_t=None, block_v=None)
+    bwd = functools.partial(_gpu.grads, inv_temp=1.0, dw_dtype=dtype, interpret=False, block_t=None,
+                            block_v=None)
+    texts = [jax.jit(fwd).trace(hs, ws, ys).lower(lowering_platforms=("cuda",)).as_text(),
+             jax.jit(bwd).trace(hs, ws, ys, vs, vs, vs, vs).lower(lowering_platforms=("cuda",)).as_text()]
+    assert [t.count("xla.gpu.triton") for t in texts] == [1, 2]
+
+
 BAD_INPUTS = [
     (dict(hidden=np.zeros((2, 3, 4, 8))), "hidden has shape"),
     (dict(unembed=np.zeros((8, 10, 1))), "unembed has shape"),
@@ -227,7 +292,8 @@ BAD_INPUTS = [
     (dict(targets=np.zeros((6,), np.float32)), "integer dtype"),
     (dict(hidden=np.zeros((6, 8), np.int32)), "floating dtype"),
     (dict(unembed=np.zeros((8, 0))), "empty vocabulary"),
-    (dict(impl="triton"), "impl='triton'; accepted: 'auto', 'pallas', 'chunked', 'naive'"),
+    (dict(impl="triton"), "impl='triton'; accepted: 'auto', 'pallas', 'pallas_tpu', 'pallas_gpu', "
+                          "'chunked', 'naive'"),
     (dict(temperature=0.0), "temperature=0.0; accepted: a finite number > 0"),
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
@@ -235,6 +301,8 @@ BAD_INPUTS = [
     (dict(block_t=2.5), "block_t=2.5"),
     (dict(impl="pallas", block_v=100), "block_v=100 is not a multiple of 128"),
     (dict(impl="pallas", block_t=12), "block_t=12 is not a multiple of 8"),
+    (dict(impl="pallas_gpu", block_v=96), "block_v=96 is not a power of two >= 16"),
+    (dict(impl="pallas_gpu", block_t=8), "block_t=8 is not a power of two >= 16"),
 ]
 
 

@@ -203,7 +203,7 @@ def test_grpo_with_only_the_judges_reward_runs_and_its_verdicts_are_traced(fitte
         assert r["critic/score/mean"] == pytest.approx(r["reward/judge/mean"], abs=1e-6)
         assert r["reward/judge/errors"] == 0 and 0 <= r["reward/judge/unparseable"] <= 16
         assert "timing_s/reward_judge" in r and "reward/function/mean" in r  # the rule, logged beside
-    gens = [json.loads(line) for line in open(run / "generations.jsonl")]
+    gens = [g for g in map(json.loads, open(run / "generations.jsonl")) if g["split"] == "train"]  # val: 4 by default
     assert len(gens) == 32
     judged = 0
     for g in gens:  # the fitted judge repeats the last character it read: the response's, or the prompt's '='

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rljax.config import resolve
 from rljax.rollout.trajectory import Trajectories
 from rljax.sharding import batch_shardings, make_mesh
+from rljax.trainer.prepare import PrepareConfig, prepare
 from rljax.trace import Tracer, choose_groups, faults
 from rljax.trace import alerts as A
 from rljax.trace.fields import host_rows, summarize
@@ -80,7 +81,7 @@ def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, by
             loss_mask = loss_mask.copy()
             loss_mask[:, 0] = 0
         host = {"input_ids": np.concatenate([t.prompt_ids, t.response_ids], 1), "attention_mask": att,
-                "positions": np.zeros((rows, S + T), np.int32), "loss_mask": loss_mask,
+                "positions": np.maximum(np.cumsum(att, 1) - 1, 0).astype(np.int32), "loss_mask": loss_mask,
                 "rollout_logp": t.rollout_logp, "group_id": t.group_id.astype(np.int32), "row_mask": ~t.is_padding}
         faults.learner_fields(host, t, seed=0, step=b["step"], groups=1, version=0)  # the trainer's fault hooks
         shardings = batch_shardings(host, mesh)
@@ -96,9 +97,9 @@ def _stages(tmp_path, traj, mesh, cfg, *, old_logp_shape, attention, metrics, by
                                            NamedSharding(mesh, PartitionSpec())),
                 "entropy": jax.device_put(np.ones((rows, T), np.float32), NamedSharding(mesh, PartitionSpec()))}
 
-    def advantages(b):
-        _ = (b["scores"], b["group_id"], b["row_mask"])
-        return {"advantages": b["loss_mask"] * 1.0}
+    def advantages(b):  # GRPO's, as the trainer's prepare stage computes them (the trace re-derives them)
+        fields = {k: b[k] for k in ("scores", "loss_mask", "group_id", "row_mask")}
+        return {"advantages": prepare(fields, 0.0, cfg=PrepareConfig(estimator="grpo", num_groups=4))["advantages"]}
 
     def own_old_logp():
         return jax.device_put(np.full((rows, T), -0.5, np.float32), NamedSharding(mesh, PartitionSpec("dp")))
@@ -214,7 +215,9 @@ def test_one_record_per_stage_per_traced_group_with_field_summaries(tmp_path):
     assert lm["mask_sum"] == [T] * N and lm["is_padding"] == [False] * N and lm["valid_length"] == [T] * N
     adv = next(f for r in recs if r["stage"] == "advantages" for f in r["fields"] if f["name"] == "advantages")
     assert adv["sharding"]["spec"][0] == "dp" and adv["sharding"]["local_shape"] == [B // 8, T]
-    assert adv["row_mean"] == [1.0] * N and adv["outside_mask_abs_sum"] == 0.0
+    # GRPO over the group's scores 0, 1/15, 2/15, 3/15 (linspace over the 16 rows): -1.16, -0.39, 0.39, 1.16
+    np.testing.assert_allclose(adv["row_mean"], [-1.1619, -0.3873, 0.3873, 1.1619], atol=1e-3)
+    assert adv["outside_mask_abs_sum"] == 0.0
     assert len(adv["sharding"]["owner_devices"]) == N // (B // 8)
     assert 0 <= out["trace/overhead_frac"] < 1 and out["timing_s/dataset_item"] >= 0
     assert lm["producer"] == "trajectory_fields" and lm["consumers"] == ["advantages", "actor_minibatch"]
@@ -269,9 +272,19 @@ def test_spike_alerts_stay_quiet_without_a_baseline():
     """Issue 25: a 6-step run alerted 'ppo_kl=-0.0015 > 10.0 x running median 1e-06'."""
     det = A.SpikeDetector(factor=10, window=20)
     assert not any(det.update({"actor/ppo_kl": v, "actor/grad_norm": g})
-                   for v, g in zip([0.0, 0.0, 0.0, 0.0, 0.0, -0.0015], [1.0, 1.0, 1.0, 1.0, 1.0, 50.0]))
+                   for v, g in zip([0.0, 0.0, 0.0, 0.0, 0.0, -0.0015], [1.0, 1.0, 1.0, 1.0, 1.0, 5.0]))
     zero = A.SpikeDetector(factor=10, window=20)  # exactly on-policy: KL 0 at every step is no baseline
     assert not any(zero.update({"actor/ppo_kl": v}) for v in [0.0] * 12 + [-0.0015])
+
+
+def test_spike_alerts_watch_the_first_window_against_a_warm_up_baseline():
+    """Issue 35 item 4: a spike in the first trace.alert_spike_window steps fired nothing (10 steps of
+    history were needed); from the fourth step the median of the steps so far is the baseline."""
+    det = A.SpikeDetector(factor=10, window=20)
+    fired = [det.update({"actor/grad_norm": g}) for g in [1.0, 1.2, 0.9, 30.0]]
+    assert not any(fired[:3]) and fired[3] == [("grad_norm_spike", "actor/grad_norm=30 > 10.0 x running median 1")]
+    early = A.SpikeDetector(factor=10, window=20)  # two steps are no baseline yet
+    assert not any(early.update({"actor/grad_norm": g}) for g in [1.0, 30.0])
 
 
 def test_host_rows_reads_only_owning_shards_and_matches_numpy():
@@ -355,7 +368,8 @@ def test_provoked_bugs_fail_the_check_for_their_own_reason(tmp_path, bug, overri
     assert status == "FAIL" and why in detail, (check, results)
     failed = {k for k, (s, _) in results.items() if s == "FAIL"}
     own = {"leak": {check, "no error-severity alerts"},
-           "mask": {check, "whole-batch invariants on every row", "no error-severity alerts"},
+           "mask": {check, "whole-batch invariants on every row", "no error-severity alerts",
+                    "loss mask re-derived from token roles"},  # the token roles re-derive the mask too
            "late_old_logp": {check, "reward / old,ref log-prob / advantage producers and consumers"}}.get(bug, {check})
     assert failed == own, failed
 
@@ -416,8 +430,9 @@ def test_check_cli_exits_1_on_an_error_alert_and_counts_na(tmp_path):
     _close(tracer)
     out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "ok")], capture_output=True,
                          text=True, timeout=120)
-    # 2 + the three trainer.mode=async checks + the algorithm.filter_groups one
-    assert out.returncode == 0 and "6 not applicable" in out.stdout and "N/A   updates finite" in out.stdout, out.stdout
+    # 2 + the three trainer.mode=async checks + the algorithm.filter_groups one + 3 re-derivations that a tracer
+    # driven by hand, without a trainer, cannot run (rewards re-scored, the update's report, sampler weights)
+    assert out.returncode == 0 and "9 not applicable" in out.stdout and "N/A   updates finite" in out.stdout, out.stdout
     tracer, _ = _step(tmp_path / "bad", old_logp_shape=(B, T - 1))
     _close(tracer)
     out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "bad")], capture_output=True,
@@ -460,5 +475,7 @@ def test_fault_outside_the_traced_group_fails_the_invariants(tmp_path, fault, na
     assert status == "FAIL" and f"step 1 tensor {tensor}" in detail and why in detail, detail
     assert uid not in traced, (uid, traced)
     assert results["loss_mask consumed by the update == rollout's response_mask"][0] == "PASS"
+    # the mask re-derived from the token roles sees the zeroed token too (rljax.trace.rederive)
     assert {k for k, (st, _) in results.items() if st == "FAIL"} == {"whole-batch invariants on every row",
-                                                                     "no error-severity alerts"}
+                                                                     "no error-severity alerts"} | (
+        {"loss mask re-derived from token roles"} if name == "zero_loss_mask_token" else set())

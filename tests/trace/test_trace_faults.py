@@ -102,13 +102,11 @@ TOOL_TASK = ("--config", "tool_lookup")
     # rows that end before the last column (EOS), so the mask can shift by one position
     ("shift_loss_mask", "loss_mask", "same token count, different positions", (),
      ("trainer.total_steps=1", "data.max_response_length=16")),
-    ("future_version", "max_version", "> the learner's version", (), ("trainer.total_steps=1",)),
     ("swap_rewards", "scores", "read by the advantages", (), ("trainer.total_steps=1",)),
     # the tool task: a random policy calls the tool rarely, the traced group seldom holds an observation
     ("observation_action_mask", "loss_mask", "observation token(s) with mask 1", TOOL_TASK, ("trainer.total_steps=3",)),
     ("observation_loss_mask", "loss_mask", "loss tokens in the update", TOOL_TASK, ("trainer.total_steps=3",)),
-    # multi-turn: the episode reward stage records what it scored too
-    ("swap_rewards", "scores", "read by the advantages", TOOL_TASK, ("trainer.total_steps=1",)),
+    # multi-turn swap_rewards (the episode reward stage's record): test_recompute_faults.py's multi-turn launch
     # dynamic sampling: the kept rows' scores, recorded where they were scored
     ("swap_rewards", "scores", "read by the advantages", ("algorithm.filter_groups.enable=true",),
      ("trainer.total_steps=1",)),
@@ -152,3 +150,8 @@ def test_two_processes_check_their_own_rows_and_combine_the_verdict(tmp_path):
     line = next(x for x in check.stdout.splitlines() if "whole-batch invariants" in x)
     assert check.returncode == 1 and line.startswith("FAIL") and "2 row(s) in all" in line, line
     assert "step 1 tensor loss_mask" in line and f"uid {inv['violations'][0]['uid']}" in line, line
+    # the re-derivations need every row in one process: each says so, never a bare 'did not run'
+    lines = check.stdout.splitlines()
+    for title in ("advantages re-derived", "group ids follow the uids", "sampler weights tied"):
+        line = next(x for x in lines if title in x)
+        assert line.startswith("N/A") and "several processes" in line, line

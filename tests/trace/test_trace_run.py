@@ -18,7 +18,10 @@ CHECKS = ("record files whole", "timestamps ordered", "whole-batch invariants", 
           "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
           "mini-batch metadata", "actor_dp explained", "weight version", "nothing left", "error-severity alerts", "updates finite",
           "trace summary saved", "no uid generated twice", "token versions tie to min_version",
-          "every prompt trained once")
+          "every prompt trained once",
+          # the re-derivations (rljax.trace.checks.recompute)
+          "advantages re-derived", "group ids follow the uids", "loss mask re-derived", "positions re-derived",
+          "the update's own report", "rewards re-scored", "sampler weights tied")
 NOT_APPLICABLE = ("response_mask.sum()",  # no tool observations in the embedded task
                   "no dropped group trained")  # algorithm.filter_groups is off
 
@@ -115,6 +118,39 @@ def test_check_passes_on_the_default_run(run_dir):
         assert any(line.startswith("N/A") and name in line for line in lines), name
 
 
+def test_every_check_is_registered_once():
+    """Each ``check_*`` function of the modules of ``rljax.trace.checks`` runs, once: a check written
+    in its module and not given its line in ``rljax.trace.check.CHECKS`` would never run."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import rljax.trace.checks as package
+    from rljax.trace.check import CHECKS as registered
+
+    defined = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        defined |= {fn for name, fn in inspect.getmembers(module, inspect.isfunction)
+                    if name.startswith("check_") and fn.__module__ == module.__name__}
+    assert len(registered) == len(set(registered)), "a check is registered twice"
+    missing = sorted(f"{fn.__module__}.{fn.__name__}" for fn in defined - set(registered))
+    assert not missing, f"checks with no line in rljax.trace.check.CHECKS: {missing}"
+
+
+def test_every_declared_batch_field_is_in_the_trace_table():
+    """The tracer, the shape ledger and ``trace check`` read one table of batch fields
+    (``rljax.trace.batch_fields``): a field a stage declares it writes and the table lacks fails."""
+    from rljax.trace.batch_fields import BY_NAME, names
+    from rljax.trace.fields import MASK_FIELDS, RESPONSE_FIELDS
+    from rljax.trainer.stages import WRITES
+
+    declared = {name for fields in WRITES.values() for name in fields}
+    missing = sorted(declared - set(BY_NAME))
+    assert not missing, f"batch fields declared by the stages with no row in rljax.trace.batch_fields: {missing}"
+    assert RESPONSE_FIELDS == names(valid="response") and "loss_mask" in MASK_FIELDS
+
+
 def test_config_record_keeps_every_writer(run_dir):
     """The trace's config record keeps each key field's whole chain of writers, as config.resolved.yaml does."""
     rec = next(r for r in _records(run_dir) if r["stage"] == "config_resolve" and "writers" in r["config"])
@@ -144,7 +180,7 @@ def test_dfx_bytes_comm_step_time_and_device_ratio(run_dir):
 
 
 def test_message_count_and_device_ratio():
-    from rljax.launch import device_ratio
+    from rljax.sharding.placement import device_ratio
     from rljax.trace.facts import message_count
 
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}, {"role": "user", "content": "?"}]

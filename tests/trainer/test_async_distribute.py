@@ -123,8 +123,8 @@ def test_version_span_max_is_every_process_s_rows_max():
     dequeuing process's own batch facts."""
     from types import SimpleNamespace
 
-    from rljax.trainer.async_loop import AsyncSchedule
     from rljax.trainer.distribute import RolloutRows, version_spans
+    from rljax.trainer.staleness import async_metrics, rows_staleness
 
     tv = np.array([[0, 1, 2, -1], [3, 3, -1, -1], [-1, -1, -1, -1], [0, 5, 0, 0]])
     traj = SimpleNamespace(token_version=tv, is_padding=np.array([0, 0, 0, 1], bool), batch_size=4)
@@ -136,11 +136,9 @@ def test_version_span_max_is_every_process_s_rows_max():
     # what process 0 dequeued: its own rows' spread (1)
     dequeued = {"learner_version": 3, "version_span_max": 1, "dropped_stale": 0, "dropped_overflow": 0,
                 "queue_depth": 0, "learner_wait_s": 0.0, "rollout_wait_s": 0.0, "batch_index": 1}
-    sched = AsyncSchedule.__new__(AsyncSchedule)  # the learner-side facts only: no producer, no queue
-    sched.weights = SimpleNamespace(pushes=0)
-    out = sched._gather_rollout(lambda b: {"rollout_rows": rows}, {"dequeue": dequeued})
-    assert out["dequeue"]["version_span_max"] == 3
-    assert sched._metrics(dequeued)["async/version_span_max"] == 3
+    facts = rows_staleness(dequeued, rows)  # what gather_rollout writes as the step's dequeue facts
+    assert facts["version_span_max"] == 3 and facts["staleness_max"] == 3  # process 1's row: version 0 at 3
+    assert async_metrics(facts, 0)["async/version_span_max"] == 3
 
 
 def test_a_push_being_installed_is_the_version_the_learner_reads():

@@ -132,7 +132,8 @@ def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
         dump = np.load(run / "rollouts" / "process0" / f"step{step}.npz")
         assert sorted(set(dump["uid"].tolist())) == sorted(trained)
         # the training generations log holds the trained (kept) rows, each with its own group's prompt
-        gens = [g for g in map(json.loads, open(run / "generations.jsonl")) if g["step"] == step]
+        gens = [g for g in map(json.loads, open(run / "generations.jsonl"))
+                if g["step"] == step and g["split"] == "train"]  # validation logs 4 samples by default
         assert [g["uid"] for g in gens] == [u for u in trained for _ in range(4)], gens
         assert len({g["prompt"] for g in gens}) == 4 and all(g["prompt"] for g in gens)
     dropped_zero = [u for r in uids.values() for u, why in r["dropped"].items() if why.startswith("zero variance")]
@@ -274,7 +275,7 @@ def test_streaming_dynamic_sampling_stops_at_max_num_gen_batches_like_sync(tmp_p
         assert out.returncode != 0
         errors.append(next(ln for ln in out.stderr.splitlines() if "max_num_gen_batches=1" in ln))
     assert "prompt groups kept after 1 prompt batches" in errors[0], errors
-    assert errors[0].split("RuntimeError: ")[-1] == errors[1].split("RuntimeError: ")[-1], errors
+    assert errors[0].split("RunError: ")[-1] == errors[1].split("RunError: ")[-1], errors
 
 
 @pytest.mark.slow  # a real sampler: ~17 s of compiling on this loaded host
@@ -293,8 +294,9 @@ def test_each_draw_checks_the_weights_it_started_with():
     from rljax.tokenizer import CharTokenizer
     from rljax.trainer.dynamic_sampling import filtered_rollout
     from rljax.trainer.distribute import Share
+    from rljax.trainer.clients import TurnClient
     from rljax.trainer.services import Rollout, Services
-    from rljax.trainer.stages import rollout_sessions
+    from rljax.trainer.stages.producing import generate_rollout
 
     tok = CharTokenizer()
     config = models.get_config("tiny").replace(vocab_size=tok.vocab_size, eos_token_id=tok.eos_id)
@@ -310,8 +312,8 @@ def test_each_draw_checks_the_weights_it_started_with():
             pushed.append(sampler.update_weights(params, sampler.version + 1))
 
     rollout = Rollout(sampler=sampler, decode=DecodeParams(max_new_tokens=3, seed=0), val_decode=None, tokenizer=tok,
-                      env=None, prompts=iter([[prompt("3+4="), prompt("1+1=")]]), val_prompts=None,
-                      share=Share(0, 1, 0, 2, 2, 2, True, (0,)), to_sampler=None)
+                      prompts=iter([[prompt("3+4="), prompt("1+1=")]]), val_prompts=None,
+                      share=Share(0, 1, 0, 2, 2, 2, True, (0,)), to_sampler=None, client=TurnClient(sampler))
     c = Services(cfg=cfg, mesh=None, model=None, rollout=rollout, learner=None, reward=None)
     draws = []
 
@@ -321,7 +323,7 @@ def test_each_draw_checks_the_weights_it_started_with():
         return np.where(keep, np.asarray(traj.session, np.float32), 0.0), RewardReport(len(traj.uid), 0, 0, (), None)
 
     out = filtered_rollout(c, {"step": 1, "prompts": [prompt("2+2="), prompt("0+4=")], "uids": ["1-0", "1-1"],
-                               "weight_version": 0}, rollout_fn=functools.partial(rollout_sessions, on_chunk=on_chunk),
+                               "weight_version": 0}, rollout_fn=functools.partial(generate_rollout, on_chunk=on_chunk),
                            score_fn=score, shape_fn=lambda c, t, s: s,
                            digest_fn=lambda t: np.zeros(len(t.uid), np.uint32))
     assert pushed and draws == [0, 1]  # the second draw started on the pushed weights
@@ -500,14 +502,14 @@ def test_filtered_episodes_keep_their_own_turns_and_text():
     ([[True, False, True, False]], 1, "error"),  # at max_num_gen_batches, short: the synchronous error
 ])
 def test_streaming_producer_draws_what_the_synchronous_filter_would(keeps, max_draws, want_call):
-    """The streaming producer's draw decision (FilteredStreamingProducer._maybe_draw) over a batch
+    """The streaming producer's draw decision (producers.filtered.Filtered.maybe_draw) over a batch
     being filled: a further prompt batch only when even keeping every undecided group leaves it
     short, the next batch's only once it is full, so the draws stay contiguous in the data order."""
     import types
 
-    from rljax.trainer.async_loop import FilteredStreamingProducer, _Filling
+    from rljax.trainer.producers.filtered import Filtered, _Filling
 
-    p = object.__new__(FilteredStreamingProducer)
+    p = object.__new__(Filtered)
     p.want = 4
     p.fg = types.SimpleNamespace(max_num_gen_batches=max_draws, metric="acc")
     p.stream = types.SimpleNamespace(driver=types.SimpleNamespace(waiting=0))
@@ -516,11 +518,11 @@ def test_streaming_producer_draws_what_the_synchronous_filter_would(keeps, max_d
     p._draw_for = lambda f: calls.append("next" if f is None else "more")
     if want_call == "error":
         with pytest.raises(RuntimeError, match="step 7: 2 of data.train_batch_size=4 prompt groups kept after 1"):
-            p._maybe_draw()
+            p.maybe_draw()
         return
-    p._maybe_draw()
+    p.maybe_draw()
     assert calls == ([] if want_call is None else [want_call])
     p.stream.driver.waiting = 3  # sessions wait for a slot: nothing is drawn
     calls.clear()
-    p._maybe_draw()
+    p.maybe_draw()
     assert calls == []

@@ -186,15 +186,14 @@ def _kl_step(ctrl_type: str, coef: float, kl: float, rows: int = 10):
 
     from rljax.config import resolve
     from rljax.trainer.services import Services
-    from rljax.trainer.stages import READS, WRITES, kl_controller
+    from rljax.trainer.stages import kl_controller
     from rljax.trainer.state import RunState
 
     cfg, _ = resolve("default", ["algorithm.use_kl_in_reward=true", f"algorithm.kl_ctrl.type={ctrl_type}",
                                  "algorithm.kl_ctrl.target_kl=0.05", "algorithm.kl_ctrl.horizon=100"])
     services = Services(cfg=cfg, mesh=None, model=None, rollout=None, learner=None, reward=None)
     state = RunState(actor=None, critic=None, key=jax.random.key(0), kl_coef=coef)
-    stage = Stage("kl_controller", lambda st, b: kl_controller(services, st, b), updates_state=True,
-                  reads=READS["kl_controller"], writes=WRITES["kl_controller"])
+    stage = kl_controller.stage.bind(services)
     metrics = Stage("metrics", lambda b: {"metrics": {"critic/kl": b["kl"], "critic/kl_coef": b["kl_coef"]}},
                     reads=("kl", "kl_coef"), writes=("metrics",))
     traj = types.SimpleNamespace(is_padding=np.array([False] * rows + [True] * 2))  # two padding rows: not counted
@@ -214,7 +213,7 @@ def test_adaptive_kl_controller_stage_follows_the_measured_kl():
 
 
 def test_a_stage_that_takes_the_state_needs_run_state():
-    stage = Stage("s", lambda st, b: (st, {}), updates_state=True)
+    stage = Stage("s", lambda st, b: {}, state="reads")
     with pytest.raises(ValueError, match="run_state"):
         StepRunner([stage]).run(1, {"step": 1})
 

@@ -128,9 +128,10 @@ def test_two_processes_split_validation_and_filtered_episodes_like_one(tmp_path)
                 "env/num_turns/mean", "perf/learner_padding_frac", "train/num_gen_batches", "train/dropped_groups"):
         assert sum(key in r for r in b) >= 1, key
     assert sum("val/score/mean" in r for r in b) == 2
-    # The packed learner planned from the rows' spans: 3 x [32] int32 all-gathered a pass, no tokens.
+    # The packed learner planned from the rows' spans, 3 x [32] int32, and (actor.shared_prefix=auto)
+    # their prompts' keys, [32, 2] uint32, all-gathered a pass: no tokens.
     gathered = [r["perf/packing_gather_bytes"] for r in b if "perf/packing_gather_bytes" in r]
-    assert gathered == [3 * 32 * 4] * 2, gathered
+    assert gathered == [3 * 32 * 4 + 32 * 2 * 4] * 2, gathered
     assert not any("perf/packing_gather_bytes" in r for r in a)
 
     from rljax.trace.check import run_checks

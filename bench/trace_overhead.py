@@ -1,0 +1,95 @@
+"""What the trace costs a training step, trace on against trace off, side by side in one process
+(issue 35 item 6: the default run's ``trace/overhead_frac`` at most 3% median, the 31.6M case's 1%).
+
+    python bench/trace_overhead.py                         # the default run, --mesh dp8, 12 steps
+    python bench/trace_overhead.py --case 31m --mesh dp2 --steps 6
+
+One trainer (``rljax.trainer.loop.Trainer``); the trace is switched off and on for alternate
+steps (bench/_alternate.py), so both halves share the load, the caches and the compiled
+programs. Off: the runner has no observer (no records, invariants, re-derivations, DFX metrics)
+and the digest log records nothing (no digest of the old or reference pass, the sampler's
+installs and chunks). What stays on in both halves: the two parameter digests compiled into the
+jitted update. Printed: the load average, the medians of ``timing_s/step`` per half and their
+ratio, ``trace/overhead_frac`` and ``trace/overhead_s`` of the on half, ``trace/invariants_s``,
+``trace/rescore_s``; the parameter digests computed outside the update per on step (the old and
+reference passes take a known digest when they read the arrays the update digested); one
+digest timed against a float sum of the same parameters and against the digest of the git
+revision ``--ref`` (before this tree's digest), with the share of the step of the update's two
+and the sampler's install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _alternate as A  # noqa: E402
+
+CASES = {
+    "default": [],
+    # bench/peer_trl.py's 31m: a 31.6M-parameter Qwen2 shape, 8 prompts x 8, 32 new tokens
+    "31m": ["model.hidden_size=512", "model.intermediate_size=2048", "model.num_layers=8", "model.num_heads=8",
+            "model.num_kv_heads=4", "data.train_batch_size=8", "rollout.n=8", "data.max_response_length=32",
+            "actor.ppo_mini_batch_size=8"],
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", default="default", choices=sorted(CASES))
+    p.add_argument("--mesh", default="dp8")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--ref", default="65ad970", help="git revision whose parameter digest is timed beside this "
+                                                     "tree's ('none': not timed)")
+    p.add_argument("--overrides", nargs="*", default=[])
+    args = p.parse_args(argv)
+    trainer = A.trainer(args.mesh, args.steps, [*CASES[args.case], *args.overrides], "trace_overhead_")
+    import rljax._digest as D
+
+    runner, sampler = trainer.runner, trainer.services.rollout.sampler
+    observers, log, record = list(runner.observers), getattr(sampler, "digest_log", None), D.LOG.record
+    computed = {"n": 0}
+    digest = D.param_digest
+
+    def counted(tree):
+        computed["n"] += 1
+        return digest(tree)
+
+    D.param_digest = counted  # what DigestLog.digest computes (a known digest is not counted)
+
+    def switch(on: bool) -> None:
+        runner.observers = observers if on else []
+        if hasattr(sampler, "digest_log"):
+            sampler.digest_log = log if on else None
+        D.LOG.record = record if on else (lambda *a, **k: None)
+        if on:
+            D.LOG.clear()  # the off step's records (none): the on step ties what it sees
+        computed["n"] = 0
+
+    counts = []
+    halves = A.alternate(trainer, args.steps, lambda on: (counts.append(computed["n"]), switch(on)))
+    counts.append(computed["n"])  # counts[s]: the digests computed during step s (counts[0]: none ran)
+    D.param_digest, D.LOG.record = digest, record
+    on_counts = counts[4::2]  # the on steps that count (steps 1-2 compile)
+    times = A.digest_times(trainer.state.actor.params, None if args.ref == "none" else args.ref)
+    print(A.stamp(f"case {args.case}, mesh {args.mesh}, {len(halves[False])} + {len(halves[True])} steps"))
+    off, on = A.med(halves[False], "timing_s/step"), A.med(halves[True], "timing_s/step")
+    print(f"step (median): trace off {off:.4f} s, on {on:.4f} s, on / off {on / off:.3f}")
+    print(f"trace on: overhead_frac {100 * A.med(halves[True], 'trace/overhead_frac'):.2f}% (median), overhead_s "
+          f"{1e3 * A.med(halves[True], 'trace/overhead_s'):.2f} ms, invariants_s "
+          f"{1e3 * A.med(halves[True], 'trace/invariants_s'):.2f} ms, rescore_s "
+          f"{1e3 * A.med(halves[True], 'trace/rescore_s'):.3f} ms")
+    print(f"parameter digests computed outside the update per on step: {on_counts}")
+    update = A.med(halves[True], "timing_s/update_actor")
+    for name, s in times.items():
+        share = "" if name == "float sum" else (f"; 2 in the update = {100 * 2 * s / update:.2f}% of "
+                                                f"timing_s/update_actor ({update:.4f} s), 3 (+ the install) = "
+                                                f"{100 * 3 * s / on:.2f}% of the step")
+        print(f"{name}: {1e3 * s:.2f} ms ({s / times['float sum']:.1f}x the float sum){share}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

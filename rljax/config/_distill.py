@@ -1,0 +1,29 @@
+"""Checks of the on-policy distillation keys (``distillation.*``, verl's names). Pure Python; the
+teacher's files and vocabulary are the trainer's preflight (:mod:`rljax.trainer._check`)."""
+
+from __future__ import annotations
+
+from rljax.errors import ConfigError
+
+TEACHER = "distillation.teacher_model.model_path"
+#: The estimators whose gradient does not depend on the teacher when differentiated directly.
+_TEACHERLESS_GRADIENT = ("k1", "kl")
+
+
+def check_distillation(config) -> None:
+    """A teacher is named, and a loss that is not differentiated directly when its gradient ignores it."""
+    d = config.distillation
+    if not d.enabled:
+        return
+    if not d.teacher_model.model_path:
+        raise ConfigError(f"distillation.enabled=true needs a teacher: set {TEACHER} to ref (the policy's initial "
+                          "weights) or a local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory")
+    dl = d.distillation_loss
+    if dl.loss_mode == "forward_kl_topk":  # the loss exists (rljax.loss.forward_kl_topk); the teacher's top-k pass not yet
+        raise ConfigError("distillation.distillation_loss.loss_mode=forward_kl_topk is not wired into runs yet (the "
+                          "teacher's fused top-k pass is issue 37's next part); accepted now: k1, kl, k2, mse, k3, "
+                          "low_var_kl, abs")
+    if dl.loss_mode in _TEACHERLESS_GRADIENT and not dl.use_policy_gradient:
+        raise ConfigError(f"distillation.distillation_loss.loss_mode={dl.loss_mode} with use_policy_gradient=false: "
+                          "the gradient of the k1 estimate does not depend on the teacher's log-probs (verl refuses "
+                          "it too); accepted: use_policy_gradient=true, or loss_mode=k3 / forward_kl_topk")

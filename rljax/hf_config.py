@@ -1,0 +1,141 @@
+"""What rljax reads from a Hugging Face ``config.json``: the supported architectures and options.
+
+Pure Python (no JAX), so the launcher's preflight refuses an unsupported checkpoint in one
+line before anything is written, with the same reasons :func:`rljax.models.load_hf_checkpoint`
+gives. :func:`model_fields` turns a parsed ``config.json`` into the fields of
+:class:`rljax.models.ModelConfig`, or raises ``ValueError`` naming what is not supported.
+"""
+
+from __future__ import annotations
+
+#: HF ``architectures[0]`` -> rljax's family name (``ModelConfig.architecture``).
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+    "Gemma3ForCausalLM": "gemma3",
+}
+#: HF activation names -> ``ModelConfig.hidden_act``.
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+#: Rotary scalings the model computes (``ModelConfig.rope_scaling``'s ``rope_type``).
+ROPE_TYPES = ("default", "linear", "llama3")
+_SCALING_KEYS = ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def architecture_of(cfg: dict) -> str:
+    """rljax's family of a parsed ``config.json``, or ValueError naming the supported ones."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch!r} (model_type {cfg.get('model_type')!r}); "
+                         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return SUPPORTED_ARCHITECTURES[arch]
+
+
+def _rope_scaling(cfg: dict):
+    rope_params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or rope_params or None
+    if not scaling:
+        return None
+    scaling = dict(scaling)
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    kind = scaling.get("rope_type", "default")
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"unsupported config.json: rope_scaling type {kind!r}; supported: {', '.join(ROPE_TYPES)}")
+    scaling = {k: v for k, v in scaling.items() if k in _SCALING_KEYS}
+    return None if scaling.get("rope_type", "default") == "default" else scaling
+
+
+def _sliding_window(cfg: dict, family: str):
+    """The attention window every layer uses (None: full attention), or ValueError."""
+    if family in ("qwen2", "qwen3"):
+        if cfg.get("use_sliding_window"):
+            raise ValueError(f"unsupported config.json: {family.capitalize()} use_sliding_window=true (sliding-window "
+                             "attention on some layers) is not supported")
+        return None
+    if family in ("mistral", "gemma3"):
+        window = cfg.get("sliding_window")
+        return None if window is None or window >= int(cfg.get("max_position_embeddings", 4096)) else int(window)
+    return None
+
+
+def _gemma3(cfg: dict) -> dict:
+    """Gemma 3's fields: the norm offset, sandwich norms, scaled embeddings, the query scale, and its
+    sliding-window layers with their own rotary base (transformers 4's rope_local_base_freq /
+    sliding_window_pattern, or 5's rope_parameters / layer_types)."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ValueError(f"unsupported config.json: Gemma 3 {key}={cfg[key]} (logit soft-capping is not "
+                             "implemented)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("unsupported config.json: Gemma 3 use_bidirectional_attention=true (a causal LM is needed)")
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else "full_attention"
+        for i in range(n)]
+    params = dict(cfg.get("rope_parameters") or {})
+    local = dict(params.get("sliding_attention") or {})
+    full = dict(params.get("full_attention") or {})
+    local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported config.json: Gemma 3 sliding-window rope_type {local['rope_type']!r}")
+    scaling = dict(full) if full else cfg.get("rope_scaling")
+    return dict(hidden_act_hf=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
+                theta=full.get("rope_theta", cfg.get("rope_theta", 1000000.0)), scaling=scaling,
+                extra=dict(norm_offset=1.0, sandwich_norm=True, embed_scale=True, qk_norm=True,
+                           query_scale=cfg.get("query_pre_attn_scalar", 256),
+                           local_layers=tuple(t == "sliding_attention" for t in types),
+                           rope_local_theta=float(local_theta)))
+
+
+def model_fields(cfg: dict, *, dtype=None) -> dict:
+    """The keyword arguments of ``ModelConfig`` for a parsed HF ``config.json`` dict.
+
+    Raises:
+      ValueError: one line naming the unsupported architecture or option.
+    """
+    family = architecture_of(cfg)
+    gemma = _gemma3(cfg) if family == "gemma3" else None
+    act = gemma["hidden_act_hf"] if gemma else cfg.get("hidden_act", "silu")
+    if act not in ACTIVATIONS or (act != "silu" and not gemma):
+        raise ValueError(f"unsupported hidden_act {act!r} in config.json; supported: 'silu' (Gemma 3: "
+                         "'gelu_pytorch_tanh')")
+    if cfg.get("mlp_bias"):
+        raise ValueError("unsupported config.json: mlp_bias=true (the MLP has no bias)")
+    if family in ("qwen3", "gemma3") and cfg.get("attention_bias"):
+        raise ValueError(f"unsupported config.json: {family} attention_bias=true (o_proj with a bias) is not supported")
+    window = _sliding_window(cfg, family)
+    rope_params = dict(cfg.get("rope_parameters") or {})
+    theta = gemma["theta"] if gemma else cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    stored = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+    if dtype is None:
+        dtype = stored if stored in ("float32", "bfloat16") else "float32"
+    num_heads = cfg["num_attention_heads"]
+    eos = cfg.get("eos_token_id")
+    return dict(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        rope_theta=float(theta),
+        rope_scaling=_rope_scaling({"rope_scaling": gemma["scaling"]} if gemma else cfg),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias")),
+        **({} if gemma else {"qk_norm": family == "qwen3"}),
+        hidden_act=ACTIVATIONS[act],
+        sliding_window=window,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        dtype=dtype,
+        param_dtype=dtype,
+        architecture=family,
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        pad_token_id=cfg.get("pad_token_id"),
+        **(gemma["extra"] if gemma else {}),
+    )

@@ -1,0 +1,226 @@
+"""``trace.jsonl``: for each traced prompt group (:func:`rljax.trace.groups.choose_groups`), one
+record per stage in the order the stages ran, plus ``config_resolve`` (first) and ``cleanup``
+(last). Each record: ``stage``, ``step``, ``uid``, ``group``, ``keys`` (``{uid}_{session}_{index}``),
+``t_start`` / ``t_end`` (Unix seconds), ``reads`` / ``writes`` (field names), ``fields`` (see
+:func:`rljax.trace.fields.summarize`; how each field is read comes from the one table of batch
+fields, :mod:`rljax.trace.batch_fields`), a shape ``signature`` and the stage's own facts (its
+``facts(event, view)``, carried in the stage event: :mod:`rljax.trace.facts`). The ``cleanup``
+record lists the ``stages`` the runner ran that step, which ``trace check`` compares each
+group's records with."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+
+from rljax.config import load_resolved, to_flat_dict
+from rljax.trace._io import append_lines
+from rljax.trace.batch_fields import TRAJECTORY_ARRAYS
+from rljax.trace.facts import GroupView
+from rljax.trace.fields import (MASK_FIELDS, PROMPT_FIELDS, RESPONSE_FIELDS, SEQUENCE_FIELDS, VALUE_FIELDS,
+                                host_rows, summarize)
+from rljax.trace.groups import choose_groups
+
+#: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
+KEY_CONFIG = ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+              "data.filter_overlong_prompts", "data.truncation", "algorithm.adv_estimator",
+              "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo", "algorithm.bypass_mode",
+              "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size", "actor.ppo_epochs", "actor.use_kl_loss",
+              "rollout.n", "rollout.tp", "reward.function", "trainer.mesh", "trace.groups", "trainer.mode",
+              "rollout.placement", "async_training.max_staleness", "async_training.partial_rollout",
+              "algorithm.filter_groups.enable")
+TRACE_FILE = "trace.jsonl"
+
+
+class Records:
+    """The traced groups' records of each step, written at the step's cleanup."""
+
+    def __init__(self, cfg, run_dir: str, *, enabled: bool, wall: Callable):
+        self.cfg, self.run_dir, self.enabled, self.wall = cfg, run_dir, enabled, wall
+        self.path = os.path.join(run_dir, TRACE_FILE)
+        self.k = int(cfg.trace.groups)
+        self.pending: list[dict] = []  # the step's records, written at its cleanup
+        self.count = 0
+        self.uids: list[str] = []
+        self.last_step: Optional[int] = None  # the newest step whose records are written
+        self.config: Optional[dict] = None  # read at the first record: the launcher writes config.resolved.yaml
+        # only once the run is built (a refused resume leaves the run's record as it was)
+        self.config_written = False
+
+    def step(self, view, row_tokens, metrics: Mapping) -> dict:
+        """The traced groups' records of the step (kept for its cleanup); returns their shape
+        signatures, ``{uid: {stage: signature}}``. Other processes of a multi-host run write nothing."""
+        traj = view.traj
+        records, sigs = [], {}
+        groups = choose_groups(self.cfg.trainer.seed, view.step, int(traj.num_groups), self.k)
+        for g in groups if self.enabled else ():
+            recs = self._group(g, view, row_tokens)
+            sigs[recs[0]["uid"]] = {r["stage"]: r["signature"] for r in recs}
+            records.extend(recs)
+        self.pending = records
+        return sigs
+
+    def _group(self, g: int, view, row_tokens) -> list[dict]:
+        group = _Group(g, view)
+        base = {"step": view.step, "uid": group.uid, "group": int(g), "keys": group.keys}
+        recs = [self._rec(base, "config_resolve", [], None, None, group.keys, config=self._config_once())]
+        facts_view = GroupView(step=view.step, group=int(g), rows=group.rows, key_of=group.key_of, traj=view.traj,
+                               fields=view.fields, is_padding=group.g_pad, response_length=group.g_resp,
+                               row_tokens=row_tokens, wall=self.wall)
+        for ev in view.events:
+            facts = ev.facts(ev, facts_view) if ev.facts is not None else {}
+            recs.append(self._rec(base, ev.stage, group.fields_of(ev, view.consumers), ev.t_start, ev.t_end,
+                                  group.keys, reads=list(ev.reads), writes=list(ev.writes), **facts))
+        return recs
+
+    def _rec(self, base, stage, fields, t0, t1, keys, **extra) -> dict:
+        r = dict(base, stage=stage, t_start=self.wall(t0), t_end=self.wall(t1), fields=fields, **extra)
+        r["signature"] = signature(keys, fields)
+        return r
+
+    def cleanup(self, report) -> None:
+        """The runner's cleanup report becomes each group's last record; the step's records are written."""
+        records, self.pending = self.pending, []
+        for uid in dict.fromkeys(r["uid"] for r in records):
+            first = next(r for r in records if r["uid"] == uid)
+            rec = dict(step=first["step"], uid=uid, group=first["group"], keys=first["keys"], stage="cleanup",
+                       t_start=self.wall(report.t_start), t_end=self.wall(report.t_end), reads=[], writes=[],
+                       fields=[], stages=list(report.stages), batch_keys=report.batch_keys, tracked_objects=report.tracked,
+                       remaining_keys=list(report.leaked), released=not report.leaked)
+            rec["signature"] = {"keys": list(first["keys"]), "rows": len(first["keys"]), "batch": None,
+                                "resp_len": None, "mask_sum": None}
+            records.append(rec)
+        if self.enabled and records:
+            append_lines(self.path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+        self.count += len(records)
+        self.uids.extend(sorted({r["uid"] for r in records}))
+        self.last_step = int(report.step)
+
+    # ------------------------------------------------------------------ the config record
+
+    def _config_once(self) -> dict:
+        """The key fields' values and sources in the run's first record; the file and hash after."""
+        if self.config is None:
+            self.config = self._config_facts()
+        if not self.config_written:
+            self.config_written = True
+            return self.config
+        return {k: self.config.get(k) for k in ("file", "sha256")}
+
+    def _config_facts(self) -> dict:
+        path = os.path.join(self.run_dir, "config.resolved.yaml")
+        flat = to_flat_dict(self.cfg)
+        facts = {"file": "config.resolved.yaml" if os.path.exists(path) else None,
+                 "sha256": hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]}
+        sources = {}
+        if facts["file"]:
+            try:
+                _, prov = load_resolved(path)
+                sources = {k: prov.get(k) for k in KEY_CONFIG}
+                # every writer of each key field, in order (default, preset file(s), cli), as the file keeps them
+                facts["writers"] = {k: [[src, list(v) if isinstance(v, tuple) else v] for src, v in prov.chain(k)]
+                                    for k in KEY_CONFIG}
+                facts["fields_not_from_default"] = sum(1 for v in prov.values() if v != "default")
+            except Exception as e:  # provenance unreadable: the checker reports it
+                facts["error"] = f"{type(e).__name__}: {e}"
+        facts["values"] = {k: flat.get(k) for k in KEY_CONFIG}
+        facts["sources"] = sources
+        return facts
+
+
+class _Group:
+    """One traced group's rows: in this process's trajectories (the sampler's host arrays) and in
+    the learner batch (several processes: every process's rows; this process's start at an offset
+    that gather_rollout's row facts say)."""
+
+    def __init__(self, g: int, view):
+        traj = self.traj = view.traj
+        self.B = int(traj.batch_size)
+        self.pad = np.asarray(traj.is_padding)
+        rows = np.nonzero(np.asarray(traj.group_id) == g)[0]
+        self.rows = rows = rows[~self.pad[rows]]
+        self.uid = str(traj.uid[rows[0]]) if len(rows) else f"group-{g}"
+        self.key_of = {int(i): f"{traj.uid[i]}_{traj.session[i]}_{traj.index[i]}" for i in rows}
+        self.keys = list(self.key_of.values())
+        self.resp_len, self.prompt_len = np.asarray(traj.response_length), np.asarray(traj.prompt_length)
+        self.sampler_mask = np.asarray(traj.response_mask)[rows]
+        self.g_rows, self.g_B, self.g_pad, self.g_resp, self.g_prompt = (rows, self.B, self.pad, self.resp_len,
+                                                                          self.prompt_len)
+        if view.rows_view is not None:
+            import jax
+
+            v = view.rows_view
+            mine = np.nonzero(np.asarray(v.process) == jax.process_index())[0]
+            self.g_rows, self.g_B = rows + (int(mine[0]) if len(mine) else 0), int(v.batch_size)
+            self.g_pad, self.g_resp, self.g_prompt = (np.asarray(v.is_padding), np.asarray(v.response_length),
+                                                      np.asarray(v.prompt_length))
+        # The learner's loss mask as the update consumed it (traced rows only).
+        loss_mask = view.loss_mask
+        self.learner_mask = host_rows(loss_mask, self.g_rows) if loss_mask is not None else None
+        # A field read by several stages is summarised once: the same array, producer and consumers give
+        # the same summary (the memo holds the array, so its id is not reused while the group lives).
+        self._summaries: dict = {}
+
+    def fields_of(self, ev, consumers: Mapping) -> list[dict]:
+        """The summaries of the fields a stage read and wrote (the sampler's arrays the table names
+        inside ``trajectories``, and every per-row array of the batch)."""
+        out = []
+        for name, x in {**ev.reads, **ev.writes}.items():
+            producer = ev.producers.get(name, "?")
+            if name == "trajectories":
+                for k, v in x.arrays().items() if hasattr(x, "arrays") else ():
+                    if k in TRAJECTORY_ARRAYS:
+                        out.append(self.field(TRAJECTORY_ARRAYS[k], v, producer, consumers.get("trajectories", [])))
+            elif _is_array(x) and x.ndim and x.shape[0] in (self.B, self.g_B):
+                out.append(self.field(name, x, producer, consumers.get(name, [])))
+        return out
+
+    def field(self, name: str, x, producer: str, consumers) -> dict:
+        """One field's summary over the group's rows, as the batch-field table says to read it (the
+        records share it: read-only)."""
+        key = (name, id(x), producer, tuple(consumers))
+        hit = self._summaries.get(key)
+        if hit is None:
+            hit = self._summaries[key] = (x, self._field(name, x, producer, consumers))
+        return hit[1]
+
+    def _field(self, name: str, x, producer: str, consumers) -> dict:
+        sampler = isinstance(x, np.ndarray) and x.shape[0] == self.B  # the learner's fields are device arrays
+        r, p_len, r_len, is_pad = ((self.rows, self.prompt_len, self.resp_len, self.pad) if sampler else
+                                   (self.g_rows, self.g_prompt, self.g_resp, self.g_pad))
+        if name in MASK_FIELDS:
+            mask_rows = (host_rows(x, r) if name != "response_mask" or x is not self.traj.response_mask
+                         else self.sampler_mask)
+        elif name in RESPONSE_FIELDS:
+            mask_rows = self.sampler_mask if sampler else self.learner_mask
+        else:
+            mask_rows = None
+        if name in SEQUENCE_FIELDS:
+            valid = p_len + r_len
+        elif name in RESPONSE_FIELDS:
+            valid = r_len
+        elif name in PROMPT_FIELDS:
+            valid = p_len
+        else:
+            valid = None
+        out = summarize(name, x, producer=producer, consumers=consumers, rows=r, valid_length=valid,
+                        mask_rows=mask_rows, is_padding=is_pad, values=name in VALUE_FIELDS)
+        out["layout"] = "sampler" if sampler else "learner"  # whose response width it must have
+        return out
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def signature(keys, fields) -> dict:
+    """What must agree between stages for one group: keys, rows, batch size, response length, mask sums."""
+    batch = sorted({f["shape"][0] for f in fields if f["shape"]})
+    resp = sorted({f["shape"][1] for f in fields if f["name"] in RESPONSE_FIELDS and len(f["shape"]) == 2})
+    sums = [sum(f["mask_sum"]) for f in fields if f["name"] in RESPONSE_FIELDS and "mask_sum" in f]
+    return {"keys": list(keys), "rows": len(keys), "batch": batch or None, "resp_len": resp or None,
+            "mask_sum": sorted(set(sums)) or None}

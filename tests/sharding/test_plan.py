@@ -1,0 +1,89 @@
+"""``python -m rljax.launch ... --plan [--device-memory SIZE]``: the memory plan before launch.
+
+Usage errors answer in one line with exit 2 before JAX compiles anything; a plan writes
+nothing and exits 0 when the run fits, 1 (naming a change that fits) when not; the 7B GSM8K
+config fits one 80 GB 8-chip host on fsdp8 and not on dp8, where the plan names fsdp8.
+"""
+
+import os
+
+import pytest
+
+from launching import launch, launch_env
+from rljax.plan import parse_bytes
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("text, n", [("80GiB", 80 * 2**30), ("16GB", 16 * 10**9), ("16g", 16 * 10**9),
+                                     ("1.5TiB", int(1.5 * 2**40)), ("512 MiB", 512 * 2**20), ("4096", 4096)])
+def test_parse_bytes(text, n):
+    assert parse_bytes(text) == n
+
+
+@pytest.mark.parametrize("text", ["80Gx", "GiB", "-1GiB", "0GB", "eighty", ""])
+def test_parse_bytes_refuses_in_one_line(text):
+    with pytest.raises(ValueError) as e:
+        parse_bytes(text)
+    assert "\n" not in str(e.value) and "--device-memory" in str(e.value) and "GiB" in str(e.value)
+
+
+def _one_line_exit_2(out, fragment, tmp_path):
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], out.stderr
+    assert "memory plan" not in out.stdout
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--plan", "--device-memory", "80Gx"], "--device-memory '80Gx' is not a memory size"),
+    (["--plan", "--mesh=fsdp3"], "divisible by the mesh's dp*fsdp=1*3=3"),
+    pytest.param(["--device-memory", "80GiB"], "--device-memory is read by --plan only", marks=pytest.mark.slow),
+    pytest.param(["--plan", "--mesh=fsdp8,xp2"], "unknown axis 'xp'", marks=pytest.mark.slow),
+    # the plan reads a checkpoint's shapes from its config.json (was a FileNotFoundError traceback)
+    pytest.param(["--plan", "model.path=/nonexistent/ckpt"], "model.path='/nonexistent/ckpt': cannot read "
+                 "/nonexistent/ckpt/config.json", marks=pytest.mark.slow),
+])
+def test_plan_usage_errors(tmp_path, args, fragment):
+    out = launch(*args, "--run-dir", str(tmp_path / "run"), timeout=120)
+    _one_line_exit_2(out, fragment, tmp_path)
+
+
+@pytest.mark.slow  # JAX starts (~10 s): the refusal itself is Placement.compute's, tested in tests/launch
+def test_plan_mesh_that_does_not_fit_the_devices(tmp_path):
+    """4 devices already configured (XLA_FLAGS), a mesh of 8: one line, exit 2."""
+    import subprocess
+    import sys
+
+    env = launch_env()
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    out = subprocess.run([sys.executable, "-m", "rljax.launch", "--plan", "--mesh=fsdp8", "--run-dir",
+                          str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    _one_line_exit_2(out, "mesh fsdp8 needs 8 devices, found 4 (cpu)", tmp_path)
+
+
+@pytest.mark.slow
+def test_plan_of_the_default_task(tmp_path):
+    """The default task on fsdp8 fits 1 GiB (exit 0, XLA's analysis); on dp8 in 1 MiB nothing fits
+    (exit 1, says so); the run directory is never created."""
+    fits = launch("--mesh=fsdp8", "--plan", "--device-memory", "1GiB", "--run-dir", str(tmp_path / "run"), timeout=600)
+    assert fits.returncode == 0, fits.stdout[-3000:] + fits.stderr[-3000:]
+    assert "memory plan per device, mesh fsdp8 (XLA" in fits.stdout and "fits:" in fits.stdout
+    no = launch("--mesh=dp8", "--plan", "--device-memory", "1MiB", "--run-dir", str(tmp_path / "run"), timeout=600)
+    assert no.returncode == 1 and "does NOT fit" in no.stdout and "no single change tried fits" in no.stdout, no.stdout
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_7b_fits_one_80gb_host_on_fsdp8_not_on_dp8(tmp_path):
+    fits = launch("--config", "qwen2_5_7b_gsm8k", "--mesh=fsdp8", "--plan", "--device-memory", "80GiB",
+                  "--run-dir", str(tmp_path / "run"), timeout=900)
+    assert fits.returncode == 0, fits.stdout[-3000:] + fits.stderr[-3000:]
+    assert "fits:" in fits.stdout and "XLA" in fits.stdout and "sampler KV cache" in fits.stdout
+    no = launch("--config", "qwen2_5_7b_gsm8k", "--mesh=dp8", "--plan", "--device-memory", "80GiB",
+                "--run-dir", str(tmp_path / "run"), timeout=900)
+    assert no.returncode == 1, no.stdout[-3000:] + no.stderr[-3000:]
+    assert "does NOT fit" in no.stdout
+    assert "smallest change that fits: --mesh=fsdp8" in no.stdout, no.stdout
+    assert not os.listdir(tmp_path)
