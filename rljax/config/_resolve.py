@@ -236,8 +236,6 @@ REMOVED_KEYS = {
 VERL_KEYS = {
     "data.gen_batch_size": ("with algorithm.filter_groups rljax draws every batch, refills included, as "
                             "data.train_batch_size prompts (a separate generation batch size is not supported yet)"),
-    "trainer.total_epochs": ("rljax counts steps: set trainer.total_steps (verl's total_training_steps; one epoch is "
-                             "the training rows / data.train_batch_size steps)"),
 }
 
 
@@ -522,9 +520,12 @@ class _VerlSettings:
     def __init__(self):
         self.accepted: dict[str, tuple] = {}
         self.reward: dict[str, tuple] = {}
+        self.sources: dict[str, set] = {}  # trainer.total_steps / total_epochs: who wrote them
 
     def take(self, key: str, value, source: str) -> tuple[dict, str]:
         """``(raw {rljax key: value}, source)`` for :func:`_apply` (empty for a setting with no key)."""
+        if _verl.ALIASES.get(key, key) in ("trainer.total_steps", _verl.EPOCHS_KEY):
+            self.sources.setdefault(_verl.ALIASES.get(key, key), set()).add(source)
         if key in _verl.ALIASES:
             return {_verl.ALIASES[key]: value}, f"{source} (verl {key})"
         if key in _verl.REWARD_FUNCTION_KEYS:
@@ -553,7 +554,11 @@ class _VerlSettings:
         return {"reward.function": f"{path}:{name}"}, f"{source} (verl {path_key} + {name_key})"
 
     def check(self, values: dict) -> None:
-        """verl's reward_model.enable agrees with reward.model.path (rljax's switch)."""
+        """verl's reward_model.enable agrees with reward.model.path (rljax's switch); verl's
+        trainer.total_epochs comes with a step count from the command line or its own file."""
+        if _verl.EPOCHS_KEY in self.accepted and not (self.sources.get("trainer.total_steps", set())
+                                                     & (self.sources[_verl.EPOCHS_KEY] | {CLI})):
+            raise ConfigError(_verl.epochs_without_steps(self.accepted[_verl.EPOCHS_KEY][0]))
         for key in ("reward_model.enable", "reward.reward_model.enable"):
             if key not in self.accepted:
                 continue

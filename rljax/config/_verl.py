@@ -96,6 +96,9 @@ ALIASES: dict[str, str] = {
     "critic.optim.lr_warmup_steps": "critic.optim.warmup_steps",
     "algorithm.rollout_correction.bypass_mode": "algorithm.bypass_mode",  # verl keeps it in the section
 }
+#: verl's run length in epochs: accepted beside ``trainer.total_training_steps`` (which wins over it
+#: in verl too), refused alone (rljax counts steps; :func:`epochs_without_steps`).
+EPOCHS_KEY = "trainer.total_epochs"
 #: The two verl keys that together name the reward function (``reward.function='path:name'``).
 REWARD_FUNCTION_KEYS = ("custom_reward_function.path", "custom_reward_function.name")
 
@@ -116,7 +119,8 @@ _MEMORY = ("a memory knob of verl's per-GPU micro-batches; rljax splits the upda
            "(global; null picks it from memory), the same numbers either way")
 _VLLM = "a vLLM / SGLang engine setting; rljax generates with its own JAX sampler"
 _FSDP = "rljax runs one SPMD program over trainer.mesh (--mesh), not FSDP workers"
-_OFFLOAD = "rljax keeps parameters and optimizer state on the devices (no host offload); shard them with --mesh"
+_OFFLOAD = ("rljax keeps parameters and optimizer state on the devices (no host offload: the same numbers, more "
+            "device memory); python -m rljax.launch ... --plan says whether the run fits and which --mesh shards it")
 
 #: verl settings rljax has no key for: ``verl key -> (accepts(value), what rljax does)``. A value
 #: accepted is what rljax does anyway (recorded, nothing set); another one is a usage error.
@@ -140,13 +144,15 @@ NO_COUNTERPART: dict[str, tuple[Callable, str]] = {
         "reward_model.micro_batch_size_per_gpu")},
     **{k: (_is("fsdp", "fsdp2"), _FSDP) for k in (
         "actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy", "reward_model.strategy")},
-    **{k: (_is(False), _OFFLOAD) for k in (
+    **{k: (_is(False, True), _OFFLOAD) for k in (
         "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
         "actor_rollout_ref.ref.fsdp_config.param_offload", "critic.model.fsdp_config.param_offload",
         "critic.model.fsdp_config.optimizer_offload", "reward_model.model.fsdp_config.param_offload")},
     "actor_rollout_ref.actor.use_torch_compile": (_any, "rljax compiles with XLA (jax.jit) always"),
     "actor_rollout_ref.model.use_liger": (_any, "rljax's kernels are XLA's (and rljax.pallas)"),
     "trainer.n_gpus_per_node": (_count, "rljax uses the devices it sees; --mesh sets their layout"),
+    EPOCHS_KEY: (_count, "rljax counts steps: trainer.total_training_steps (trainer.total_steps) sets the run's "
+                         "length, as it overrides total_epochs in verl"),
     "trainer.nnodes": (_is(1), "one host; several hosts are --coordinator / --num-processes / --process-id"),
     "trainer.critic_warmup": (_is(0), "the critic and the actor update from the first step"),
     "trainer.default_hdfs_dir": (_is(None), "checkpoints go to the run directory only"),
@@ -161,6 +167,13 @@ NO_COUNTERPART: dict[str, tuple[Callable, str]] = {
     "reward_model.launch_reward_fn_async": (_any, "rljax's reward runs in worker processes (reward.num_workers)"),
     "ray_init.num_cpus": (_any, "rljax runs no Ray cluster; reward.num_workers sets the reward's processes"),
 }
+
+
+def epochs_without_steps(epochs) -> str:
+    """The one-line refusal of ``trainer.total_epochs`` with no step count from the same writer."""
+    return (f"{EPOCHS_KEY}={epochs!r} (verl's) needs trainer.total_training_steps beside it (on the command line "
+            "or in the same file): rljax counts steps (one epoch is the training rows / data.train_batch_size "
+            "steps), and in verl too total_training_steps overrides total_epochs")
 
 
 def verl_key_prefixes() -> frozenset:

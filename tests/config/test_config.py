@@ -195,7 +195,6 @@ def test_unknown_keys_suggest_the_nested_key_with_that_leaf(override, suggestion
 
 @pytest.mark.parametrize("override, says", [
     ("data.gen_batch_size=64", "as data.train_batch_size prompts"),
-    ("trainer.total_epochs=15", "set trainer.total_steps"),
 ])
 def test_verl_keys_rljax_does_differently_say_what_it_does(override, says):
     """verl's spelling of a key rljax names or does otherwise: one line saying what rljax does

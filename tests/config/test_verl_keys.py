@@ -25,7 +25,7 @@ VERL_GSM8K = [
     "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=['console']",
     "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen2_7b_function_rm",
     "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
-    "trainer.total_training_steps=3",
+    "trainer.total_epochs=15", "trainer.total_training_steps=3",
 ]
 
 
@@ -35,8 +35,7 @@ def test_every_alias_names_a_key_of_the_schema():
 
 
 def test_verl_gsm8k_command_line_resolves_with_provenance(tmp_path):
-    over = [o for o in VERL_GSM8K if "ref.fsdp_config.param_offload" not in o]
-    cfg, prov = resolve("default", over)
+    cfg, prov = resolve("default", VERL_GSM8K)
     assert (cfg.rollout.n, cfg.actor.optim.lr, cfg.actor.ppo_mini_batch_size, cfg.trainer.total_steps) == (5, 1e-6, 8, 3)
     assert cfg.model.remat == "true" and cfg.actor.kl_loss_type == "low_var_kl"
     assert prov["rollout.n"] == "cli (verl actor_rollout_ref.rollout.n)"
@@ -46,17 +45,35 @@ def test_verl_gsm8k_command_line_resolves_with_provenance(tmp_path):
     text = path.read_text()
     assert "n: 5  # from: cli (verl actor_rollout_ref.rollout.n)" in text
     assert "# verl actor_rollout_ref.rollout.gpu_memory_utilization=0.6: no rljax key" in text
+    assert "# verl actor_rollout_ref.ref.fsdp_config.param_offload=true: no rljax key" in text  # same numbers
+    assert "# verl trainer.total_epochs=15: no rljax key" in text
     assert resolve(str(path))[0] == cfg  # the record reruns as a preset
 
 
 def test_a_verl_value_rljax_cannot_honour_is_one_line():
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.ref.fsdp_config.param_offload=true \(verl's\) is not "
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.ref.fsdp_config.param_offload='cpu' \(verl's\) is not "
                                           r"supported: rljax keeps parameters .* on the devices"):
-        resolve("default", VERL_GSM8K)
+        resolve("default", ["actor_rollout_ref.ref.fsdp_config.param_offload=cpu"])
     with pytest.raises(ConfigError, match="reward_model.reward_manager='batch' .* not supported"):
         resolve(None, ["reward_model.reward_manager=batch"])
     with pytest.raises(ConfigError, match="reward_model.enable=true .* reward.model.path is null"):
         resolve(None, ["reward_model.enable=true"])
+
+
+def test_total_epochs_needs_the_step_count_beside_it(tmp_path):
+    """verl's example says trainer.total_epochs=15; total_training_steps wins over it in verl. Before:
+    'config key trainer.total_epochs is verl's' refused the example command line even with both."""
+    cfg, prov = resolve("default", ["trainer.total_epochs=15", "trainer.total_training_steps=2"])
+    assert cfg.trainer.total_steps == 2 and prov.verl["trainer.total_epochs"][0] == 15
+    preset = tmp_path / "verl.yaml"
+    preset.write_text(yaml.safe_dump({"trainer": {"total_epochs": 2, "total_training_steps": 5}}))
+    assert resolve(str(preset))[0].trainer.total_steps == 5
+    for over in (["trainer.total_epochs=15"], ["trainer.total_epochs=15", "+trainer.total_epochs=3"]):
+        with pytest.raises(ConfigError, match=r"^trainer.total_epochs=(15|3) \(verl's\) needs "
+                                              r"trainer.total_training_steps beside it"):
+            resolve("default", over)  # default.yaml's own total_steps is not the user's step count
+    with pytest.raises(ConfigError, match=r"^trainer.total_epochs=0 \(verl's\) is not supported"):
+        resolve("default", ["trainer.total_epochs=0", "trainer.total_training_steps=2"])
 
 
 def test_custom_reward_function_and_hydra_plus(tmp_path):
