@@ -14,6 +14,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "MistralForCausalLM": "mistral",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
 }
 #: HF activation names -> ``ModelConfig.hidden_act``.
@@ -55,36 +56,51 @@ def _sliding_window(cfg: dict, family: str):
             raise ValueError(f"unsupported config.json: {family.capitalize()} use_sliding_window=true (sliding-window "
                              "attention on some layers) is not supported")
         return None
-    if family in ("mistral", "gemma3"):
+    if family in ("mistral", "gemma2", "gemma3"):
         window = cfg.get("sliding_window")
         return None if window is None or window >= int(cfg.get("max_position_embeddings", 4096)) else int(window)
     return None
 
 
-def _gemma3(cfg: dict) -> dict:
-    """Gemma 3's fields: the norm offset, sandwich norms, scaled embeddings, the query scale, and its
-    sliding-window layers with their own rotary base (transformers 4's rope_local_base_freq /
-    sliding_window_pattern, or 5's rope_parameters / layer_types)."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+#: Gemma 2's soft-capping keys, refused unless null: rljax's attention kernels (dense, flash, decode,
+#: sequence-parallel) and its fused log-prob / sampling paths do not apply ``cap * tanh(x / cap)``.
+SOFTCAP_KEYS = {"attn_logit_softcapping": "attention scores", "final_logit_softcapping": "the output logits"}
+
+
+def _softcapping(cfg: dict, name: str) -> None:
+    for key, what in SOFTCAP_KEYS.items():
         if cfg.get(key) is not None:
-            raise ValueError(f"unsupported config.json: Gemma 3 {key}={cfg[key]} (logit soft-capping is not "
-                             "implemented)")
+            raise ValueError(f"unsupported config.json: {name} {key}={cfg[key]} (soft-capping of {what} is not "
+                             f"implemented in rljax's attention and log-prob kernels); accepted: {key}=null")
+
+
+def _gemma(cfg: dict, family: str) -> dict:
+    """Gemma 2's and 3's fields: the norm offset, sandwich norms, scaled embeddings, the query scale,
+    its sliding-window layers (Gemma 2: every other one from the first, the same rotary base; Gemma 3:
+    their own rotary base; transformers 4's rope_local_base_freq / sliding_window_pattern, or 5's
+    rope_parameters / layer_types), and QK-norm (Gemma 3)."""
+    name = "Gemma 2" if family == "gemma2" else "Gemma 3"
+    _softcapping(cfg, name)
     if cfg.get("use_bidirectional_attention"):
-        raise ValueError("unsupported config.json: Gemma 3 use_bidirectional_attention=true (a causal LM is needed)")
+        raise ValueError(f"unsupported config.json: {name} use_bidirectional_attention=true (a causal LM is needed)")
     n = cfg["num_hidden_layers"]
+    every = 2 if family == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
     types = cfg.get("layer_types") or [
-        "sliding_attention" if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else "full_attention"
-        for i in range(n)]
+        "sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
     params = dict(cfg.get("rope_parameters") or {})
+    if family == "gemma2":  # one rotary embedding for every layer
+        params = {"full_attention": params, "sliding_attention": params} if params else {}
     local = dict(params.get("sliding_attention") or {})
     full = dict(params.get("full_attention") or {})
-    local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))
+    default_theta = 10000.0 if family == "gemma2" else 1000000.0
+    theta = full.get("rope_theta", cfg.get("rope_theta", default_theta))
+    local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq", theta if family == "gemma2" else 10000.0))
     if local.get("rope_type", "default") != "default":
-        raise ValueError(f"unsupported config.json: Gemma 3 sliding-window rope_type {local['rope_type']!r}")
+        raise ValueError(f"unsupported config.json: {name} sliding-window rope_type {local['rope_type']!r}")
     scaling = dict(full) if full else cfg.get("rope_scaling")
     return dict(hidden_act_hf=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
-                theta=full.get("rope_theta", cfg.get("rope_theta", 1000000.0)), scaling=scaling,
-                extra=dict(norm_offset=1.0, sandwich_norm=True, embed_scale=True, qk_norm=True,
+                theta=theta, scaling=scaling,
+                extra=dict(norm_offset=1.0, sandwich_norm=True, embed_scale=True, qk_norm=family == "gemma3",
                            query_scale=cfg.get("query_pre_attn_scalar", 256),
                            local_layers=tuple(t == "sliding_attention" for t in types),
                            rope_local_theta=float(local_theta)))
@@ -97,14 +113,14 @@ def model_fields(cfg: dict, *, dtype=None) -> dict:
       ValueError: one line naming the unsupported architecture or option.
     """
     family = architecture_of(cfg)
-    gemma = _gemma3(cfg) if family == "gemma3" else None
+    gemma = _gemma(cfg, family) if family in ("gemma2", "gemma3") else None
     act = gemma["hidden_act_hf"] if gemma else cfg.get("hidden_act", "silu")
     if act not in ACTIVATIONS or (act != "silu" and not gemma):
-        raise ValueError(f"unsupported hidden_act {act!r} in config.json; supported: 'silu' (Gemma 3: "
+        raise ValueError(f"unsupported hidden_act {act!r} in config.json; supported: 'silu' (Gemma 2 and 3: "
                          "'gelu_pytorch_tanh')")
     if cfg.get("mlp_bias"):
         raise ValueError("unsupported config.json: mlp_bias=true (the MLP has no bias)")
-    if family in ("qwen3", "gemma3") and cfg.get("attention_bias"):
+    if family in ("qwen3", "gemma2", "gemma3") and cfg.get("attention_bias"):
         raise ValueError(f"unsupported config.json: {family} attention_bias=true (o_proj with a bias) is not supported")
     window = _sliding_window(cfg, family)
     rope_params = dict(cfg.get("rope_parameters") or {})

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from rljax.hf_config import ROPE_TYPES
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3")
 #: MLP activations (``ModelConfig.hidden_act``): SwiGLU, and GeGLU with the tanh approximation (Gemma).
 ACTIVATIONS = ("silu", "gelu_tanh")
 #: What a rematerialised layer keeps for the backward pass (``ModelConfig.remat_policy``).
@@ -47,12 +47,14 @@ class ModelConfig:
     accepted and stored as sorted pairs. ``qk_norm``: an RMSNorm over each head's query and key
     before the rotary embedding (Qwen3). ``sliding_window``: the attention window of every layer
     (Mistral); sequences longer than it are refused (the model attends over the whole sequence),
-    None: no window. Gemma 3: ``hidden_act="gelu_tanh"`` (GeGLU), ``norm_offset=1`` (the norms scale by
+    None: no window. Gemma 2 and 3: ``hidden_act="gelu_tanh"`` (GeGLU), ``norm_offset=1`` (the norms scale by
     ``1 + weight``), ``sandwich_norm`` (norms after attention and after the MLP too), ``embed_scale``
     (embeddings times ``sqrt(hidden_size)``), ``query_scale`` (scores over ``sqrt(query_scale)``
     instead of ``sqrt(head_dim)``), ``local_layers`` (a tuple of one bool per layer: the
     sliding-window layers, whose rotary base is ``rope_local_theta`` and which take no
-    ``rope_scaling``). ``remat`` rematerialises each layer in the
+    ``rope_scaling``; Gemma 2's are every other layer with ``rope_local_theta == rope_theta``),
+    and QK-norm (Gemma 3 only). Gemma 2's soft-capping of the attention scores and logits is not
+    implemented: a config.json setting it is refused (:mod:`rljax.hf_config`). ``remat`` rematerialises each layer in the
     backward pass, keeping (``remat_policy``) only the layer's input (``full``) or also the
     projections' outputs (``minimal``, MaxText's name: the norms, activations and attention are
     recomputed). ``scan_layers``: the layers run as one ``jax.lax.scan`` body (compile

@@ -1,5 +1,6 @@
 """Hugging Face checkpoint import/export for ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-``Qwen3ForCausalLM``, ``MistralForCausalLM`` and ``Gemma3ForCausalLM`` (:data:`rljax.hf_config.SUPPORTED_ARCHITECTURES`).
+``Qwen3ForCausalLM``, ``MistralForCausalLM``, ``Gemma2ForCausalLM`` (its soft-capping off) and
+``Gemma3ForCausalLM`` (:data:`rljax.hf_config.SUPPORTED_ARCHITECTURES`).
 
 A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or several
 ``*.safetensors`` listed in ``model.safetensors.index.json``. Tensors are memory-mapped and
@@ -72,8 +73,8 @@ def config_to_hf(config: ModelConfig) -> dict:
         "initializer_range": 0.02,
         "use_cache": True,
     }
-    if config.architecture == "gemma3":
-        out.update(_gemma3_json(config))
+    if config.architecture in ("gemma2", "gemma3"):
+        out.update(_gemma_json(config))
     elif config.architecture == "llama":
         out.update(attention_bias=config.qkv_bias, mlp_bias=False, pretraining_tp=1)
     elif config.architecture == "mistral":
@@ -85,16 +86,20 @@ def config_to_hf(config: ModelConfig) -> dict:
     return out
 
 
-def _gemma3_json(config: ModelConfig) -> dict:
-    """Gemma 3's own ``config.json`` fields, in transformers 5's form and 4's (both read them)."""
+def _gemma_json(config: ModelConfig) -> dict:
+    """Gemma 2's and 3's own ``config.json`` fields, in transformers 5's form and 4's (both read them);
+    soft-capping off (null), as rljax computes them."""
     types = ["sliding_attention" if local else "full_attention" for local in config.local_layers]
     full = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling_dict or {})}
-    return {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
-            "query_pre_attn_scalar": config.query_scale, "sliding_window": config.sliding_window,
-            "layer_types": types, "rope_local_base_freq": config.rope_local_theta, "attention_bias": False,
+    out = {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+           "query_pre_attn_scalar": config.query_scale, "sliding_window": config.sliding_window,
+           "layer_types": types, "attention_bias": False, "attn_logit_softcapping": None,
+           "final_logit_softcapping": None, "use_bidirectional_attention": False}
+    if config.architecture == "gemma2":
+        return {**out, "model_type": "gemma2", "rope_parameters": full}
+    return {**out, "model_type": "gemma3_text", "rope_local_base_freq": config.rope_local_theta,
             "rope_parameters": {"full_attention": full, "sliding_attention": {"rope_type": "default",
-                                                                              "rope_theta": config.rope_local_theta}},
-            "attn_logit_softcapping": None, "final_logit_softcapping": None, "use_bidirectional_attention": False}
+                                                                              "rope_theta": config.rope_local_theta}}}
 
 
 # --------------------------------------------------------------------------- tensor map
@@ -185,7 +190,7 @@ def open_tensors(path: str) -> dict[str, np.ndarray]:
 
 
 def load_hf_checkpoint(path: str, *, dtype=None, mesh: Mesh | None = None, rules=None) -> tuple[ModelConfig, dict]:
-    """Reads a local HF Llama/Qwen2/Qwen3/Mistral checkpoint into ``(ModelConfig, params)``.
+    """Reads a local HF Llama/Qwen2/Qwen3/Mistral/Gemma 2/Gemma 3 checkpoint into ``(ModelConfig, params)``.
 
     Args:
       path: a directory with ``config.json`` and the safetensors weights.
