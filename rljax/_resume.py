@@ -38,9 +38,12 @@ NOT_SETTINGS = ("trainer.resume_mode", "trainer.resume_from", "trainer.output_di
 SHAPE_KEYS = ("model.name", "model.path", "model.tokenizer", "model.hidden_size", "model.intermediate_size",
               "model.num_layers", "model.num_heads", "model.num_kv_heads", "model.head_dim", "model.tie_embeddings",
               "model.qkv_bias", "actor.lora.rank", "actor.lora.target_modules", "actor.lora.modules_to_save")
-#: Key prefixes that name the task: changed only with ``--resume-from-weights``.
+#: Key prefixes that name the task: changed only with ``--resume-from-weights``. ``reward.functions``
+#: (several rewards) by its own name, not only as a string that starts with ``reward.function``;
+#: ``reward.weights`` is a setting a resume may change (recorded, as the reward's other settings).
 TASK_PREFIXES = ("data.dataset", "data.path", "data.embedded.", "data.prompt_key", "data.answer_key",
-                 "data.messages_key", "data.train_files", "data.val_files", "reward.function", "env.function")
+                 "data.messages_key", "data.train_files", "data.val_files", "reward.function", "reward.functions",
+                 "env.function")
 #: Resume choices that belong to one launch, not to the run (not inherited from the recorded file).
 ONE_SHOT = ("trainer.resume_from",)
 
