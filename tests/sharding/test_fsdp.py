@@ -96,6 +96,48 @@ def test_state_bytes_per_device_fall_as_one_over_fsdp(devices, specs):
         assert abs(measured - exact) <= 0.01 * exact + 64, (spec, measured, exact)  # XLA counts the shards we do
 
 
+def _scanned_update_temp(layers: int) -> tuple[int, int]:
+    """``(temporaries per device, one layer's parameter bytes)`` of a compiled (never run) update
+    on ``fsdp8``: gradients of the scanned forward accumulated over 2 micro-batches (a loop around
+    the layer scan, where XLA could hoist a loop-invariant gather), then an SGD step. Wide layers
+    and 8 tokens a row, so one layer's weights outweigh its activations."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    h = 1024
+    mc = get_config("tiny").replace(hidden_size=h, intermediate_size=2 * h, num_heads=8, num_kv_heads=8,
+                                    head_dim=h // 8, num_layers=layers, dtype="float32", param_dtype="float32",
+                                    remat=True)
+    mesh = sh.make_mesh("fsdp8")
+    graphdef, shapes = F.abstract_params(mc)
+    shard = F.param_shardings(mc, mesh)
+    params = jax.tree.map(lambda s, d: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=d), shapes, shard)
+    tokens = jax.ShapeDtypeStruct((2, 8, 8), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec(None, "fsdp")))
+
+    def update(p, micro_batches):
+        def micro(acc, t):
+            g = jax.grad(lambda q: jnp.mean(F.forward(graphdef, q, t, mesh=mesh).astype(jnp.float32) ** 2))(p)
+            return jax.tree.map(jnp.add, acc, g), None
+
+        acc, _ = jax.lax.scan(micro, jax.tree.map(jnp.zeros_like, p), micro_batches)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, acc)
+
+    compiled = jax.jit(update, out_shardings=shard, donate_argnums=0).lower(params, tokens).compile()
+    layer = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes["layers"])) // layers
+    return compiled.memory_analysis().temp_size_in_bytes, layer
+
+
+def test_fsdp_gathers_one_layer_at_a_time(devices):
+    """XLA gathers each layer's fsdp shards inside the layer scan, not the whole stacked
+    ``[L, ...]`` weights before it: the update's temporaries per device grow with depth by about
+    a layer's gradient shards (accumulator + micro-batch gradient, 2/8 of a layer: 10 of 40 MiB),
+    not by a gathered layer (the stack gathered before the scan grows them by ~85 MiB a layer)."""
+    t2, layer = _scanned_update_temp(2)
+    t4, _ = _scanned_update_temp(4)
+    per_layer = (t4 - t2) / 2
+    assert per_layer < 0.5 * layer, (f"temporaries grow by {per_layer / 2**20:.1f} MiB per layer of "
+                                     f"{layer / 2**20:.1f} MiB: the fsdp gather is not per layer")
+
+
 # ------------------------------------------------------------------------------ through the launcher
 
 SMALL = ["data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64",
