@@ -19,10 +19,6 @@ def check_distillation(config) -> None:
         raise ConfigError(f"distillation.enabled=true needs a teacher: set {TEACHER} to ref (the policy's initial "
                           "weights) or a local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory")
     dl = d.distillation_loss
-    if dl.loss_mode == "forward_kl_topk":  # the loss exists (rljax.loss.forward_kl_topk); the teacher's top-k pass not yet
-        raise ConfigError("distillation.distillation_loss.loss_mode=forward_kl_topk is not wired into runs yet (the "
-                          "teacher's fused top-k pass is issue 37's next part); accepted now: k1, kl, k2, mse, k3, "
-                          "low_var_kl, abs")
     if dl.loss_mode in _TEACHERLESS_GRADIENT and not dl.use_policy_gradient:
         raise ConfigError(f"distillation.distillation_loss.loss_mode={dl.loss_mode} with use_policy_gradient=false: "
                           "the gradient of the k1 estimate does not depend on the teacher's log-probs (verl refuses "

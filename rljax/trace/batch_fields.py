@@ -118,6 +118,13 @@ BATCH_FIELDS: tuple[BatchField, ...] = (
                consumers=("actor_minibatch",), ledger=LedgerRow(
                    "teacher", "loss_mask", "teacher", "actor_minibatch (distillation loss)",
                    "the teacher's hidden state S-1+t not aligned with response token t (scored one position off)")),
+    # distillation.distillation_loss.loss_mode=forward_kl_topk: the teacher's top-k instead of teacher_logp
+    BatchField("teacher_topk_ids", "[B,T,K]", producer="teacher", consumers=("actor_minibatch",), ledger=LedgerRow(
+        "teacher", "loss_mask (broadcast over K)", "teacher", "actor_minibatch (student log-probs at these ids)",
+        "top-k taken at hidden S+t instead of S-1+t (the next position's distribution)")),
+    BatchField("teacher_topk_logp", "[B,T,K]", producer="teacher", consumers=("actor_minibatch",), ledger=LedgerRow(
+        "teacher", "loss_mask (broadcast over K)", "teacher", "actor_minibatch (forward_kl_topk)",
+        "kept in float32 when the teacher runs in bfloat16 (2x the memory of the teacher's dtype)")),
     BatchField("advantages", "[B,T]", valid="response", values=True, producer="advantages",
                consumers=("actor_minibatch",), ledger=LedgerRow(
                    "advantages", "loss_mask (per-sequence value broadcast over T)", "advantages", "actor_minibatch",

@@ -53,7 +53,7 @@ from rljax.trainer import packing, prefix
 from rljax.trainer.prefix import host_spans  # noqa: F401  (re-exported: its home before rljax.trainer.prefix)
 from rljax.trainer.update_report import AGG_PROBE, REPORT, first_token, micro_report, update_report
 from rljax.trainer.packing import (ROW_FIELDS as _ROW_FIELDS, SHARED_ROW_FIELDS as _SHARED_FIELDS,
-                                   TOKEN_FIELDS as _TOKEN_FIELDS, packed_response_logprobs)
+                                   TOKEN_FIELDS as _TOKEN_FIELDS, logprob_at, packed_response_logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,28 +142,39 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
                       skipped=jnp.zeros((), jnp.int32))
 
 
-def response_logprobs(graphdef, params, batch: dict, *, response_len: int, temperature: float = 1.0,
-                      impl: str = "auto", mesh: Optional[Mesh] = None) -> tuple[jax.Array, jax.Array]:
-    """``(logp, entropy) [B, T]`` of the response tokens, through the fused log-prob (no ``[B,T,V]`` logits).
-
-    A packed micro-batch (``batch["packed"]``, see :mod:`rljax.trainer.packing`) runs on
-    its packed rows and is gathered back to the same ``[B, T]`` layout.
-    """
-    if "packed" in batch:
-        rows = batch["packed"]
-        return packed_response_logprobs(graphdef, params, rows, rows["gather"], temperature=temperature, impl=impl,
-                                        mesh=mesh)
+def response_hidden(graphdef, params, batch: dict, *, response_len: int, mesh: Optional[Mesh] = None) -> jax.Array:
+    """``[B, T, H]`` hidden states predicting the response tokens (state ``S - 1 + t`` predicts token
+    ``t``) of a padded ``[B, S+T]`` batch, rows on the batch axes when ``mesh`` is given."""
     ids = batch["input_ids"]
     prompt_len = ids.shape[1] - response_len
     hidden = F.forward(graphdef, params, ids, positions=batch["positions"], mask=batch["attention_mask"], mesh=mesh)
     hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_len]
-    targets = ids[:, prompt_len:]
+    return hidden if mesh is None else with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
+
+
+def response_logprobs(graphdef, params, batch: dict, *, response_len: int, temperature: float = 1.0,
+                      impl: str = "auto", mesh: Optional[Mesh] = None, at_ids: Optional[jax.Array] = None) -> tuple:
+    """``(logp, entropy) [B, T]`` of the response tokens, through the fused log-prob (no ``[B,T,V]`` logits).
+
+    A packed micro-batch (``batch["packed"]``, see :mod:`rljax.trainer.packing`) runs on
+    its packed rows and is gathered back to the same ``[B, T]`` layout. With ``at_ids``
+    (integer ``[B, T, K]``, e.g. the teacher's top-k ids of ``forward_kl_topk``) a third output:
+    the log-probs at those ids ``[B, T, K]`` from the same hidden states
+    (:func:`rljax.trainer.packing.logprob_at`).
+    """
+    if "packed" in batch:
+        rows = batch["packed"]
+        return packed_response_logprobs(graphdef, params, rows, rows["gather"], temperature=temperature, impl=impl,
+                                        mesh=mesh, at_ids=at_ids)
+    hidden = response_hidden(graphdef, params, batch, response_len=response_len, mesh=mesh)
+    targets = batch["input_ids"][:, -response_len:]
     unembed = F.unembedding(params)
     if mesh is None:
-        return fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl)
-    hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
-    return fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
-                                 temperature=temperature, impl=impl)
+        out = fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl)
+    else:
+        out = fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
+                                    temperature=temperature, impl=impl)
+    return out if at_ids is None else (*out, logprob_at(hidden, unembed, at_ids, temperature=temperature, mesh=mesh))
 
 
 def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array], cfg: StepConfig,
@@ -171,8 +182,10 @@ def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array
     """Policy loss (+ KL loss, - entropy bonus) of one micro-batch, normalised by mini-batch counts."""
     num_tokens, num_seqs = counts
     mask = micro["loss_mask"]
-    logp, entropy = response_logprobs(graphdef, params, micro, response_len=mask.shape[1],
-                                      temperature=cfg.temperature, impl=cfg.logprob_impl, mesh=mesh)
+    topk = cfg.distillation is not None and cfg.distillation.uses_topk  # the student's log-probs at the teacher's top-k
+    logp, entropy, *student_topk = response_logprobs(
+        graphdef, params, micro, response_len=mask.shape[1], temperature=cfg.temperature, impl=cfg.logprob_impl,
+        mesh=mesh, at_ids=micro["teacher_topk_ids"] if topk else None)
     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs)
     old_logp = jax.lax.stop_gradient(logp) if cfg.on_policy else micro["old_logp"]
     pg_loss, pg_metrics = rl.policy_loss(
@@ -197,6 +210,7 @@ def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array
     if cfg.distillation is not None:  # the teacher's term (its loss is normalised by the mini-batch's counts already)
         loss, distill = rl.with_distillation(
             loss, logp, old_logp, mask, cfg.distillation, teacher_logp=micro.get("teacher_logp"),
+            student_topk_logp=student_topk[0] if topk else None, teacher_topk_logp=micro.get("teacher_topk_logp"),
             loss_agg_mode=cfg.loss_agg_mode, is_weights=micro.get("rollout_is_weights") if cfg.use_rollout_correction
             else None, **agg)
         metrics.update({k: v if k in DISTILL_SUMMED or _extreme(k) else v * weight for k, v in distill.items()})

@@ -14,7 +14,13 @@ distillation loss of zero.
 
 The pass writes ``teacher_logp [B, T]``: the teacher's log-prob of each sampled response token
 (hidden state ``S - 1 + t`` predicts token ``t``, the policy's own alignment), through the same
-fused log-prob as the policy's passes (no ``[B, T, V]`` logits).
+fused log-prob as the policy's passes (no ``[B, T, V]`` logits). With
+``loss_mode=forward_kl_topk`` it writes ``teacher_topk_ids [B, T, K]`` (int32) and
+``teacher_topk_logp [B, T, K]`` (the teacher's dtype) instead: its ``K = topk`` most likely
+tokens at each response position and their log-probs, from the fused top-k pass
+(:func:`rljax.pallas._topk.fused_topk_logprob`, again no ``[B, T, V]`` logits); the update
+takes the student's log-probs at those ids from its own hidden states
+(:func:`rljax.trainer.packing.logprob_at`).
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ from rljax.config import Config
 from rljax.models import functional as F
 from rljax.models.hf import load_hf_checkpoint
 from rljax.models.lora import disable
+from rljax.models.precision import traced_at
+from rljax.pallas._topk import fused_topk_logprob, fused_topk_logprob_sharded
+from rljax.sharding import mesh_batch_axes, with_logical_constraint
 from rljax.trainer.judge import initial_policy_params
 from rljax.trainer.services import Lazy
-from rljax.trainer.step import make_logprob_fn
+from rljax.trainer.step import make_logprob_fn, response_hidden
 
 REF = "ref"
 
@@ -48,14 +57,48 @@ def distillation_spec(cfg: Config) -> Optional[rl.DistillationSpec]:
 
 
 class Teacher:
-    """``teacher(state, inputs) -> {"teacher_logp": [B, T]}``: the teacher's pass over a learner
-    batch's ``input_ids, attention_mask, positions`` (on the learner mesh, rows on ``dp``)."""
+    """``teacher(state, inputs) -> {"teacher_logp": [B, T]}`` (or, ``topk``, ``{"teacher_topk_ids",
+    "teacher_topk_logp": [B, T, K]}``): the teacher's pass over a learner batch's ``input_ids,
+    attention_mask, positions`` (on the learner mesh, rows on ``dp``)."""
 
-    def __init__(self, forward: Callable, params: Callable):
+    def __init__(self, forward: Callable, params: Callable, *, topk: bool = False):
         self._forward, self._params = forward, params  # params(state): the teacher's weights now
+        self.topk = topk
 
     def __call__(self, state, inputs: dict) -> dict:
-        return {"teacher_logp": self._forward(self._params(state), inputs)[0]}
+        out = self._forward(self._params(state), inputs)
+        if self.topk:
+            return {"teacher_topk_ids": out[0], "teacher_topk_logp": out[1]}
+        return {"teacher_logp": out[0]}
+
+
+def make_topk_fn(graphdef, *, response_len: int, k: int, temperature: float, dtype="float32", mesh=None,
+                 micro_batch_size: Optional[int] = None, matmul_precision: Optional[str] = None) -> Callable:
+    """Jitted ``(params, batch) -> (ids int32, logp) [B, T, k]``: the ``k`` most likely tokens at
+    each response position (hidden ``S - 1 + t``) and their log-probs at ``temperature``, in
+    micro-batches of ``micro_batch_size`` rows; ``logp`` in ``dtype`` (the teacher's: ``model.dtype``)."""
+
+    def one(params, chunk):
+        hidden = response_hidden(graphdef, params, chunk, response_len=response_len, mesh=mesh)
+        unembed = F.unembedding(params)
+        if mesh is None:
+            ids, logp = fused_topk_logprob(hidden, unembed, k, temperature=temperature)
+        else:
+            ids, logp = fused_topk_logprob_sharded(hidden, unembed, k, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
+                                                   temperature=temperature)
+        return ids, logp.astype(dtype)
+
+    def compute(params, batch):
+        fields = {key: batch[key] for key in ("input_ids", "attention_mask", "positions")}
+        b = fields["input_ids"].shape[0]
+        n = 1 if micro_batch_size is None else max(b // micro_batch_size, 1)
+        chunks = jax.tree.map(lambda x: x.reshape((n, b // n) + x.shape[1:]), fields)
+        out = tuple(x.reshape(b, response_len, k) for x in jax.lax.map(lambda c: one(params, c), chunks))
+        if mesh is not None:  # rows stay on dp (and the response on sp), like the batch they belong to
+            out = tuple(with_logical_constraint(x, ("batch", "length", None), mesh) for x in out)
+        return out
+
+    return jax.jit(traced_at(compute, matmul_precision))
 
 
 def load_teacher(s) -> Teacher:
@@ -79,11 +122,12 @@ def load_teacher(s) -> Teacher:
                              f"tokens, the policy's {policy_vocab}: the teacher reads the policy's token ids")
         graphdef = F.abstract_params(config.replace(scan_layers=cfg.model.scan_layers))[0]
         params = lambda state: weights  # noqa: E731
-    sizes = s.model.sizes
-    forward = make_logprob_fn(graphdef, response_len=sizes.learner_response_length, temperature=cfg.rollout.temperature,
-                              impl=cfg.actor.logprob_impl, mesh=mesh, micro_batch_size=sizes.micro_batch_trajectories,
-                              matmul_precision=cfg.model.matmul_precision)
-    return Teacher(forward, params)
+    sizes, d = s.model.sizes, cfg.distillation.distillation_loss
+    common = dict(response_len=sizes.learner_response_length, temperature=cfg.rollout.temperature, mesh=mesh,
+                  micro_batch_size=sizes.micro_batch_trajectories, matmul_precision=cfg.model.matmul_precision)
+    if d.loss_mode == "forward_kl_topk":
+        return Teacher(make_topk_fn(graphdef, k=d.topk, dtype=cfg.model.dtype, **common), params, topk=True)
+    return Teacher(make_logprob_fn(graphdef, impl=cfg.actor.logprob_impl, **common), params)
 
 
 def teacher_service(s) -> Optional[Lazy]:
@@ -91,4 +135,4 @@ def teacher_service(s) -> Optional[Lazy]:
     return Lazy(lambda: load_teacher(s)) if s.cfg.distillation.enabled else None
 
 
-__all__ = ["REF", "Teacher", "distillation_spec", "load_teacher", "teacher_service"]
+__all__ = ["REF", "Teacher", "distillation_spec", "load_teacher", "make_topk_fn", "teacher_service"]

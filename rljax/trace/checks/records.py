@@ -179,8 +179,10 @@ def _expected(run: Run) -> dict[str, tuple[str, tuple[str, ...]]]:
         del out["old_logp"]
     if not run.needs_reference():
         del out["ref_logp"]
-    if not run.distills():
-        del out["teacher_logp"]
+    topk = run.config_values.get("distillation.distillation_loss.loss_mode") == "forward_kl_topk"
+    for name in ("teacher_logp", "teacher_topk_ids", "teacher_topk_logp"):  # the teacher's fields of this loss_mode
+        if not run.distills() or (name == "teacher_logp") == topk:
+            del out[name]
     return out
 
 

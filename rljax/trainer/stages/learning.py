@@ -74,9 +74,11 @@ def reference(s: Services, state: RunState, b) -> dict:
     return {"ref_logp": s.learner.actor.forward(params, model_inputs(b))[0]}
 
 
-@stage("teacher", timing="teacher", state="reads", reads=MODEL_INPUTS, writes=("teacher_logp",),
-       when=lambda s: s.teacher is not None, only="with distillation.enabled",
-       summary="input_ids, ... -> teacher_logp (the teacher's log-probs of the sampled tokens; rljax.trainer.teacher)")
+@stage("teacher", timing="teacher", state="reads", reads=MODEL_INPUTS,
+       writes=("teacher_logp", "teacher_topk_ids", "teacher_topk_logp"), when=lambda s: s.teacher is not None,
+       only="with distillation.enabled",
+       summary="input_ids, ... -> teacher_logp (the teacher's log-probs of the sampled tokens), or with "
+               "forward_kl_topk teacher_topk_ids, teacher_topk_logp (its top-k tokens; rljax.trainer.teacher)")
 def teacher(s: Services, state: RunState, b) -> dict:
     return s.teacher.get()(state, model_inputs(b))
 
@@ -150,8 +152,10 @@ def actor_batch(s: Services, b) -> dict:
         batch["ref_logp"] = b["ref_logp"]
     if cfg.rollout.correction != "none" or decoupled_correction(cfg):
         batch["rollout_is_weights"] = b["rollout_is_weights"]
-    if s.model.step_config.distillation is not None:  # the teacher stage's field, for the distillation term
-        batch["teacher_logp"] = b["teacher_logp"]
+    distill = s.model.step_config.distillation
+    if distill is not None:  # the teacher stage's fields, for the distillation term
+        for k in ("teacher_topk_ids", "teacher_topk_logp") if distill.uses_topk else ("teacher_logp",):
+            batch[k] = b[k]
     return batch
 
 
@@ -184,7 +188,7 @@ def actor_minibatch_facts(ev, v: GroupView, *, bypass_mode: bool, dp: int) -> di
 
 @stage("actor_minibatch", timing="update_actor", state="changes",
        reads=("step", *MODEL_INPUTS, "loss_mask", "advantages", "old_logp", "rollout_logp", "ref_logp",
-              "rollout_is_weights", "teacher_logp"),
+              "rollout_is_weights", "teacher_logp", "teacher_topk_ids", "teacher_topk_logp"),
        writes=("actor_metrics", "optimizer_steps", "update_sizes", "old_logp"),
        config=("algorithm.bypass_mode", "actor.use_kl_loss", "rollout.correction", "algorithm.rollout_correction"),
        facts=actor_minibatch_facts,
