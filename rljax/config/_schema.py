@@ -626,8 +626,11 @@ class DistillationLossConfig:
     loss_mode: Literal[DISTILLATION_LOSS_MODES] = _f(
         "k3", "the per-token distillation loss: k1 / kl, k2 / mse, k3 / low_var_kl, abs (single-sample estimates of "
               "the reverse KL(student || teacher) at the sampled token, from the teacher's log-prob of it) or "
-              "forward_kl_topk (the forward KL over the teacher's topk most likely tokens at each position)")
-    topk: int = _f(128, "forward_kl_topk: how many of the teacher's most likely tokens per position", ge=1,
+              "forward_kl_topk (the forward KL over the teacher's topk most likely tokens at each position: the "
+              "teacher stage keeps [B, T, topk] ids and log-probs, the update scores the student at those ids; no "
+              "[B, T, vocab] logits)")
+    topk: int = _f(128, "forward_kl_topk: how many of the teacher's most likely tokens per position (more than the "
+                        "vocabulary: all of it, the exact forward KL)", ge=1,
                    needs=(f"{_DL}.loss_mode=forward_kl_topk",))
     use_task_rewards: bool = _f(True, "true: the task's policy loss (from the rewards) plus distillation_loss_coef "
                                       "times the distillation loss; false: the distillation loss alone (rewards are "

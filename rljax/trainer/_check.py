@@ -102,9 +102,6 @@ def _check_teacher(config, vocab: int, vocab_from: str) -> None:
     vocabulary is the policy's (the teacher scores the policy's token ids, position by position)."""
     d = config.distillation
     path = d.teacher_model.model_path
-    if d.enabled and d.distillation_loss.loss_mode == "forward_kl_topk" and d.distillation_loss.topk > vocab:
-        raise ConfigError(f"distillation.distillation_loss.topk={d.distillation_loss.topk} is more than the "
-                          f"vocabulary's {vocab} tokens ({vocab_from}); accepted: 1..{vocab}")
     if not d.enabled or not path or path == "ref":
         return
     key = f"distillation.teacher_model.model_path={path!r}"

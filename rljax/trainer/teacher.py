@@ -126,7 +126,8 @@ def load_teacher(s) -> Teacher:
     common = dict(response_len=sizes.learner_response_length, temperature=cfg.rollout.temperature, mesh=mesh,
                   micro_batch_size=sizes.micro_batch_trajectories, matmul_precision=cfg.model.matmul_precision)
     if d.loss_mode == "forward_kl_topk":
-        return Teacher(make_topk_fn(graphdef, k=d.topk, dtype=cfg.model.dtype, **common), params, topk=True)
+        k = min(d.topk, s.model.config.vocab_size)  # over the vocabulary: all of it (the exact forward KL)
+        return Teacher(make_topk_fn(graphdef, k=k, dtype=cfg.model.dtype, **common), params, topk=True)
     return Teacher(make_logprob_fn(graphdef, impl=cfg.actor.logprob_impl, **common), params)
 
 

@@ -7,6 +7,7 @@ weights), > 0 and equal to it with another model (a Hugging Face directory of an
 the padded and the packed learner layouts."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ def _batch(rng, b, s, t, vocab):
             "step": 1}
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _full_logp(graphdef, params, batch, s, t):
     """``[B, T, V]`` log-softmax of the full logits at hidden S-1+t (here only: never in the run)."""
     hidden = F.forward(graphdef, params, batch["input_ids"], positions=batch["positions"], mask=batch["attention_mask"])
@@ -72,7 +74,8 @@ def test_forward_kl_topk_step_equals_the_full_logits_loss(tmp_path, packing):
     s, t = services.learner.prompt_len, services.learner.response_len
     b = _batch(np.random.default_rng(0), 8, s, t, mcfg.vocab_size)
     mask, real = b["loss_mask"], np.asarray(b["loss_mask"]) > 0
-    student = _full_logp(graphdef, state.actor.params, b, s, t)
+    inputs = {k: b[k] for k in ("input_ids", "attention_mask", "positions")}
+    student = _full_logp(graphdef, state.actor.params, inputs, s, t)
 
     # ref: the teacher is the policy, its top-k is the policy's own and the loss ~0
     top = teacher_stage(services, state, b)
@@ -87,12 +90,14 @@ def test_forward_kl_topk_step_equals_the_full_logits_loss(tmp_path, packing):
     np.testing.assert_allclose(m["distillation/student_mass"], m["distillation/teacher_mass"], rtol=1e-5)
 
     # another model: the loss > 0, and the one the full logits give
-    t_graphdef, t_params = F.init_params(mcfg, seed=7)
+    rng = np.random.default_rng(7)  # the policy's weights, each times 1 + N(0, 0.5) (on the host: no compiling)
+    t_params = jax.tree.map(lambda x: np.asarray(x) * (1 + 0.5 * rng.standard_normal(x.shape)).astype(x.dtype),
+                            jax.device_get(state.actor.params))
     save_hf_checkpoint(str(tmp_path / "teacher"), mcfg, t_params)
     hf_cfg, _ = resolve("default", [*overrides, f"distillation.teacher_model.model_path={tmp_path / 'teacher'}"])
     hf = dataclasses.replace(services, cfg=hf_cfg, teacher=teacher_service(dataclasses.replace(services, cfg=hf_cfg)))
     top = teacher_stage(hf, state, b)
-    want, ids = _host_loss(student, _full_logp(t_graphdef, t_params, b, s, t), mask)
+    want, ids = _host_loss(student, _full_logp(graphdef, t_params, inputs, s, t), mask)
     np.testing.assert_array_equal(np.asarray(top["teacher_topk_ids"])[real], ids[real])
     _, out = actor_minibatch(hf, state, {**b, **top})
     m = out["actor_metrics"]

@@ -75,8 +75,10 @@ def test_a_teacher_that_is_not_a_checkpoint_is_refused(tmp_path):
         check(cfg)
 
 
-def test_forward_kl_topk_is_refused_until_its_pass_is_wired():
-    msg = _error(*ON, "distillation.teacher_model.model_path=ref",
-                 "distillation.distillation_loss.loss_mode=forward_kl_topk",
-                 "distillation.distillation_loss.use_policy_gradient=false")
-    assert "forward_kl_topk is not wired into runs yet" in msg and "accepted now: k1" in msg
+def test_forward_kl_topk_resolves():
+    cfg, _ = resolve("default", [*ON, "distillation.teacher_model.model_path=ref",
+                                 "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                                 "distillation.distillation_loss.use_policy_gradient=false"])
+    d = cfg.distillation.distillation_loss
+    assert (d.loss_mode, d.topk, d.log_prob_min_clamp) == ("forward_kl_topk", 128, -10.0)
+    check(cfg)  # topk=128 over the default preset's 88 tokens: the whole vocabulary (rljax/trainer/teacher.py)
