@@ -53,9 +53,16 @@ Block sizes (``block_t`` tokens x ``block_v`` vocabulary columns per tile):
   that a config tested here compiles there; keep grids to ~100 steps. The GPU kernels' interpret
   mode (JAX's generic Pallas interpreter) does not run inside ``shard_map`` with check_vma on
   jax 0.10.
+
+``fused_topk_logprob`` / ``fused_logprob_at`` (and their ``*_sharded`` versions,
+:mod:`rljax.pallas._topk`, chunked path only): the ``k`` most likely tokens and their log-probs,
+and the log-probs at given ids, for ``forward_kl_topk`` distillation.
 """
 
 from rljax.pallas._api import IMPLS, fused_logprob, fused_logprob_sharded
 from rljax.pallas._common import MASK_VALUE
+from rljax.pallas._topk import (fused_logprob_at, fused_logprob_at_sharded, fused_topk_logprob,
+                                fused_topk_logprob_sharded)
 
-__all__ = ["IMPLS", "MASK_VALUE", "fused_logprob", "fused_logprob_sharded"]
+__all__ = ["IMPLS", "MASK_VALUE", "fused_logprob", "fused_logprob_at", "fused_logprob_at_sharded", "fused_logprob_sharded",
+           "fused_topk_logprob", "fused_topk_logprob_sharded"]

@@ -9,10 +9,10 @@ trajectory's own (they restart at 0 in every segment). The learner computes log-
 on the packed rows and gathers them back to ``[B, T]`` with an index array, so the
 losses, advantages, metrics and trace see exactly the padded layout's tensors.
 
-Everything here is host-side NumPy except :func:`packed_response_logprobs` (traced
-inside ``jit``). Shapes stay static: the number of rows per micro-batch, of micro-batches
-per mini-batch and of trajectories per micro-batch are rounded up to a small set of
-buckets (:func:`bucket`: 1, 2, 3, 4, 6, 8, 12, 16, ...), so a run compiles a handful of
+Everything here is host-side NumPy (the traced pass over packed rows is
+:func:`rljax.trainer.heads.packed_response_logprobs`). Shapes stay static: the number of
+rows per micro-batch, of micro-batches per mini-batch and of trajectories per micro-batch
+are rounded up to a small set of buckets (:func:`bucket`: 1, 2, 3, 4, 6, 8, 12, 16, ...), so a run compiles a handful of
 programs, not one per batch.
 
 Micro-batches (per mini-batch, after the epoch's shuffle, so the mini-batches are the
@@ -47,11 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.models import functional as F
 from rljax.models.attention import BRANCH_BITS, branch_ids
-from rljax.pallas import fused_logprob, fused_logprob_sharded
-from rljax.pallas._topk import fused_logprob_at, fused_logprob_at_sharded
-from rljax.sharding import mesh_batch_axes, with_logical_constraint
+from rljax.sharding import mesh_batch_axes
 
 #: Keys of a packed micro-batch's row arrays (``[R, L]`` each).
 ROW_FIELDS = ("tokens", "positions", "segment_ids", "targets")
@@ -481,44 +478,6 @@ def pack_logprob_batch(input_ids, attention_mask, positions, response_len: int, 
 
 
 # --------------------------------------------------------------------------- traced
-
-
-def logprob_at(hidden, unembed, ids, *, temperature: float = 1.0, mesh=None) -> jax.Array:
-    """``[B, T, K]`` float32 log-probs of ``softmax(hidden @ unembed / temperature)`` at integer
-    ``ids [B, T, K]`` (:func:`rljax.pallas._topk.fused_logprob_at`, no ``[B, T, V]`` logits;
-    tokens on the mesh's batch axes and ``sp`` when ``mesh`` is given)."""
-    if mesh is None:
-        return fused_logprob_at(hidden, unembed, ids, temperature=temperature)
-    return fused_logprob_at_sharded(hidden, unembed, ids, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
-                                    temperature=temperature)
-
-
-def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *, temperature: float = 1.0,
-                             impl: str = "auto", mesh=None, at_ids: Optional[jax.Array] = None) -> tuple:
-    """``(logp, entropy)`` ``[Bm, T]`` of a packed micro-batch, in the padded layout.
-
-    ``rows``: ``tokens, positions, segment_ids, targets [R, L]`` (and a shared-prefix plan's
-    ``key_blocks [R, nq, J]``); ``gather [Bm, T]``: flat index into ``R*L`` of the position
-    predicting each response token. With ``at_ids [Bm, T, K]`` (padded layout) a third output:
-    the log-probs at those ids, from the hidden states gathered to ``[Bm, T, H]``.
-    """
-    seg = rows["segment_ids"]
-    hidden = F.forward(graphdef, params, rows["tokens"], positions=rows["positions"], mask=seg > 0, mesh=mesh,
-                       segment_ids=seg, key_blocks=rows.get("key_blocks"))
-    unembed = F.unembedding(params)
-    if mesh is None:
-        logp, entropy = fused_logprob(hidden, unembed, rows["targets"], temperature=temperature, impl=impl)
-    else:
-        hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
-        logp, entropy = fused_logprob_sharded(hidden, unembed, rows["targets"], mesh=mesh, temperature=temperature,
-                                              batch_axes=mesh_batch_axes(mesh), impl=impl)
-    out = jnp.take(logp.reshape(-1), gather, axis=0), jnp.take(entropy.reshape(-1), gather, axis=0)
-    if at_ids is None:
-        return out
-    at_hidden = jnp.take(hidden.reshape(-1, hidden.shape[-1]), gather, axis=0)  # [Bm, T, H]: the padded layout's
-    if mesh is not None:
-        at_hidden = with_logical_constraint(at_hidden, ("batch", "length", "embed"), mesh)
-    return (*out, logprob_at(at_hidden, unembed, at_ids, temperature=temperature, mesh=mesh))
 
 
 def place_packed(arrays: dict, mesh) -> dict:

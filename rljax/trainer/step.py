@@ -42,18 +42,17 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax import loss as rl
-from rljax.models import functional as F
 from rljax.models.lora import LoRAParams
 from rljax.models.precision import traced_at
-from rljax.pallas import fused_logprob, fused_logprob_sharded
-from rljax.sharding import mesh_batch_axes, with_logical_constraint
+from rljax.sharding import with_logical_constraint
 from rljax.trace import faults
 from rljax._digest import digest_traced as param_digest_traced
 from rljax.trainer import packing, prefix
 from rljax.trainer.prefix import host_spans  # noqa: F401  (re-exported: its home before rljax.trainer.prefix)
+from rljax.trainer.heads import packed_response_logprobs, response_logprobs
 from rljax.trainer.update_report import AGG_PROBE, REPORT, first_token, micro_report, update_report
 from rljax.trainer.packing import (ROW_FIELDS as _ROW_FIELDS, SHARED_ROW_FIELDS as _SHARED_FIELDS,
-                                   TOKEN_FIELDS as _TOKEN_FIELDS, logprob_at, packed_response_logprobs)
+                                   TOKEN_FIELDS as _TOKEN_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,41 +139,6 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
     """Optimizer state for :func:`trainable` ``(params)`` only (the adapters of a LoRA model)."""
     return TrainState(params=params, opt_state=optimizer.init(trainable(params)), step=jnp.zeros((), jnp.int32),
                       skipped=jnp.zeros((), jnp.int32))
-
-
-def response_hidden(graphdef, params, batch: dict, *, response_len: int, mesh: Optional[Mesh] = None) -> jax.Array:
-    """``[B, T, H]`` hidden states predicting the response tokens (state ``S - 1 + t`` predicts token
-    ``t``) of a padded ``[B, S+T]`` batch, rows on the batch axes when ``mesh`` is given."""
-    ids = batch["input_ids"]
-    prompt_len = ids.shape[1] - response_len
-    hidden = F.forward(graphdef, params, ids, positions=batch["positions"], mask=batch["attention_mask"], mesh=mesh)
-    hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_len]
-    return hidden if mesh is None else with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
-
-
-def response_logprobs(graphdef, params, batch: dict, *, response_len: int, temperature: float = 1.0,
-                      impl: str = "auto", mesh: Optional[Mesh] = None, at_ids: Optional[jax.Array] = None) -> tuple:
-    """``(logp, entropy) [B, T]`` of the response tokens, through the fused log-prob (no ``[B,T,V]`` logits).
-
-    A packed micro-batch (``batch["packed"]``, see :mod:`rljax.trainer.packing`) runs on
-    its packed rows and is gathered back to the same ``[B, T]`` layout. With ``at_ids``
-    (integer ``[B, T, K]``, e.g. the teacher's top-k ids of ``forward_kl_topk``) a third output:
-    the log-probs at those ids ``[B, T, K]`` from the same hidden states
-    (:func:`rljax.trainer.packing.logprob_at`).
-    """
-    if "packed" in batch:
-        rows = batch["packed"]
-        return packed_response_logprobs(graphdef, params, rows, rows["gather"], temperature=temperature, impl=impl,
-                                        mesh=mesh, at_ids=at_ids)
-    hidden = response_hidden(graphdef, params, batch, response_len=response_len, mesh=mesh)
-    targets = batch["input_ids"][:, -response_len:]
-    unembed = F.unembedding(params)
-    if mesh is None:
-        out = fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl)
-    else:
-        out = fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
-                                    temperature=temperature, impl=impl)
-    return out if at_ids is None else (*out, logprob_at(hidden, unembed, at_ids, temperature=temperature, mesh=mesh))
 
 
 def actor_loss(params, graphdef, micro: dict, counts: tuple[jax.Array, jax.Array], cfg: StepConfig,

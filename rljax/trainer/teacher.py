@@ -20,7 +20,7 @@ fused log-prob as the policy's passes (no ``[B, T, V]`` logits). With
 tokens at each response position and their log-probs, from the fused top-k pass
 (:func:`rljax.pallas._topk.fused_topk_logprob`, again no ``[B, T, V]`` logits); the update
 takes the student's log-probs at those ids from its own hidden states
-(:func:`rljax.trainer.packing.logprob_at`).
+(:func:`rljax.trainer.heads.logprob_at`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from rljax.models import functional as F
 from rljax.models.hf import load_hf_checkpoint
 from rljax.models.lora import disable
 from rljax.models.precision import traced_at
-from rljax.pallas._topk import fused_topk_logprob, fused_topk_logprob_sharded
+from rljax.pallas import fused_topk_logprob, fused_topk_logprob_sharded
 from rljax.sharding import mesh_batch_axes, with_logical_constraint
 from rljax.trainer.judge import initial_policy_params
 from rljax.trainer.services import Lazy
-from rljax.trainer.step import make_logprob_fn, response_hidden
+from rljax.trainer.heads import response_hidden
+from rljax.trainer.step import make_logprob_fn
 
 REF = "ref"
 
