@@ -57,7 +57,7 @@ def response_logprobs(graphdef, params, batch: dict, *, response_len: int, tempe
 
 def logprob_at(hidden, unembed, ids, *, temperature: float = 1.0, mesh=None) -> jax.Array:
     """``[B, T, K]`` float32 log-probs of ``softmax(hidden @ unembed / temperature)`` at integer
-    ``ids [B, T, K]`` (:func:`rljax.pallas._topk.fused_logprob_at`, no ``[B, T, V]`` logits;
+    ``ids [B, T, K]`` (:func:`rljax.pallas.fused_logprob_at`, no ``[B, T, V]`` logits;
     tokens on the mesh's batch axes and ``sp`` when ``mesh`` is given)."""
     if mesh is None:
         return fused_logprob_at(hidden, unembed, ids, temperature=temperature)
