@@ -3,8 +3,13 @@ build, its ``teacher`` and ``actor_minibatch`` stages on a learner batch): the t
 writes its top-k ``[B, T, K]`` at the policy's positions (hidden ``S - 1 + t`` predicts token
 ``t``), and the update's ``distillation/loss`` equals :func:`rljax.loss.forward_kl_topk` of both
 models' full logits computed here (no fused pass): ~0 with the teacher ``ref`` (the policy's own
-weights), > 0 and equal to it with another model (a Hugging Face directory of another seed), on
-the padded and the packed learner layouts."""
+weights), > 0 and equal to it with another model (a Hugging Face directory of perturbed weights),
+on the padded and the packed learner layouts (and, slow, packed on dp2 x sp2: the kernels'
+shard_map wrappers and the packed rows' gather across shards).
+
+Seen failing: the teacher's top-k taken at hidden ``S + t`` (one position late): its ids differ
+from the full logits' at 149 of 152 response positions, and without the id check the ``ref``
+loss is 0.0257 instead of 0."""
 
 import dataclasses
 import functools
@@ -64,11 +69,13 @@ def _host_loss(student, teacher, mask):
     return float(rl.aggregate(losses, mask, mode="token-mean")), np.asarray(ids)
 
 
-@pytest.mark.parametrize("packing", ["false", "true"])
-def test_forward_kl_topk_step_equals_the_full_logits_loss(tmp_path, packing):
+@pytest.mark.parametrize("packing,mesh", [("false", "dp1"), ("true", "dp1"),
+                                          pytest.param("true", "dp2,sp2", marks=pytest.mark.slow)])
+def test_forward_kl_topk_step_equals_the_full_logits_loss(tmp_path, packing, mesh):
     overrides = [*TOPK, f"actor.use_remove_padding={packing}"]
     cfg, _ = resolve("default", [*overrides, "distillation.teacher_model.model_path=ref"])
-    services, state, _ = build(cfg, make_mesh("dp1", jax.devices()[:1]), run_dir=str(tmp_path / "run"),
+    n = 4 if "," in mesh else 1
+    services, state, _ = build(cfg, make_mesh(mesh, jax.devices()[:n]), run_dir=str(tmp_path / "run"),
                                echo=lambda *a: None)
     mcfg, graphdef = services.model.config, services.model.graphdef
     s, t = services.learner.prompt_len, services.learner.response_len
