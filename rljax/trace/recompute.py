@@ -164,15 +164,23 @@ class Recompute:
 
     def _weights(self, step, traj, fields, report, keys, learner_version) -> Optional[list]:
         """The learner's digests of this step (the update's before / after) and the sampler's
-        records since the last step, tied by version."""
+        records since the last step, tied by version. The update's "before" is compared with what
+        the learner already has for its version (the previous update's "after"): an update that
+        started from other parameters than the last one left is a violation."""
         records = LOG.drain()
         if self.lora:
             return None
-        if report is not None and learner_version is not None:
-            for v, d in ((learner_version, report["param_digest_before"]),
-                         (learner_version + 1, report["param_digest_after"])):
-                self.learner.setdefault(int(v), hex_digest(d))
         out, tied = [], 0
+        if report is not None and learner_version is not None:
+            v, before = int(learner_version), hex_digest(report["param_digest_before"])
+            known = self.learner.get(v)
+            if known is None:
+                self.learner[v] = before
+            else:  # an earlier step's update left version v: this one must start from it
+                tied += 1
+                if known != before:
+                    out.append(self._start_violation(step, traj, keys, v, before, known))
+            self.learner.setdefault(v + 1, hex_digest(report["param_digest_after"]))
         pending, self._pending = self._pending + [dict(r, step=int(step)) for r in records], []
         for r in pending:
             key = (r["kind"], r["version"], r["digest"])
@@ -189,6 +197,13 @@ class Recompute:
         if not tied and not out:
             return None
         return out
+
+    def _start_violation(self, step, traj, keys, v, before, known) -> dict:
+        real = np.nonzero(~np.asarray(traj.is_padding, bool))[0]
+        return R.violation("weights", step, keys, int(real[0]) if len(real) else 0, tensor="params",
+                           stage="actor_minibatch", sessions=traj.session,
+                           detail=f"the update started from parameters with digest {before}, the learner's version "
+                                  f"{v} (what the previous update left) has {known} (every row of the step)")
 
     def _weight_violation(self, step, traj, keys, r, want) -> dict:
         v = r["version"]

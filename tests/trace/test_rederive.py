@@ -160,3 +160,29 @@ def test_weights_check_ties_every_sampler_record_to_the_learners_digest():
     assert check(_run({"weights": st}))[0] == "FAIL"
     st["sampler"] = st["sampler"][:2]
     assert check(_run({"weights": st}))[0] == "PASS"
+
+
+def test_an_update_that_starts_from_other_weights_than_the_last_one_left_fails():
+    """The update's "before" digest is compared with the learner's digest of its version (the previous
+    update's "after"); before, the first digest recorded for a version stuck and the next update's
+    "before" was never compared."""
+    from rljax._digest import LOG
+    from rljax.config import resolve
+    from rljax.trace.recompute import Recompute
+
+    rc = Recompute(resolve("default", [])[0])
+    t = _traj()
+    t.min_version, t.max_version = np.zeros(B, np.int32), np.zeros(B, np.int32)
+    LOG.clear()
+
+    def update(step, version, before, after):
+        report = {"param_digest_before": np.array([before, 0], np.uint32),
+                  "param_digest_after": np.array([after, 0], np.uint32)}
+        return rc._weights(step, t, {}, report, _keys(t), version)
+
+    assert update(1, 0, 10, 11) is None  # nothing to tie yet
+    assert not update(2, 1, 11, 12)  # started from what step 1 left
+    bad = update(3, 2, 99, 13) or []  # started from other parameters than step 2 left (12)
+    assert len(bad) == 1 and bad[0]["step"] == 3 and bad[0]["stage"] == "actor_minibatch", bad
+    assert "the update started from parameters with digest" in bad[0]["detail"], bad
+    assert rc.learner[2] != bad[0]["detail"].split("digest ")[1].split(",")[0]

@@ -27,7 +27,8 @@ NAMES = {
                       "mode == the batch and the configuration"),
     "rewards": ("rewards re-scored", "re-scored rows == the scores the reward stage recorded"),
     "weights": ("sampler weights tied to the learner's digests",
-                "every version the sampler installed and decoded with has the learner's parameter digest"),
+                "every version the sampler installed and decoded with has the learner's parameter digest, "
+                "and every update started from the parameters the previous one left"),
 }
 
 
