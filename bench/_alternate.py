@@ -39,12 +39,16 @@ def trainer(mesh: str, steps: int, overrides, prefix: str):
 
 def alternate(t, steps: int, switch: Callable[[bool], None]) -> dict[bool, list[dict]]:
     """``steps`` steps of ``t``, ``switch(on)`` before each (even steps on); ``{on: [metrics]}`` of the
-    steps after the first two."""
+    steps after the first two. Each step's metrics get ``bench/wall_s``: the seconds the whole
+    ``train_one_step`` call took (``timing_s/step`` ends before the observers' ``step_end``, so
+    it leaves the tracer's own work out; the wall time has it, and the cleanup)."""
     halves: dict[bool, list[dict]] = {True: [], False: []}
     for step in range(1, steps + 1):
         on = step % 2 == 0
         switch(on)
+        t0 = time.perf_counter()
         metrics = t.train_one_step()
+        metrics["bench/wall_s"] = time.perf_counter() - t0
         if step > 2:
             halves[on].append(metrics)
     return halves

@@ -10,11 +10,12 @@ programs. Off: the runner has no observer (no records, invariants, re-derivation
 and the digest log records nothing (no digest of the old or reference pass, the sampler's
 installs and chunks). What stays on in both halves: the two parameter digests compiled into the
 jitted update. Printed: the load average, the medians of ``timing_s/step`` per half and their
-ratio, ``trace/overhead_frac`` and ``trace/overhead_s`` of the on half, ``trace/invariants_s``,
-``trace/rescore_s``; the parameter digests computed outside the update per on step (the old and
+ratio, the same of the wall time of each ``train_one_step`` call (``timing_s/step`` ends before
+the tracer's ``step_end``: the wall time holds all of the tracer's work), ``trace/overhead_frac``
+and ``trace/overhead_s`` of the on half, ``trace/invariants_s``, ``trace/rescore_s``; the parameter digests computed outside the update per on step (the old and
 reference passes take a known digest when they read the arrays the update digested); one
-digest timed against a float sum of the same parameters and against the digest of the git
-revision ``--ref`` (before this tree's digest), with the share of the step of the update's two
+digest timed against a float sum of the same parameters (and against the digest of the git
+revision ``--ref`` when one is named), with the share of the step of the update's two
 and the sampler's install.
 """
 
@@ -41,8 +42,8 @@ def main(argv=None) -> int:
     p.add_argument("--case", default="default", choices=sorted(CASES))
     p.add_argument("--mesh", default="dp8")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--ref", default="65ad970", help="git revision whose parameter digest is timed beside this "
-                                                     "tree's ('none': not timed)")
+    p.add_argument("--ref", default="none", help="git revision whose parameter digest is timed beside this "
+                                                  "tree's ('none', the default: not timed)")
     p.add_argument("--overrides", nargs="*", default=[])
     args = p.parse_args(argv)
     trainer = A.trainer(args.mesh, args.steps, [*CASES[args.case], *args.overrides], "trace_overhead_")
@@ -66,6 +67,7 @@ def main(argv=None) -> int:
         D.LOG.record = record if on else (lambda *a, **k: None)
         if on:
             D.LOG.clear()  # the off step's records (none): the on step ties what it sees
+            D.LOG.take_spent()  # and its digest time is not the on step's
         computed["n"] = 0
 
     counts = []
@@ -76,7 +78,11 @@ def main(argv=None) -> int:
     times = A.digest_times(trainer.state.actor.params, None if args.ref == "none" else args.ref)
     print(A.stamp(f"case {args.case}, mesh {args.mesh}, {len(halves[False])} + {len(halves[True])} steps"))
     off, on = A.med(halves[False], "timing_s/step"), A.med(halves[True], "timing_s/step")
-    print(f"step (median): trace off {off:.4f} s, on {on:.4f} s, on / off {on / off:.3f}")
+    print(f"timing_s/step (median; ends before the tracer's step_end): trace off {off:.4f} s, on {on:.4f} s, "
+          f"on / off {on / off:.3f}")
+    w_off, w_on = A.med(halves[False], "bench/wall_s"), A.med(halves[True], "bench/wall_s")
+    print(f"wall per train_one_step (median; the tracer's step_end and cleanup included): trace off {w_off:.4f} s, "
+          f"on {w_on:.4f} s, on / off {w_on / w_off:.3f}")
     print(f"trace on: overhead_frac {100 * A.med(halves[True], 'trace/overhead_frac'):.2f}% (median), overhead_s "
           f"{1e3 * A.med(halves[True], 'trace/overhead_s'):.2f} ms, invariants_s "
           f"{1e3 * A.med(halves[True], 'trace/invariants_s'):.2f} ms, rescore_s "

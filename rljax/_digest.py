@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from typing import Any, Optional
 
@@ -117,7 +118,18 @@ def _jitted():
 
 
 def param_digest(tree):
-    """The digest of ``tree`` on its devices (a ``[2]`` uint32 jax array; :func:`hex_digest` reads it)."""
+    """The digest of ``tree`` on its devices (a ``[2]`` uint32 jax array; :func:`hex_digest` reads it).
+
+    A tree whose every leaf is fully replicated (e.g. a sampler's weights on a ``tp=1`` mesh: one
+    copy per data-parallel device) is digested from its first device's copies: to XLA the copies
+    are one value, and one device's program costs a fraction of a program over every device (on
+    8 simulated CPU devices 0.18 ms against 1.1 ms for the default model's sampler tree)."""
+    import jax
+
+    leaves, treedef = jax.tree.flatten(tree)
+    if leaves and all(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 and x.is_fully_replicated
+                      for x in leaves):
+        tree = jax.tree.unflatten(treedef, [x.addressable_data(0) for x in leaves])
     return _jitted()(tree)
 
 
@@ -147,20 +159,32 @@ class DigestLog:
         self._records: list[dict] = []
         self._known: dict[tuple, tuple[list, Any]] = {}  # leaf ids -> (weak references to the leaves, digest)
         self._chunks: dict = {}  # (version, id(digest)) -> chunk record
+        self._spent = 0.0  # seconds in digest() since take_spent()
 
     def digest(self, tree):
         """The digest of ``tree``: the known one when these very arrays were digested or declared
         (:meth:`known`), else computed on device (and remembered)."""
         import jax
 
+        t0 = time.perf_counter()
         leaves = jax.tree.leaves(tree)
         with self._lock:
             hit = self._known.get(tuple(map(id, leaves)))
         if hit is not None and len(hit[0]) == len(leaves) and all(r() is x for r, x in zip(hit[0], leaves)):
-            return hit[1]
-        d = param_digest(tree)
-        self.known(tree, d)
+            d = hit[1]
+        else:
+            d = param_digest(tree)
+            self.known(tree, d)
+        with self._lock:
+            self._spent += time.perf_counter() - t0
         return d
+
+    def take_spent(self) -> float:
+        """The seconds spent finding or dispatching digests since the last call (the tracer counts
+        them in ``trace/overhead_s``; the device's own time for a digest is not in them)."""
+        with self._lock:
+            spent, self._spent = self._spent, 0.0
+        return spent
 
     def known(self, tree, digest) -> None:
         """``digest`` is the digest of ``tree`` (e.g. computed inside the update on its output):

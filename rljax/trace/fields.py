@@ -100,6 +100,9 @@ def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
     rows = np.asarray(rows, dtype=np.int64)
     if not _is_device_array(x):
         return np.asarray(x)[rows]
+    held = getattr(x, "_npy_value", None)  # a host copy the array already holds (e.g. the invariants' inputs on CPU)
+    if held is not None:
+        return np.asarray(held)[rows]
     out = np.zeros((len(rows),) + tuple(x.shape[1:]), dtype=x.dtype)
     filled = np.zeros(out.shape, dtype=bool)
     for pos, idx in _shard_index(x):

@@ -120,9 +120,19 @@ def _step_facts_fn(estimator: Optional[tuple] = None):
     return jax.jit(facts)
 
 
+def host_memory() -> bool:
+    """One process whose devices are CPUs: the batch's shards are host memory, so the facts are
+    computed from one host copy of the inputs (one single-device program) rather than by a program
+    over every simulated device (on CPU its dispatch costs more than the copy)."""
+    import jax
+
+    return jax.process_count() == 1 and jax.default_backend() == "cpu"
+
+
 def step_facts(pairs, observations=None, row_sum_mask=None, scores=None, *, advantages: Optional[dict] = None,
                estimator: Optional[tuple] = None, positions: Optional[tuple] = None,
-               passthrough: Optional[dict] = None, counts: Optional[dict] = None) -> tuple[list[dict], dict]:
+               passthrough: Optional[dict] = None, counts: Optional[dict] = None,
+               on_host: Optional[bool] = None) -> tuple[list[dict], dict]:
     """Every device-side fact of a step in one jitted reduction and one host transfer.
 
     ``pairs``: the distinct ``(loss_mask [B, T'], input_ids [B, S + T'] or None)`` the learner
@@ -146,8 +156,14 @@ def step_facts(pairs, observations=None, row_sum_mask=None, scores=None, *, adva
         raise ValueError("step_facts: re-deriving the advantages needs the scores they were computed from")
     fn = _step_facts_fn(estimator if advantages is not None else None)
     passthrough, counts = dict(passthrough or {}), dict(counts or {})
-    stacked = np.asarray(to_host(fn(pairs, observations, row_sum_mask, scores, advantages, positions, passthrough,
-                                    counts)))
+    args = (pairs, observations, row_sum_mask, scores, advantages, positions, passthrough, counts)
+    if on_host is None:
+        on_host = host_memory()
+    if on_host:  # one batched copy of every input; each array keeps its host copy for the tracer's later reads
+        import jax
+
+        args = jax.device_get(args)
+    stacked = np.asarray(to_host(fn(*args)))
     names = [n for lm, ids in pairs for n in _fact_names(ids is not None, observations is not None)]
     names += ["row_sum"] * (row_sum_mask is not None) + ["scores"] * (scores is not None)
     names += ["advantage_error"] * (advantages is not None) + ["position_errors"] * (positions is not None)

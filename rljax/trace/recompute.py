@@ -13,6 +13,7 @@ counted as a pass).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -64,6 +65,7 @@ class Recompute:
         self.sampler: dict[tuple, dict] = {}  # (kind, version, digest) -> {"step", "count"}
         self._pending: list[dict] = []  # sampler records whose version the learner has not reported yet
         self._device: dict = {}
+        self._groups_of: Optional[tuple] = None  # (weak reference to the trajectories, their uid groups)
         self.last_rescore_s: Optional[float] = None
         #: False: nothing re-derived (bench/recompute_overhead.py alternates it to time the re-derivations).
         self.enabled = True
@@ -84,7 +86,7 @@ class Recompute:
             return out
         if actor is not None and scores is not None and self.estimator is not None:
             adv = {"advantages": actor.reads["advantages"], "loss_mask": actor.reads.get("loss_mask", fields.get("loss_mask")),
-                   "group_ids": R.uid_groups(list(traj.uid)), "row_mask": ~np.asarray(traj.is_padding, bool)}
+                   "group_ids": self._uid_groups(traj), "row_mask": ~np.asarray(traj.is_padding, bool)}
             if self.estimator[0] == "gae" and fields.get("values") is not None:
                 adv["values"] = fields["values"]
             out.update(advantages=adv, estimator=self.estimator)
@@ -96,6 +98,18 @@ class Recompute:
         if fields.get("group_id") is not None and tuple(fields["group_id"].shape) == (batch_size,):
             out["passthrough"] = {"group_id": fields["group_id"]}
         return out
+
+    def _uid_groups(self, traj) -> np.ndarray:
+        """The rows' groups by uid (:func:`rljax.trace.rederive.uid_groups`), made once per trajectories."""
+        held = self._groups_of
+        if held is not None and held[0]() is traj:
+            return held[1]
+        groups = R.uid_groups(list(traj.uid))
+        try:  # a weak reference: the step's arrays are released at its end (the runner's leak check)
+            self._groups_of = (weakref.ref(traj), groups)
+        except TypeError:
+            self._groups_of = None
+        return groups
 
     # ------------------------------------------------------------------ host side
 
@@ -114,7 +128,8 @@ class Recompute:
             found["advantages"] = R.compare_advantages(step, keys, real, extra["advantage_error"],
                                                        estimator=self.estimator[0])
         if "group_id" in extra:
-            found["group_ids"] = R.compare_group_ids(step, keys, real, extra["group_id"], list(traj.uid))
+            found["group_ids"] = R.compare_group_ids(step, keys, real, extra["group_id"], traj.uid,
+                                                     groups=self._uid_groups(traj))
         if update is not None:
             found["response_mask"] = R.compare_masks(step, keys, real, traj, update, stage=update_stage)
         if "position_errors" in extra:

@@ -80,14 +80,21 @@ def uid_groups(uids: Sequence[str]) -> np.ndarray:
     return np.array([first.setdefault(u, len(first)) for u in uids], np.int32)
 
 
-def compare_group_ids(step: int, keys, real: np.ndarray, group_id: np.ndarray, uids: Sequence[str]) -> list[dict]:
+def compare_group_ids(step: int, keys, real: np.ndarray, group_id: np.ndarray, uids: Sequence[str], *,
+                      groups: Optional[np.ndarray] = None) -> list[dict]:
     """Rows whose ``group_id`` is not their uid's (the id most of the uid's rows carry), and the
-    rows of a uid whose id an earlier uid already holds (two prompts normalised as one group)."""
+    rows of a uid whose id an earlier uid already holds (two prompts normalised as one group).
+    ``groups``: ``uid_groups(uids)`` when the caller has it."""
     group_id = np.asarray(group_id)
     real = np.asarray(real, bool)
-    by_uid = uid_groups(uids)[real]
-    pairs = np.unique(np.stack([by_uid, group_id[real]]), axis=1)  # a one-to-one map: nothing to name (fast path)
-    if pairs.shape[1] == len(np.unique(by_uid)) == len(np.unique(group_id[real])):
+    by_uid = (uid_groups(uids) if groups is None else np.asarray(groups))[real].astype(np.int64)
+    ids = group_id[real].astype(np.int64)
+    if len(ids):  # a one-to-one map between the uids' groups and the group ids: nothing to name (fast path)
+        ids = ids - ids.min()
+        pairs = np.unique(by_uid * (int(ids.max()) + 1) + ids)
+        if len(pairs) == len(np.unique(by_uid)) == len(np.unique(ids)):
+            return []
+    else:
         return []
     rows_of: dict[str, list[int]] = {}
     for i in np.nonzero(np.asarray(real, bool))[0]:

@@ -54,12 +54,14 @@ class Rescorer:
 
     def sample(self, traj, traced_rows: Sequence[int], step: int, seed: int) -> np.ndarray:
         """The rows to re-score: the traced ones and ``rows`` other real rows drawn for ``(seed, step)``."""
-        real = np.nonzero(~np.asarray(traj.is_padding, bool))[0]
-        traced = np.intersect1d(np.asarray(list(traced_rows), np.int64), real)
-        rest = np.setdiff1d(real, traced)
+        real = ~np.asarray(traj.is_padding, bool)
+        traced = np.zeros(len(real), bool)
+        traced[np.asarray(list(traced_rows), np.int64)] = True
+        traced &= real
+        rest = np.nonzero(real & ~traced)[0]
         rng = np.random.default_rng([int(seed), int(step), 35])
         drawn = rng.choice(rest, size=min(self.rows, len(rest)), replace=False) if len(rest) else rest
-        return np.sort(np.concatenate([traced, drawn]).astype(np.int64))
+        return np.sort(np.concatenate([np.nonzero(traced)[0], drawn]).astype(np.int64))
 
     def check(self, step: int, traj, fields: Mapping, rows: np.ndarray, keys: Sequence[str]) -> tuple[dict, list]:
         """``({"rows", "skipped", "s"}, violations)``: ``rows`` of ``traj`` re-scored against ``fields["scored_rows"]``."""

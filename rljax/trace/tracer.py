@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from rljax._digest import LOG
 from rljax.sharding import data_shards, to_host
 from rljax.trace import alerts as A
 from rljax.trace import faults, recompute as RC
@@ -96,6 +97,7 @@ class Tracer:
     def step_end(self, step: int, metrics: dict) -> None:
         """Records, DFX metrics and alerts of the step (added to ``metrics``); drops the step's arrays."""
         entered = time.perf_counter()
+        self.clock.spent += LOG.take_spent()  # the digest log's lookups and dispatches during the step's stages
         view = StepView.of(step, self._events)
         self._events = []
         out: dict[str, Any] = {}

@@ -89,6 +89,10 @@ def test_digest_is_layout_free_and_sees_every_element():
     mesh = jax.make_mesh((8,), ("x",))
     sharded = {"w": jax.device_put(tree["w"], NamedSharding(mesh, PartitionSpec("x"))), "b": tree["b"]}
     assert hex_digest(param_digest(sharded)) == d  # another layout, the same weights: bit for bit
+    replicated = jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))  # one copy per device: digested once
+    assert hex_digest(param_digest(replicated)) == d
+    moved = jax.device_put({**tree, "w": tree["w"].at[0, 0].add(1.0)}, NamedSharding(mesh, PartitionSpec()))
+    assert hex_digest(param_digest(moved)) != d
     for changed in ({**tree, "w": tree["w"].at[15, 7].add(1e-7)},  # one element, one ulp-sized step
                     {**tree, "w": tree["w"].T.reshape(16, 8)},  # the same values elsewhere
                     {"w": tree["w"], "b": {"s": tree["b"]["s"], "i": tree["b"]["i"][::-1]}}):

@@ -479,3 +479,17 @@ def test_fault_outside_the_traced_group_fails_the_invariants(tmp_path, fault, na
     assert {k for k, (st, _) in results.items() if st == "FAIL"} == {"whole-batch invariants on every row",
                                                                      "no error-severity alerts"} | (
         {"loss mask re-derived from token roles"} if name == "zero_loss_mask_token" else set())
+
+
+def test_a_field_summary_shared_by_records_is_written_whole_in_each():
+    """trace.jsonl's lines encode a field summary several records share once (records._line): each
+    line still parses to its whole record."""
+    import json
+
+    from rljax.trace.observers.records import _line
+
+    shared = {"name": "loss_mask", "mask_sum": [3, 2], "consumers": ["a", "b"]}
+    recs = [{"stage": "a", "fields": [shared], "signature": {"rows": 2}},
+            {"stage": "b", "fields": [{"name": "x"}, shared], "reads": ["loss_mask"]}, {"stage": "c", "fields": []}]
+    memo: dict = {}
+    assert [json.loads(_line(r, memo)) for r in recs] == recs

@@ -39,10 +39,13 @@ def test_position_digest_sees_positions_not_counts():
                                                               ("max_version", "1-1_0_2", "1-1")]
 
 
-def test_step_facts_one_reduction_equals_the_host_facts():
+@pytest.mark.parametrize("on_host", [False, True])
+def test_step_facts_one_reduction_equals_the_host_facts(on_host):
     """The tracer's fused device reduction (every pair's facts, the row sums, the scores, one
     transfer) gives, bit for bit, what the host computes from the same arrays: on dp8-sharded
-    rows, a learner mask wider than the sampler's (sp rounding), ids with prompt columns."""
+    rows, a learner mask wider than the sampler's (sp rounding), ids with prompt columns. Both
+    ways of running it: the program over every device (accelerators) and, on a CPU mesh, one
+    host copy of the inputs reduced by one device's program."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -60,7 +63,8 @@ def test_step_facts_one_reduction_equals_the_host_facts():
     lm = jax.device_put(np.pad(mask, ((0, 0), (0, 1))).astype(np.float32), rows)  # T' = 8
     wide_ids = jax.device_put(np.pad(ids, ((0, 0), (0, 1))), rows)
     other = jax.device_put(jnp.roll(lm, 1, axis=1), rows)  # a second, different mask read by another stage
-    per_pair, extra = step_facts([(lm, wide_ids), (other, None)], obs, lm, jax.device_put(scores, rows))
+    per_pair, extra = step_facts([(lm, wide_ids), (other, None)], obs, lm, jax.device_put(scores, rows),
+                                 on_host=on_host)
     want = host_row_facts(mask, ids[:, S:])
     assert set(per_pair[0]) == {"tokens", "mask_digest", "token_digest", "observation_tokens"}
     for k in ("tokens", "mask_digest", "token_digest"):

@@ -95,7 +95,8 @@ class Records:
                                 "resp_len": None, "mask_sum": None}
             records.append(rec)
         if self.enabled and records:
-            append_lines(self.path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+            memo: dict = {}
+            append_lines(self.path, "".join(_line(r, memo) for r in records))
         self.count += len(records)
         self.uids.extend(sorted({r["uid"] for r in records}))
         self.last_step = int(report.step)
@@ -211,6 +212,22 @@ class _Group:
                         mask_rows=mask_rows, is_padding=is_pad, values=name in VALUE_FIELDS)
         out["layout"] = "sampler" if sampler else "learner"  # whose response width it must have
         return out
+
+
+def _line(record: dict, memo: dict) -> str:
+    """``record`` as one JSON line; a field summary several records share (a field read by several
+    stages is summarised once) is encoded once (``memo``: id of the summary -> its JSON)."""
+    fields = record.get("fields")
+    if not fields:
+        return json.dumps(record, separators=(",", ":")) + "\n"
+    parts = []
+    for f in fields:
+        text = memo.get(id(f))
+        if text is None:
+            text = memo[id(f)] = (f, json.dumps(f, separators=(",", ":")))  # the memo holds f: its id stays its own
+        parts.append(text[1])
+    head = json.dumps({k: v for k, v in record.items() if k != "fields"}, separators=(",", ":"))
+    return f'{head[:-1]},"fields":[{",".join(parts)}]}}\n'
 
 
 def _is_array(x) -> bool:
