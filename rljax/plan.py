@@ -253,6 +253,20 @@ def compiled_update(cfg, mc, mesh, sizes, learner: Learner, optimizer) -> dict:
 # ------------------------------------------------------------------------------------ the plan
 
 
+def cpu_bf16_note(mc, mesh) -> str:
+    """The caveat of XLA:CPU's analysis of a bfloat16 model ('' otherwise): XLA:CPU computes
+    bfloat16 dots in float32 and keeps float32 copies of loop-invariant bfloat16 arrays (the
+    layers' weight shards, the saved layer inputs, a gathered frozen lm_head: ~5 GiB per device
+    for the 7B GSM8K config with a bfloat16 LoRA base, docs/benchmarks/memory.md), which an
+    accelerator computing in bfloat16 need not make."""
+    import jax.numpy as jnp
+
+    bf16 = jnp.dtype(jnp.bfloat16) in (jnp.dtype(mc.jnp_dtype), jnp.dtype(mc.jnp_param_dtype))
+    if not bf16 or mesh.devices.flat[0].platform != "cpu":
+        return ""
+    return "; XLA:CPU keeps float32 copies of bfloat16 arrays: on the safe side for a bfloat16 accelerator"
+
+
 def _remat(cfg, mc, mesh, device_bytes):
     # JAX and model code: imported when a plan runs, after the launcher set up the devices
     from rljax.models import remat as R  # JAX: once the launcher set up the devices
@@ -317,7 +331,8 @@ def plan(cfg, mesh, *, device_bytes: Optional[int], device_source: str = "--devi
     if compile:
         try:
             measured = compiled_update(cfg, mc, mesh, sizes, learner, optimizer)
-            source = "XLA: the update compiled with abstract shapes, compiled.memory_analysis()"
+            source = ("XLA: the update compiled with abstract shapes, compiled.memory_analysis()"
+                      + cpu_bf16_note(mc, mesh))
         except Exception as e:  # the plan still answers, from the formulas, and says why
             source += f"; the update did not compile here ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
     rows = [Row("parameters", learner.params, "shards of the learner layout"),

@@ -21,6 +21,20 @@ def test_parse_bytes(text, n):
     assert parse_bytes(text) == n
 
 
+def test_xla_cpu_caveat_for_bfloat16(devices):
+    """A plan measured by XLA:CPU says its float32 copies of bfloat16 arrays make it pessimistic
+    for a bfloat16 accelerator (docs/benchmarks/memory.md#fsdp-on-16-gb-chips); not for float32."""
+    from rljax import sharding as sh
+    from rljax.models.config import get_config
+    from rljax.plan import cpu_bf16_note
+
+    mesh, tiny = sh.make_mesh("fsdp8"), get_config("tiny")
+    assert cpu_bf16_note(tiny.replace(dtype="float32", param_dtype="float32"), mesh) == ""
+    for dtype, param_dtype in (("bfloat16", "float32"), ("float32", "bfloat16")):
+        note = cpu_bf16_note(tiny.replace(dtype=dtype, param_dtype=param_dtype), mesh)
+        assert note.startswith("; XLA:CPU keeps float32 copies of bfloat16 arrays"), note
+
+
 @pytest.mark.parametrize("text", ["80Gx", "GiB", "-1GiB", "0GB", "eighty", ""])
 def test_parse_bytes_refuses_in_one_line(text):
     with pytest.raises(ValueError) as e:
