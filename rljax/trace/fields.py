@@ -66,7 +66,8 @@ def owner_devices(x, rows: Sequence[int]) -> Optional[list[int]]:
     """Ids of the devices that hold any of ``rows`` of a device array (``None`` on the host)."""
     if not _is_device_array(x) or not len(rows):
         return None
-    lo, hi = int(min(rows)), int(max(rows)) + 1
+    r = np.asarray(rows)
+    lo, hi = int(r.min()), int(r.max()) + 1
     spans = _layout(x.sharding, tuple(x.shape))["rows"]
     return sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
 
@@ -144,19 +145,19 @@ def summarize(name: str, x, *, producer: str, consumers: Sequence[str], rows: np
     if owners is not None:
         out["sharding"]["owner_devices"] = owners
     if valid_length is not None:
-        out["valid_length"] = [int(v) for v in np.asarray(valid_length)[rows]]
+        out["valid_length"] = np.asarray(valid_length)[rows].astype(np.int64).tolist()
     m_rows = None
     if mask_rows is not None:
         m_rows = np.asarray(mask_rows).reshape(len(rows), -1) != 0
-        out["mask_sum"] = [int(v) for v in m_rows.sum(axis=1)]
+        out["mask_sum"] = m_rows.sum(axis=1).astype(np.int64).tolist()
     if is_padding is not None:
-        out["is_padding"] = [bool(v) for v in np.asarray(is_padding)[rows]]
+        out["is_padding"] = np.asarray(is_padding)[rows].astype(bool).tolist()
     if values:
         v = host_rows(x, rows)
         if v is not None:
             v = v.astype(np.float64)
             if v.ndim == 1:
-                out["row_value"] = [round(float(a), 6) for a in v]
+                out["row_value"] = [round(a, 6) for a in v.tolist()]
             else:
                 m = np.ones(v.shape, bool)
                 if m_rows is not None:  # the learner layout may be wider (sp rounding): pad with zeros
@@ -164,6 +165,6 @@ def summarize(name: str, x, *, producer: str, consumers: Sequence[str], rows: np
                     w = min(m_rows.shape[1], v.shape[1])
                     m[:, :w] = m_rows[:, :w]
                 cnt = np.maximum(m.sum(axis=1), 1)
-                out["row_mean"] = [round(float(a), 6) for a in (v * m).sum(axis=1) / cnt]
+                out["row_mean"] = [round(a, 6) for a in ((v * m).sum(axis=1) / cnt).tolist()]
                 out["outside_mask_abs_sum"] = round(float(np.abs(v * ~m).sum()), 6)
     return out
