@@ -289,6 +289,35 @@ def activation_formula(cfg, mc, mesh, sizes, choice) -> int:
     return R.activation_bytes(mc, rows, seq, sp=sp, tp=tp)
 
 
+def gathered_bytes(mc, mesh) -> int:
+    """What the fsdp gathers hold at once per device (formula path): two layers' weights (the
+    layer the forward or the backward is in, and the next one's gather in flight) and the
+    unembedding, which the log-probs read whole; each gathered over ``fsdp`` only (``tp`` splits
+    stay), at the larger of the parameter and compute dtype's width (XLA may gather before or
+    after the cast)."""
+    # JAX and model code: imported when a plan runs, after the launcher set up the devices
+    import jax
+    import jax.numpy as jnp
+
+    from rljax.models import functional as F  # JAX: once the launcher set up the devices
+
+    fsdp = dict(mesh.shape).get("fsdp", 1)
+    width = max(jnp.dtype(mc.jnp_dtype).itemsize, jnp.dtype(mc.jnp_param_dtype).itemsize)
+    _, shapes = F.abstract_params(mc)
+    shardings = F.param_shardings(mc, mesh)
+
+    def gathered(tree, sharding_tree) -> int:
+        total = 0
+        for x, sd in zip(jax.tree.leaves(tree), jax.tree.leaves(sharding_tree)):
+            split = any(a == "fsdp" or (isinstance(a, tuple) and "fsdp" in a) for a in sd.spec)
+            total += math.prod(sd.shard_shape(x.shape)) * (fsdp if split else 1) * width
+        return total
+
+    unembed = "embed" if mc.tie_embeddings else "lm_head"
+    return 2 * gathered(shapes["layers"], shardings["layers"]) // mc.num_layers + gathered(shapes[unembed],
+                                                                                          shardings[unembed])
+
+
 def sampler_rows(cfg, mc, devices) -> list:
     """The sampler's weights (its own mesh: ``rollout.tp`` per replica) and KV cache per device."""
     # JAX and model code: imported when a plan runs, after the launcher set up the devices
@@ -347,6 +376,9 @@ def plan(cfg, mesh, *, device_bytes: Optional[int], device_source: str = "--devi
                         "saved activations of one micro-batch (ledger formula)"))
         rows.append(Row("update temporaries", 2 * learner.trainable,
                         "a micro-batch's gradients beside the accumulator, and AdamW's update"))
+        if dict(mesh.shape).get("fsdp", 1) > 1:
+            rows.append(Row("gathered weights", gathered_bytes(mc, mesh),
+                            "fsdp: two layers gathered (forward, backward) and the whole unembedding"))
     full = _local(_abstract(*_full_params(mc, mesh)))
     if (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward) and cfg.actor.lora.rank == 0:
         rows.append(Row("reference model", full, "a copy of the parameters, same layout"))

@@ -35,6 +35,35 @@ def test_xla_cpu_caveat_for_bfloat16(devices):
         assert note.startswith("; XLA:CPU keeps float32 copies of bfloat16 arrays"), note
 
 
+def test_formula_plan_counts_the_fsdp_gathers(devices):
+    """The formula path (the suggestions' and an uncompilable plan's) counts what fsdp gathers at
+    once: two whole layers and the whole unembedding (a split over tp would stay); dp8 gathers
+    nothing. The 7B GSM8K config's formulas were 1.7-1.9x below XLA without it
+    (docs/benchmarks/memory.md#fsdp-on-16-gb-chips)."""
+    import math
+
+    import jax
+    import numpy as np
+
+    from rljax import plan as P, sharding as sh
+    from rljax.config import resolve
+    from rljax.models import functional as F
+
+    cfg, _ = resolve("default", [])
+    mc = P.model_config_for(cfg)
+    _, shapes = F.abstract_params(mc)
+    width = max(np.dtype(mc.jnp_dtype).itemsize, np.dtype(mc.jnp_param_dtype).itemsize)
+    layer = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes["layers"])) // mc.num_layers
+    unembed = math.prod(shapes["embed" if mc.tie_embeddings else "lm_head"].shape)
+    rows = {}
+    for spec in ("fsdp8", "dp8"):
+        plan = P.plan(cfg, sh.make_mesh(spec), device_bytes=2**30, compile=False)
+        rows[spec] = {r.item: r.bytes for r in plan.rows}
+        assert plan.total == sum(rows[spec].values()) and plan.source.startswith("formulas"), plan.source
+    assert rows["fsdp8"]["gathered weights"] == (2 * layer + unembed) * width
+    assert "gathered weights" not in rows["dp8"]
+
+
 @pytest.mark.parametrize("text", ["80Gx", "GiB", "-1GiB", "0GB", "eighty", ""])
 def test_parse_bytes_refuses_in_one_line(text):
     with pytest.raises(ValueError) as e:
