@@ -155,6 +155,9 @@ HEAVY_FIRST = (
 SLOW_HEAVY_FIRST = (
     "sharding/test_preset_0_5b.py",  # the qwen2.5-0.5b run: the longest test (261 s in CI, 4 Dec)
     "launch/test_launch.py",
+    "trainer/test_async_streaming.py",  # seven runs, ~390 s loaded (5 Dec): late in the alphabet, so named here
+    "trainer/test_two_process_rollouts.py",
+    "trainer/test_async_kill_resume.py",
     "sharding/test_fsdp.py",
     "launch/test_async_launch.py",
     "launch/test_reliability_e2e.py",

@@ -26,8 +26,8 @@ ON = {"enable": "true", "rank": "4", "path": "ref", "use_kl_in_reward": "true", 
 DL = "distillation.distillation_loss"
 #: What a switch needs beside itself to resolve (distillation: a teacher).
 WITH = {"distillation.enabled": ["distillation.teacher_model.model_path=ref"]}
-#: The keys whose only accepted setting is refused until it is wired: their on-state is that refusal.
-NOT_WIRED = {"distillation.distillation_loss.topk", "distillation.distillation_loss.log_prob_min_clamp"}
+#: The keys read only by one loss mode: their on-state also names that mode.
+MODE_KEYS = {f"{DL}.topk": f"{DL}.loss_mode=forward_kl_topk", f"{DL}.log_prob_min_clamp": f"{DL}.loss_mode=forward_kl_topk"}
 
 
 def _other_value(tp, default):
@@ -99,11 +99,7 @@ def test_a_key_of_a_switched_off_section_is_a_usage_error(section, switch, name,
     assert "\n" not in msg and msg.startswith(f"{key}=") and f"{switch}=" in msg, msg
     # the same key with the feature on passes resolve and is applied (the package checks its value later)
     on = [f"{switch}={ON[switch.rsplit('.', 1)[1]]}"] + [w for w in WITH.get(switch, []) if not w.startswith(f"{key}=")]
-    if key in NOT_WIRED:  # needs loss_mode=forward_kl_topk, refused in runs until the teacher's top-k pass exists
-        with pytest.raises(ConfigError, match="forward_kl_topk is not wired into runs yet"):
-            resolve("default", [f"{key}={value}", f"{DL}.loss_mode=forward_kl_topk", *on])
-        return
-    cfg, _ = resolve("default", [f"{key}={value}", *on])
+    cfg, _ = resolve("default", [f"{key}={value}", *on, *([MODE_KEYS[key]] if key in MODE_KEYS else [])])
     default, _ = resolve("default", [])
     for part in key.split("."):
         cfg, default = getattr(cfg, part), getattr(default, part)
