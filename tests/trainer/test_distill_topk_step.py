@@ -27,6 +27,7 @@ from rljax.sharding import make_mesh
 from rljax.trainer.build import build
 from rljax.trainer.stages.learning import actor_minibatch, teacher as teacher_stage
 from rljax.trainer.teacher import teacher_service
+from test_distill_teacher import _batch as teacher_batch
 
 K = 8
 #: One epoch over one mini-batch of 8 trajectories (the update's loss is taken at the initial
@@ -39,16 +40,10 @@ TOPK = ["data.max_response_length=4", "data.train_batch_size=2", "rollout.n=4", 
 
 
 def _batch(rng, b, s, t, vocab):
-    """A learner batch: left-padded prompts of 2..s tokens, right-padded responses of 1..t tokens."""
-    ids = np.zeros((b, s + t), np.int32)
-    mask = np.zeros((b, s + t), bool)
-    for i in range(b):
-        p, r = rng.integers(2, s + 1), rng.integers(1, t + 1)
-        ids[i, s - p: s + r] = rng.integers(3, vocab, p + r)
-        mask[i, s - p: s + r] = True
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-    return {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(mask), "positions": jnp.asarray(positions),
-            "loss_mask": jnp.asarray(mask[:, s:], jnp.float32), "advantages": jnp.zeros((b, t), jnp.float32),
+    """test_distill_teacher's learner batch, with the update's fields (loss mask, zero advantages)."""
+    batch = teacher_batch(rng, b, s, t, vocab)
+    mask = np.asarray(batch["attention_mask"])[:, s:]
+    return {**batch, "loss_mask": jnp.asarray(mask, jnp.float32), "advantages": jnp.zeros((b, t), jnp.float32),
             "step": 1}
 
 
