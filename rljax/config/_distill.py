@@ -4,6 +4,7 @@ teacher's files and vocabulary are the trainer's preflight (:mod:`rljax.trainer.
 from __future__ import annotations
 
 from rljax.errors import ConfigError
+from rljax.hf_config import SUPPORTED_ARCHITECTURES
 
 TEACHER = "distillation.teacher_model.model_path"
 #: The estimators whose gradient does not depend on the teacher when differentiated directly.
@@ -17,7 +18,7 @@ def check_distillation(config) -> None:
         return
     if not d.teacher_model.model_path:
         raise ConfigError(f"distillation.enabled=true needs a teacher: set {TEACHER} to ref (the policy's initial "
-                          "weights) or a local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory")
+                          f"weights) or a local Hugging Face directory of {' / '.join(SUPPORTED_ARCHITECTURES)}")
     dl = d.distillation_loss
     if dl.loss_mode in _TEACHERLESS_GRADIENT and not dl.use_policy_gradient:
         raise ConfigError(f"distillation.distillation_loss.loss_mode={dl.loss_mode} with use_policy_gradient=false: "

@@ -655,8 +655,8 @@ class DistillationLossConfig:
 @dataclasses.dataclass(frozen=True)
 class DistillationTeacherModelConfig:
     model_path: Optional[str] = _f(None, "the teacher: ref (the policy's initial weights, the reference model) or a "
-                                         "local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory with the "
-                                         "policy's vocabulary; loaded on the learner mesh beside the policy (the "
+                                         "local Hugging Face Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 "
+                                         "directory with the policy's vocabulary; loaded on the learner mesh beside the policy (the "
                                          "teacher stage)")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rljax.config import apply_model_overrides, parse_mesh_spec
 from rljax.errors import ConfigError
-from rljax.hf_config import model_fields
+from rljax.hf_config import SUPPORTED_ARCHITECTURES, model_fields
 from rljax.tokenizer import checked_tokenizer
 
 _CHECKPOINT = "a local Hugging Face checkpoint directory with config.json, *.safetensors and tokenizer.json"
@@ -106,7 +106,7 @@ def _check_teacher(config, vocab: int, vocab_from: str) -> None:
         return
     key = f"distillation.teacher_model.model_path={path!r}"
     root = Path(path).expanduser()
-    expected = "expected ref or a local Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory"
+    expected = f"expected ref or a local Hugging Face directory of {' / '.join(SUPPORTED_ARCHITECTURES)}"
     if not root.is_dir() or not (root / "config.json").is_file() or not any(root.glob("*.safetensors")):
         raise ConfigError(f"{key} is not a checkpoint directory with config.json and *.safetensors (cwd "
                           f"{os.getcwd()}); {expected}")
