@@ -62,9 +62,11 @@ from rljax.config._validate import (apply_model_overrides, check_reward_spec, mo
                                     parse_mesh_spec, validate, validate_for_mesh)
 
 from rljax.config._derived import DerivedSizes, derive
+from rljax.config._verl import set_train_row_counter
 
 __all__ = [
     "derive",
+    "set_train_row_counter",
     "CLI",
     "DEFAULT",
     "ActorConfig",

@@ -509,6 +509,10 @@ def resolve(preset_path: str | os.PathLike | None = None, overrides: Sequence[st
     config = _build(Config, values)
     if validate:
         validate_config(config)
+        if verl.epochs_alone is not None:  # (a --plan resolves unvalidated: it reads no data)
+            steps, source = _verl.steps_from_epochs(config, verl.epochs_alone)
+            _apply(values, provenance, {"trainer.total_steps": steps}, source, chains)
+            config = _build(Config, values)
     return config, Provenance(provenance, chains, verl.accepted)
 
 
@@ -521,6 +525,7 @@ class _VerlSettings:
         self.accepted: dict[str, tuple] = {}
         self.reward: dict[str, tuple] = {}
         self.sources: dict[str, set] = {}  # trainer.total_steps / total_epochs: who wrote them
+        self.epochs_alone: int | None = None  # trainer.total_epochs with no step count beside it
 
     def take(self, key: str, value, source: str) -> tuple[dict, str]:
         """``(raw {rljax key: value}, source)`` for :func:`_apply` (empty for a setting with no key)."""
@@ -555,10 +560,11 @@ class _VerlSettings:
 
     def check(self, values: dict) -> None:
         """verl's reward_model.enable agrees with reward.model.path (rljax's switch); verl's
-        trainer.total_epochs comes with a step count from the command line or its own file."""
+        trainer.total_epochs without a step count from the command line or its own file sets
+        :attr:`epochs_alone` (the step count then comes from the data, :func:`_verl.steps_from_epochs`)."""
         if _verl.EPOCHS_KEY in self.accepted and not (self.sources.get("trainer.total_steps", set())
                                                      & (self.sources[_verl.EPOCHS_KEY] | {CLI})):
-            raise ConfigError(_verl.epochs_without_steps(self.accepted[_verl.EPOCHS_KEY][0]))
+            self.epochs_alone = self.accepted[_verl.EPOCHS_KEY][0]
         for key in ("reward_model.enable", "reward.reward_model.enable"):
             if key not in self.accepted:
                 continue
@@ -621,14 +627,15 @@ class Change:
 
 
 def non_default_fields(config, provenance: Mapping[str, str]) -> list[Change]:
-    """Fields whose value differs from the code default, with their source (and, from a
-    :class:`Provenance`, the chain of writers), in schema order."""
+    """Fields whose value differs from the code default or was derived (``derived: ...``), with their
+    source (and, from a :class:`Provenance`, the chain of writers), in schema order."""
     specs = field_specs()
     chain = provenance.chain if isinstance(provenance, Provenance) else (lambda k: ())
     return [
         Change(k, v, specs[k].default, provenance.get(k, DEFAULT), chain(k))
         for k, v in to_flat_dict(config).items()
         if v != specs[k].default or type(v) is not type(specs[k].default)
+        or str(provenance.get(k, DEFAULT)).startswith("derived:")
     ]
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rljax.errors import ConfigError
+
 #: verl's key for an rljax key whose name differs (rljax drops verl's ``actor_rollout_ref.``
 #: prefix: ``actor.*``, ``rollout.*`` and ``model.*`` live under it in verl). Keys whose
 #: verl spelling is the same (``data.*``, ``algorithm.*``, ``critic.*``, most of
@@ -96,8 +98,8 @@ ALIASES: dict[str, str] = {
     "critic.optim.lr_warmup_steps": "critic.optim.warmup_steps",
     "algorithm.rollout_correction.bypass_mode": "algorithm.bypass_mode",  # verl keeps it in the section
 }
-#: verl's run length in epochs: accepted beside ``trainer.total_training_steps`` (which wins over it
-#: in verl too), refused alone (rljax counts steps; :func:`epochs_without_steps`).
+#: verl's run length in epochs: beside ``trainer.total_training_steps`` the step count wins (as in
+#: verl); alone it sets ``trainer.total_steps`` from the train split (:func:`steps_from_epochs`).
 EPOCHS_KEY = "trainer.total_epochs"
 #: The two verl keys that together name the reward function (``reward.function='path:name'``).
 REWARD_FUNCTION_KEYS = ("custom_reward_function.path", "custom_reward_function.name")
@@ -151,8 +153,9 @@ NO_COUNTERPART: dict[str, tuple[Callable, str]] = {
     "actor_rollout_ref.actor.use_torch_compile": (_any, "rljax compiles with XLA (jax.jit) always"),
     "actor_rollout_ref.model.use_liger": (_any, "rljax's kernels are XLA's (and rljax.pallas)"),
     "trainer.n_gpus_per_node": (_count, "rljax uses the devices it sees; --mesh sets their layout"),
-    EPOCHS_KEY: (_count, "rljax counts steps: trainer.total_training_steps (trainer.total_steps) sets the run's "
-                         "length, as it overrides total_epochs in verl"),
+    EPOCHS_KEY: (_count, "trainer.total_steps is total_epochs x the train rows left after filtering // "
+                         "data.train_batch_size when no trainer.total_training_steps is given beside it (which "
+                         "overrides total_epochs, as in verl)"),
     "trainer.nnodes": (_is(1), "one host; several hosts are --coordinator / --num-processes / --process-id"),
     "trainer.critic_warmup": (_is(0), "the critic and the actor update from the first step"),
     "trainer.default_hdfs_dir": (_is(None), "checkpoints go to the run directory only"),
@@ -169,11 +172,41 @@ NO_COUNTERPART: dict[str, tuple[Callable, str]] = {
 }
 
 
-def epochs_without_steps(epochs) -> str:
-    """The one-line refusal of ``trainer.total_epochs`` with no step count from the same writer."""
-    return (f"{EPOCHS_KEY}={epochs!r} (verl's) needs trainer.total_training_steps beside it (on the command line "
-            "or in the same file): rljax counts steps (one epoch is the training rows / data.train_batch_size "
-            "steps), and in verl too total_training_steps overrides total_epochs")
+#: ``count(config) -> (where, PromptStats)``: the train split's rows as the trainer prepares them.
+#: rljax.data (a layer above this one) installs ``rljax.data.train_prompt_count`` when imported.
+_train_rows: Callable | None = None
+
+
+def set_train_row_counter(count: Callable | None) -> Callable | None:
+    """Installs the train-row counter :func:`steps_from_epochs` reads the data with (rljax.data's);
+    returns the previous one."""
+    global _train_rows
+    previous, _train_rows = _train_rows, count
+    return previous
+
+
+def steps_from_epochs(config, epochs: int) -> tuple[int, str]:
+    """``(trainer.total_steps, its source)`` for ``trainer.total_epochs`` given without a step count:
+    verl's ``len(train_dataloader) * total_epochs``, its dataloader dropping the last partial batch
+    (as rljax's train iterator does) over the train rows left after ``data.filter_overlong_prompts``
+    and the empty-row skips. Reads the train split as the data pre-flight does (the tokenizer of
+    ``config.model``, through the counter rljax.data installs: :func:`set_train_row_counter`);
+    :class:`ConfigError` (one line) when no full batch is left."""
+    if _train_rows is None:
+        raise ConfigError(f"{EPOCHS_KEY}={epochs} (verl's) without trainer.total_training_steps counts the train "
+                          "rows, which needs rljax.data imported (the launcher and rljax.train do); or give "
+                          "trainer.total_training_steps")
+    where, stats = _train_rows(config)
+    batch = config.data.train_batch_size
+    per_epoch = stats.kept // batch
+    rows = (f"{stats.kept} of {stats.total} train rows kept ({where}; {stats.filtered} filtered as overlong"
+            + (f", {stats.no_answer + stats.no_prompt} empty" if stats.no_answer + stats.no_prompt else "") + ")")
+    if per_epoch == 0:
+        raise ConfigError(f"{EPOCHS_KEY}={epochs} (verl's): {rows} make no full batch of data.train_batch_size="
+                          f"{batch}, so an epoch has no step; use a smaller batch, more rows, or "
+                          "trainer.total_training_steps")
+    return per_epoch * epochs, (f"derived: {EPOCHS_KEY}={epochs} x {per_epoch} steps an epoch: {rows} // "
+                                f"data.train_batch_size={batch}, the last partial batch dropped")
 
 
 def verl_key_prefixes() -> frozenset:

@@ -25,7 +25,8 @@ Importing this package does not import TensorFlow or TFDS; :func:`load_split` im
 TFDS (which does not import TensorFlow for array_record data). Nothing is downloaded.
 """
 
-from rljax.data._check import check
+from rljax.config import set_train_row_counter
+from rljax.data._check import check, train_prompt_count
 from rljax.data._embedded import embedded_example, embedded_examples
 from rljax.data._format import PromptFormatter
 from rljax.data._iterator import PromptIterator
@@ -34,6 +35,8 @@ from rljax.data._pipeline import build_prompts, data_seed, train_iterator, val_i
 from rljax.data._prompts import PreparedPrompts, Prompt, PromptStats, prepare_prompts, truncate_ids
 from rljax.data._prng import permutation
 from rljax.data._source import DEFAULT_TEMPLATES, PromptSource, hide_tf_gpus, load_split, prepare
+
+set_train_row_counter(train_prompt_count)  # trainer.total_epochs alone: the step count reads the train split
 
 __all__ = [
     "DEFAULT_TEMPLATES",
@@ -45,6 +48,7 @@ __all__ = [
     "PromptFormatter",
     "build_prompts",
     "check",
+    "train_prompt_count",
     "data_seed",
     "embedded_example",
     "embedded_examples",

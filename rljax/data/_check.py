@@ -16,7 +16,7 @@ from pathlib import Path
 from rljax.config import PRESET_POSITIONS
 from rljax.data import _local
 from rljax.data._embedded import embedded_examples
-from rljax.data._prompts import prepare_prompts
+from rljax.data._prompts import PromptStats, prepare_prompts
 from rljax.data._source import formatter
 from rljax.errors import ConfigError
 from rljax.reward import DATA_SOURCE_REWARDS, extract_gsm8k_answer, normalize_number
@@ -57,15 +57,31 @@ def check(config, tokenizer=None) -> None:
         where, rows = _rows(d, split)
         if split == "train":
             _check_answers(config, where, rows)
-        try:
-            stats = prepare_prompts(_formatted(rows(), fmt, where, split), tokenize, max_length=d.max_prompt_length,
-                                    filter_overlong=d.filter_overlong_prompts, truncation=d.truncation).stats
-        except ConfigError as e:
-            msg = str(e)
-            raise ConfigError(msg if msg.startswith(where) else f"{where}, {split} split: {msg}") from None
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
-        _check_counts(d, where, split, stats)
+        _check_counts(d, where, split, _stats(d, where, split, rows, fmt, tokenize))
+
+
+def train_prompt_count(config, tokenizer=None) -> tuple[str, PromptStats]:
+    """``(where, stats)`` of the train split as the trainer prepares it: every prompt formatted and
+    tokenized, ``stats.kept`` the rows left after ``data.filter_overlong_prompts`` and the
+    empty-answer / empty-prompt skips (what one epoch iterates over). :class:`ConfigError` (one
+    line) on an unreadable split, as :func:`check`."""
+    if tokenizer is None:
+        tokenizer = tokenizer_for(config.model)
+    d = config.data
+    chat = tokenizer.apply_chat_template if getattr(tokenizer, "chat_template", None) else None
+    where, rows = _rows(d, "train")
+    return where, _stats(d, where, "train", rows, formatter(d, chat), lambda t: tokenizer.encode(t, add_bos=True))
+
+
+def _stats(d, where: str, split: str, rows: Callable[[], Iterator[dict]], fmt: Callable, tokenize: Callable):
+    try:
+        return prepare_prompts(_formatted(rows(), fmt, where, split), tokenize, max_length=d.max_prompt_length,
+                               filter_overlong=d.filter_overlong_prompts, truncation=d.truncation).stats
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(where) else f"{where}, {split} split: {msg}") from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{where}: {' '.join(str(e).split())}") from None
 
 
 def model_positions(model_cfg) -> tuple[int, str]:

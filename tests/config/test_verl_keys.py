@@ -1,9 +1,12 @@
 """verl's key paths resolve as the rljax keys they mean, with their provenance (issue 38 item 3)."""
 
+import json
+
 import pytest
 import yaml
 
-from rljax.config import ConfigError, resolve, write_resolved
+import rljax.data  # noqa: F401 -- installs the train-row counter trainer.total_epochs reads the data with
+from rljax.config import ConfigError, non_default_fields, resolve, set_train_row_counter, write_resolved
 from rljax.config._verl import ALIASES, NO_COUNTERPART
 from rljax.config._resolve import field_specs
 
@@ -60,20 +63,67 @@ def test_a_verl_value_rljax_cannot_honour_is_one_line():
         resolve(None, ["reward_model.enable=true"])
 
 
-def test_total_epochs_needs_the_step_count_beside_it(tmp_path):
+def test_total_training_steps_wins_over_total_epochs(tmp_path):
     """verl's example says trainer.total_epochs=15; total_training_steps wins over it in verl. Before:
     'config key trainer.total_epochs is verl's' refused the example command line even with both."""
     cfg, prov = resolve("default", ["trainer.total_epochs=15", "trainer.total_training_steps=2"])
     assert cfg.trainer.total_steps == 2 and prov.verl["trainer.total_epochs"][0] == 15
+    assert prov["trainer.total_steps"] == "cli (verl trainer.total_training_steps)"
     preset = tmp_path / "verl.yaml"
     preset.write_text(yaml.safe_dump({"trainer": {"total_epochs": 2, "total_training_steps": 5}}))
     assert resolve(str(preset))[0].trainer.total_steps == 5
-    for over in (["trainer.total_epochs=15"], ["trainer.total_epochs=15", "+trainer.total_epochs=3"]):
-        with pytest.raises(ConfigError, match=r"^trainer.total_epochs=(15|3) \(verl's\) needs "
-                                              r"trainer.total_training_steps beside it"):
-            resolve("default", over)  # default.yaml's own total_steps is not the user's step count
     with pytest.raises(ConfigError, match=r"^trainer.total_epochs=0 \(verl's\) is not supported"):
         resolve("default", ["trainer.total_epochs=0", "trainer.total_training_steps=2"])
+
+
+def _local_data(root, short: int, long: int):
+    """A local dataset of ``short`` prompts that fit data.max_prompt_length=64 (char tokenizer) and
+    ``long`` that do not, interleaved."""
+    root.mkdir()
+    kinds = [True] * long + [False] * short
+    rows = [{"prompt": "x" * 300 if overlong else f"{i}+1?", "answer": "1", "data_source": "mine"}
+            for i, overlong in enumerate(kinds[::2] + kinds[1::2])]
+    assert sum(len(r["prompt"]) > 64 for r in rows) == long
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "test.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    return ["data.dataset=local", f"data.path={root}", "data.max_prompt_length=64", "data.filter_overlong_prompts=true",
+            "reward.function=gsm8k", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4"]
+
+
+def test_total_epochs_alone_counts_the_rows_left_after_filtering(tmp_path):
+    """Before: 'trainer.total_epochs=3 (verl's) needs trainer.total_training_steps beside it'. Now verl's
+    len(train_dataloader) * total_epochs: 23 rows, 5 overlong filtered, 18 // batch 4 = 4 steps an epoch."""
+    data = _local_data(tmp_path / "d", short=18, long=5)
+    for preset in ("default", None):  # the preset's own total_steps is not the user's step count
+        cfg, prov = resolve(preset, [*data, "trainer.total_epochs=3"])
+        assert cfg.trainer.total_steps == 12, prov["trainer.total_steps"]
+        assert prov["trainer.total_steps"].startswith("derived: trainer.total_epochs=3 x 4 steps an epoch: 18 of 23 "
+                                                      "train rows kept (") and "5 filtered as overlong" in \
+            prov["trainer.total_steps"]
+    assert "trainer.total_steps=12 (default 200; from derived: trainer.total_epochs=3 x 4 steps" in \
+        "\n".join(map(str, non_default_fields(cfg, prov)))  # the launch's start-up summary lists it
+    text = write_resolved(cfg, prov, tmp_path).read_text()
+    assert "total_steps: 12  # from: derived: trainer.total_epochs=3 x 4 steps an epoch: 18 of 23" in text
+    assert resolve(str(tmp_path / "config.resolved.yaml"))[0] == cfg  # the record reruns as it ran
+    assert resolve("default", [*data, "trainer.total_epochs=3", "trainer.total_training_steps=7"])[0] \
+        .trainer.total_steps == 7
+    assert resolve("default", [*data, "trainer.total_epochs=3", "data.train_batch_size=8",
+                               "actor.ppo_mini_batch_size=8"])[0].trainer.total_steps == 6
+
+
+def test_total_epochs_with_no_full_batch_is_one_line(tmp_path):
+    data = _local_data(tmp_path / "d", short=3, long=4)
+    with pytest.raises(ConfigError, match=r"^trainer.total_epochs=2 \(verl's\): 3 of 7 train rows kept \(data.path="
+                                          r".*4 filtered as overlong\) make no full batch of data.train_batch_size=4, "
+                                          r"so an epoch has no step; [^\n]*$"):
+        resolve("default", [*data, "trainer.total_epochs=2", "+trainer.total_epochs=2"])
+    previous = set_train_row_counter(None)
+    try:  # rljax.config alone (a layer below rljax.data) cannot read the rows
+        with pytest.raises(ConfigError, match=r"^trainer.total_epochs=2 \(verl's\) without trainer.total_training_steps "
+                                              r"counts the train rows, which needs rljax.data imported"):
+            resolve("default", [*data, "trainer.total_epochs=2"])
+    finally:
+        set_train_row_counter(previous)
 
 
 def test_custom_reward_function_and_hydra_plus(tmp_path):
