@@ -143,6 +143,12 @@ class TrajectoryQueue:
         with self._cond:
             return len(self._items)
 
+    def rows_out(self) -> int:
+        """The rows put and no longer queued (handed to the learner or dropped): what a checkpoint
+        counts as generated (the queued rows are generated again after a resume)."""
+        with self._cond:
+            return self.stats.put_rows - sum(it.rows for it in self._items)
+
     @property
     def closed(self) -> bool:
         return self._closed

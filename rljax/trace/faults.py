@@ -28,11 +28,24 @@ Faults (name: the bug it provokes, where):
 
 The two observation faults act on every step with an untraced row that holds a tool
 observation (on the tool task a random policy calls the tool rarely: some steps have none).
+
+An armed fault may find nothing to act on (no tool observation in the batch, a hook on a code
+path the run does not take); the run then passes and a test expecting its check to fail could
+not fail. So every hook counts its chances and the times it acted, and a process with a fault
+armed ends with one line on stderr (:func:`report`), e.g.::
+
+    rljax faults: zero_loss_mask_token acted 1 of 1; observation_loss_mask acted 0 of 3 (NEVER ACTED: nothing to act on)
+
+Tests read it back with :func:`acted_in` and assert the fault acted before they assert the
+check caught it (in-process: :func:`acts`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
+import sys
 from typing import Any
 
 from rljax.trace.groups import choose_groups
@@ -60,6 +73,9 @@ FAULTS = {
 }
 _on: set[str] = set()
 _kept: list = []
+_chances: dict[str, int] = {}  # the times a hook of the fault ran with it armed
+_acted: dict[str, int] = {}  # the times it changed something
+_PID = os.getpid()  # the process that reports (a forked child inherits the exit hook, not the report)
 
 
 def _parse(text: str) -> set[str]:
@@ -83,10 +99,57 @@ def disable(*names: str) -> None:
     _kept.clear()
     _stale.clear()
     _stale_old.clear()
+    _chances.clear()
+    _acted.clear()
+
+
+def _chance(name: str, acted: bool = True) -> None:
+    """A hook of ``name`` ran with it armed; ``acted``: and changed something."""
+    _chances[name] = _chances.get(name, 0) + 1
+    if acted:
+        _acted[name] = _acted.get(name, 0) + 1
 
 
 def active(name: str) -> bool:
-    return name in _on
+    """Whether ``name`` is armed; a caller told yes acts on it (counted as acting)."""
+    if name in _on:
+        _chance(name)
+        return True
+    return False
+
+
+def acts(name: str) -> int:
+    """How many times ``name``'s hooks acted in this process (a compiled program counts once)."""
+    return _acted.get(name, 0)
+
+
+def report() -> str:
+    """One line: each armed fault, how many times it acted of its hooks' chances; those that never
+    acted say so. Empty with no fault armed."""
+    if not _on:
+        return ""
+    parts = []
+    for name in sorted(_on):
+        n, of = _acted.get(name, 0), _chances.get(name, 0)
+        why = "" if n else (" (NEVER ACTED: nothing to act on)" if of else " (NEVER ACTED: no hook of it ran)")
+        parts.append(f"{name} acted {n} of {of}{why}")
+    return "rljax faults: " + "; ".join(parts)
+
+
+def acted_in(text: str) -> dict[str, int]:
+    """The times each fault acted, from the :func:`report` lines in ``text`` (a launch's stderr;
+    several processes' lines are summed)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("rljax faults: "):
+            for name, n in re.findall(r"(\w+) acted (\d+) of", line):
+                out[name] = out.get(name, 0) + int(n)
+    return out
+
+
+def _report_at_exit() -> None:
+    if _on and os.getpid() == _PID:
+        print(report(), file=sys.stderr, flush=True)
 
 
 def enabled() -> list[str]:
@@ -131,6 +194,8 @@ def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, versi
 
     if _on & {"observation_action_mask", "observation_loss_mask"}:
         r = observation_row(traj, seed=seed, step=step, groups=groups)
+        for name in _on & {"observation_action_mask", "observation_loss_mask"}:
+            _chance(name, acted=r is not None)
         if r is not None:
             cols = np.flatnonzero(np.asarray(traj.roles[r]) == OBSERVATION_ROLE)
             if "observation_action_mask" in _on:  # the rollout's own record: the trace's side sees it too
@@ -142,6 +207,9 @@ def learner_fields(host: dict, traj, *, seed: int, step: int, groups: int, versi
         return
     r = untraced_row(traj, seed=seed, step=step, groups=groups,
                      partial=bool(_on & {"shift_loss_mask", "mask_after_eos"}))
+    for name in _on & {"zero_loss_mask_token", "shift_loss_mask", "future_version", "wrong_group_id",
+                       "mask_after_eos", "restart_positions"}:
+        _chance(name)  # each acts on the row found (none found raises)
     if "wrong_group_id" in _on:  # the learner's group ids (the advantages are normalised over them)
         host["group_id"][r] = (int(host["group_id"][r]) + 1) % max(int(host["group_id"].max()) + 1, 2)
     if "mask_after_eos" in _on:  # the rollout's own record, and so the learner's copy
@@ -175,10 +243,12 @@ def reward_scores(scores, traj, *, seed: int, step: int, groups: int) -> None:
         for b in rows:
             if traj.group_id[a] != traj.group_id[b] and scores[a] != scores[b]:
                 scores[a], scores[b] = scores[b], scores[a]
+                _chance("swap_rewards")
                 return
     a, b = next((a, b) for a in rows for b in rows if traj.group_id[a] != traj.group_id[b])
     scores[a] += 1.0  # every untraced score equal: a swap would change nothing; make it a wrong score
     scores[b] -= 1.0
+    _chance("swap_rewards")
 
 
 def reward_answers(answers: list, traj) -> list:
@@ -187,6 +257,7 @@ def reward_answers(answers: list, traj) -> list:
         return answers
     r = max(i for i in range(traj.batch_size) if not traj.is_padding[i])
     other = next((i for i in range(traj.batch_size) if not traj.is_padding[i] and answers[i] != answers[r]), None)
+    _chance("reward_other_answer", acted=other is not None)
     if other is not None:
         answers = list(answers)
         answers[r] = answers[other]
@@ -201,6 +272,7 @@ def sampler_weights(params):
     (the version label still advances); a copy, the learner donates its buffers."""
     if "stale_sampler_weights" not in _on:
         return params
+    _chance("stale_sampler_weights", acted=bool(_stale))  # the first push is the one kept
     if not _stale:
         import jax
         import jax.numpy as jnp
@@ -213,6 +285,7 @@ def old_params(params):
     """``stale_old_logp``: the parameters of the first old log-prob pass, at every later one (a copy)."""
     if "stale_old_logp" not in _on:
         return params
+    _chance("stale_old_logp", acted=bool(_stale_old))  # the first pass is the one kept
     if not _stale_old:
         import jax
         import jax.numpy as jnp
@@ -226,7 +299,8 @@ _stale_old: list = []
 
 def reference_params(reference, policy):
     """``reference_is_policy``: the reference pass reads the current policy's parameters."""
-    return policy if "reference_is_policy" in _on else reference
+    return policy if active("reference_is_policy") else reference
 
 
 _on.update(_parse(os.environ.get("RLJAX_FAULTS", "")))
+atexit.register(_report_at_exit)

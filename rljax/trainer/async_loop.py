@@ -39,7 +39,9 @@ Checkpoints: the trajectories queued or in flight are not saved; the checkpoint 
 the data position after the last batch the learner trained on and the producer's next
 batch index, so after ``--resume`` the in-flight prompts are replayed (generated again,
 with the restored weights). Batches dropped by the gate are not replayed (counted in
-``async/dropped_*``).
+``async/dropped_*``, this launch's drops). The checkpoint also holds the run's counters
+(``generated_rows``: the rows put and no longer queued; ``weight_pushes``), which
+``async/generated_rows`` and ``async/weight_pushes`` continue from after a resume.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ class AsyncSchedule:
         self.cfg = at
         self.queue = TrajectoryQueue(at.queue_size, at.max_staleness, at.overflow, start_version=state.version)
         self.weights = WeightPush(queue=self.queue, rollout=services.rollout, trigger=at.trigger_parameter_sync_step)
+        # a resume continues the run's counters: the pushes (an older checkpoint: one per trigger versions) and the
+        # rows generated before it (the queue counts this launch's)
+        counts = state.async_counts or {}
+        self.weights.pushes = counts.get("weight_pushes", state.version // self.weights.trigger)
+        self._generated_before = counts.get("generated_rows", 0)
         self.services = dataclasses.replace(services, rollout=dataclasses.replace(services.rollout,
                                                                                   weights=self.weights))
         self.streaming = streams(services)
@@ -138,7 +145,8 @@ class AsyncSchedule:
                  **staleness_facts(version, np.asarray(item.min_version), np.asarray(item.max_version)),
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
-                 "generated_rows": st.put_rows, "streaming": self.streaming,
+                 "generated_rows": st.put_rows, "generated_rows_restored": self._generated_before,
+                 "streaming": self.streaming,
                  "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0)),
                  "version_span_max": int(produced.batch["enqueue"].get("version_span_max", 0)),
                  "dropped_batches": [list(d) for d in dropped], "data_after": dict(data_after)}
@@ -158,9 +166,13 @@ class AsyncSchedule:
             self.producer.pause_requested.clear()
 
     def checkpoint_meta(self, state) -> dict:
+        """The producer's position and the run's counters (the rows still queued are not counted: they
+        are generated again after a resume)."""
         return {"async": {"policy": "replay", "streaming": self.streaming, "next_index": state.produced,
                           "dropped_stale": self.queue.stats.dropped_stale,
-                          "dropped_overflow": self.queue.stats.dropped_overflow}}
+                          "dropped_overflow": self.queue.stats.dropped_overflow,
+                          "generated_rows": self._generated_before + self.queue.rows_out(),
+                          "weight_pushes": self.weights.pushes}}
 
     def close(self, timeout: float = JOIN_TIMEOUT_S) -> Optional[dict]:
         """Stops and joins the producer; the queue's totals (for the trace summary)."""

@@ -45,6 +45,9 @@ class RunState:
         ``algorithm.use_kl_in_reward``).
       data: the train split's position after the last trained batch (``PromptIterator.state()``).
       produced: ``trainer.mode=async``: the batch index the producer starts from after a resume.
+      async_counts: ``trainer.mode=async``: the run's counters as the checkpoint this state was
+        restored from saved them (``generated_rows``, ``weight_pushes``), which the resumed
+        run's ``async/*`` metrics continue from; ``None`` for a fresh run (or an older checkpoint).
     """
 
     actor: TrainState
@@ -55,6 +58,11 @@ class RunState:
     kl_coef: float = flax.struct.field(pytree_node=False, default=0.0)
     data: Any = flax.struct.field(pytree_node=False, default=None)
     produced: int = flax.struct.field(pytree_node=False, default=1)
+    async_counts: Any = flax.struct.field(pytree_node=False, default=None)
+
+
+#: The asynchronous schedule's run-long counters a checkpoint's ``async`` meta holds (since issue 39).
+ASYNC_COUNTS = ("generated_rows", "weight_pushes")
 
 
 def step_key(state: RunState, step: int) -> jax.Array:
@@ -92,14 +100,16 @@ def from_checkpoint(like: RunState, tree: dict, meta: dict, *, weights_only: boo
     critic = tree.get("critic")
     counters = {"step": int(meta["step"]), "version": int(meta["version"])}
     async_meta = meta.get("async") or {}
+    counts = {k: int(async_meta[k]) for k in ASYNC_COUNTS if k in async_meta} or None
     if weights_only:
         actor = like.actor.replace(params=actor.params)
         critic = None if like.critic is None else like.critic.replace(params=critic.params)
-        return like.replace(actor=actor, critic=critic, produced=counters["step"] + 1, **counters)
+        return like.replace(actor=actor, critic=critic, produced=counters["step"] + 1, async_counts=counts,
+                            **counters)
     key = like.key
     if "key" in meta:
         key = jax.random.wrap_key_data(np.asarray(meta["key"], np.uint32), impl=jax.random.key_impl(like.key))
     kl_coef = float(meta["kl_coef"]) if kl_in_reward and "kl_coef" in meta else like.kl_coef
     produced = int(async_meta.get("next_index", meta.get("produced", counters["step"] + 1)))
     return like.replace(actor=actor, critic=critic, key=key, kl_coef=kl_coef, data=meta["data"], produced=produced,
-                        **counters)
+                        async_counts=counts, **counters)

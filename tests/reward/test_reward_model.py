@@ -144,6 +144,7 @@ def test_run_with_a_reward_model_combines_its_scores(tmp_path):
     faults.enable("swap_rewards")
     try:
         _, _, bad = _one_step(tmp_path, "rm_swapped", *rm)
+        assert faults.acts("swap_rewards"), f"the fault never acted: {faults.report()}"
     finally:
         faults.disable()
     inv = json.loads((bad / "trace_summary.json").read_text())["invariants"]

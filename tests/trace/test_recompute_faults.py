@@ -12,6 +12,7 @@ import pytest
 
 from launching import REPO, launch_env
 from test_launch import SMALL
+from test_trace_faults import assert_acted
 
 #: fault -> (its check in trace_summary.json's recompute section, the check line, tensor, stage, words of the detail)
 EXPECT = {
@@ -60,6 +61,7 @@ def test_wrong_producers_fail_their_checks_by_name(tmp_path):
                           f"reward.function={tmp_path / 'answer_reward.py'}:reward"],
                          cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=faults), capture_output=True, text=True,
                          timeout=900)
+    assert_acted(out, *EXPECT, "loss_agg_mode")
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     rc, lines = _check(run)
     assert rc == 1
@@ -95,6 +97,7 @@ def test_a_future_version_stops_a_synchronous_step_before_its_update(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", "--run-dir", str(run), *SMALL,
                           "trainer.total_steps=1"], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS="future_version"),
                          capture_output=True, text=True, timeout=900)
+    assert_acted(out, "future_version")
     assert out.returncode != 0 and "stopped before the update" in out.stderr, out.stderr[-2000:]
     rc, lines = _check(run)
     line = next(x for x in lines if x.startswith("FAIL") and "trace summary saved" in x)
@@ -122,6 +125,7 @@ def test_multi_turn_wrong_producers_fail_naming_the_session(tmp_path):
                           "--run-dir", str(run), *SMALL, "trainer.total_steps=1"], cwd=REPO,
                          env=dict(launch_env(), RLJAX_FAULTS=",".join([*MULTI_TURN, "swap_rewards"])),
                          capture_output=True, text=True, timeout=600)
+    assert_acted(out, *MULTI_TURN, "swap_rewards")
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     rc, lines = _check(run)
     assert rc == 1

@@ -468,6 +468,7 @@ def test_fault_outside_the_traced_group_fails_the_invariants(tmp_path, fault, na
     fault(name)
     tracer, _ = _step(tmp_path, overrides=("trainer.seed=0",))
     _close(tracer)
+    assert faults.acts(name), f"the fault {name} never acted: {faults.report()}"
     results = _check(tmp_path)
     traced = {r["uid"] for r in _records(tmp_path)}
     status, detail = results["whole-batch invariants on every row"]

@@ -1,7 +1,9 @@
 """Data-flow bugs provoked on purpose (rljax.trace.faults, switched on by RLJAX_FAULTS) in short
 runs: each makes ``python -m rljax.trace check`` fail, naming the tensor, the step and the uid,
 and the run exit 3 (an error-severity alert); the observation ones on the tool task. The whole-batch invariants cover rows outside the
-traced prompt groups: every fault here hits an untraced row."""
+traced prompt groups: every fault here hits an untraced row. Each launch first asserts that its fault acted
+(the run's ``rljax faults:`` line, :func:`assert_acted`): an armed fault with nothing to act on leaves a run that
+passes, and a test of its check that cannot fail."""
 
 import json
 import os
@@ -97,6 +99,44 @@ def test_unknown_fault_is_one_clear_error():
         faults.enable("nope")
 
 
+def assert_acted(out, *names):
+    """Every fault in ``names`` acted in the launch ``out`` (its stderr's ``rljax faults:`` line)."""
+    from rljax.trace import faults
+
+    acted = faults.acted_in(out.stderr)
+    never = [n for n in names if not acted.get(n)]
+    line = next((x for x in out.stderr.splitlines() if x.startswith("rljax faults: ")), "no 'rljax faults:' line")
+    assert not never, (f"fault(s) {', '.join(never)} armed but never acted in this run, so its check could not "
+                       f"fail: give it something to act on; the run said: {line}")
+
+
+def test_a_fault_says_whether_it_acted():
+    """The report line and its reader: a fault that acted, one whose hook ran with nothing to act on, one whose
+    hook never ran; several processes' lines are summed."""
+    from rljax.trace import faults
+
+    faults.enable("keep_batch_field", "observation_loss_mask", "swap_rewards")
+    try:
+        assert faults.active("keep_batch_field") and faults.acts("keep_batch_field") == 1
+        faults.learner_fields({}, _NoObservation(), seed=0, step=1, groups=1, version=0)
+        line = faults.report()
+    finally:
+        faults.disable()
+    assert line == ("rljax faults: keep_batch_field acted 1 of 1; observation_loss_mask acted 0 of 1 (NEVER ACTED: "
+                    "nothing to act on); swap_rewards acted 0 of 0 (NEVER ACTED: no hook of it ran)")
+    assert faults.acted_in(f"x\n{line}\n{line}\n") == {"keep_batch_field": 2, "observation_loss_mask": 0,
+                                                        "swap_rewards": 0}
+    assert faults.report() == "" and faults.acts("keep_batch_field") == 0  # disabled: nothing armed, counts gone
+
+
+class _NoObservation:
+    """A multi-turn batch of two rows, neither with a tool observation."""
+    batch_size, num_groups = 2, 2
+    is_padding = np.zeros(2, bool)
+    group_id = np.array([0, 1])
+    roles = np.zeros((2, 4), np.int32)
+
+
 TOOL_TASK = ("--config", "tool_lookup")
 TOOL_ROWS = ("data.train_batch_size=32", "rollout.n=16", "actor.ppo_mini_batch_size=16", "trainer.total_steps=1")
 
@@ -123,6 +163,7 @@ def test_fault_fails_the_check_naming_tensor_step_and_uid(tmp_path, fault, tenso
     out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", *preset, "--run-dir", str(run), *SMALL,
                           *extra], cwd=REPO, env=dict(launch_env(), RLJAX_FAULTS=fault),
                          capture_output=True, text=True, timeout=600)
+    assert_acted(out, fault)
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
     v = inv["violations"][0]
@@ -146,6 +187,7 @@ def test_two_processes_check_their_own_rows_and_combine_the_verdict(tmp_path):
                           "--run-dir", str(run), *SMALL, "trainer.total_steps=1"], cwd=REPO,
                          env=dict(launch_env(), RLJAX_FAULTS="zero_loss_mask_token"), capture_output=True, text=True,
                          timeout=900)
+    assert_acted(out, "zero_loss_mask_token")
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     inv = json.loads((run / "trace_summary.json").read_text())["invariants"]
     assert inv["processes"] == 2 and inv["rows"] == 32 and inv["violating_rows"] == 2, inv

@@ -442,6 +442,7 @@ def test_error_alert_exits_3_after_the_final_checkpoint(tmp_path):
     env = dict(launch_env(), RLJAX_FAULTS="keep_batch_field")
     out = subprocess.run([sys.executable, "-m", "rljax.launch", "--mesh=dp2", "--run-dir", str(run), *SMALL,
                           "trainer.total_steps=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert "rljax faults: keep_batch_field acted 1 of 1" in out.stderr, out.stderr[-2000:]  # it acted
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     assert "batch_leak" in out.stderr and "exit status 3" in out.stderr
     assert (run / "checkpoints" / "1").is_dir()

@@ -92,6 +92,7 @@ def test_a_provoked_update_bug_is_named(model, fault, detail):
     faults.enable(fault)
     try:
         _, r, _ = _step(graphdef, params, batch)
+        assert faults.acts(fault), f"the fault {fault} never acted: {faults.report()}"
     finally:
         faults.disable(fault)
     v = _compare(r, batch, "token-mean")

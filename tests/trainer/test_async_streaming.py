@@ -87,6 +87,12 @@ def test_streaming_resume_mid_stream_loses_and_repeats_no_prompt(tmp_path):
         assert sum(f[step].values()) == 32 and f[step] == s[step], step
     split_rows = train_rows(tmp_path / "split")
     assert sorted(r["async/batch_index"] for r in split_rows) == [1, 2, 3, 4]
+    # the run's counters continue from the checkpoint's (issue 39 item 6): the pushes as uninterrupted; the rows
+    # generated count every batch up to the one trained (and those queued ahead), never only the resumed launch's
+    full_rows = train_rows(full)
+    assert [r["async/weight_pushes"] for r in split_rows] == [r["async/weight_pushes"] for r in full_rows] == [1, 2, 3, 4]
+    generated = [r["async/generated_rows"] for r in sorted(split_rows, key=lambda r: r["step"])]
+    assert all(g >= 32 * step for step, g in enumerate(generated, 1)), generated
 
 
 # Multi-turn episodes (the tool preset, env.continuation=kv): every episode calls a tool once and answers

@@ -106,3 +106,42 @@ def test_a_finished_run_resumed_through_the_library_raises_and_writes_nothing(tm
         _trainer(run, resume=True)
     assert digests() == before and sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl",
                                                                              "trace_summary.json"]
+
+
+# An asynchronous run's counters continue across a resume (issue 39 item 6): the checkpoint's ``async`` meta holds
+# the rows generated and the weight pushes made so far and the resumed schedule counts on from them (they restarted
+# from 0 after every --resume). The launched runs, stopped and resumed, against an uninterrupted one (slow):
+# test_async_launch.py::test_async_resume_replays_in_flight_prompts (tau=0: every step's counters equal) and
+# test_async_streaming.py::test_streaming_resume_mid_stream_loses_and_repeats_no_prompt (tau=1).
+ASYNC_PUSH_2 = ("trainer.mode=async", "async_training.trigger_parameter_sync_step=2")
+
+
+@pytest.mark.parametrize("saved, want_pushes, want_generated", [
+    ({"generated_rows": 40, "weight_pushes": 3}, 3, 40),  # what this checkpoint saved
+    ({}, 1, 0),  # a checkpoint written before the counters: the pushes rebuilt from the version (2 // trigger 2)
+], ids=["saved", "older-checkpoint"])
+def test_a_resumed_schedule_counts_on_from_the_checkpoint(tmp_path, saved, want_pushes, want_generated):
+    from rljax.trainer.staleness import async_metrics
+
+    run = tmp_path / "run"
+    cfg, fresh = _trainer(run, ASYNC_PUSH_2)
+    meta = {"async": {"policy": "replay", "next_index": 3, "dropped_stale": 0, "dropped_overflow": 0, **saved}}
+    _write_old_checkpoint(run, cfg, fresh, step=2, version=2, meta_extra=meta)
+    fresh.schedule.close()
+    _, trainer = _trainer(run, ASYNC_PUSH_2, resume=True)
+    sched = trainer.schedule
+    try:
+        assert trainer.state.async_counts == (saved or None)
+        assert sched.weights.pushes == want_pushes
+        # nothing queued yet: a checkpoint now saves what it restored
+        assert {k: sched.checkpoint_meta(trainer.state)["async"][k] for k in ("generated_rows", "weight_pushes")} == \
+            {"generated_rows": want_generated, "weight_pushes": want_pushes}
+        # the next step's metrics: the rows this launch generated on top of the restored ones
+        facts = {"staleness_mean": 0.0, "staleness_max": 0, "dropped_stale": 0, "dropped_overflow": 0,
+                 "generated_rows": 16, "generated_rows_restored": sched._generated_before, "queue_depth": 0,
+                 "learner_wait_s": 0.0, "rollout_wait_s": 0.0, "min_version": 2, "max_version": 2,
+                 "spanning_rows": 0, "batch_index": 3, "staleness_hist": {"0": 16}}
+        assert async_metrics(facts, sched.weights.pushes)["async/generated_rows"] == want_generated + 16
+    finally:
+        trainer.tracer.close()
+        sched.close()
