@@ -540,12 +540,43 @@ def sigterm_at_startup(work):
             f"exit {proc.returncode}: {_short(_last(err))}", ok)
 
 
+def _async_counters(run: str) -> list[tuple]:
+    path = os.path.join(run, "metrics.jsonl")
+    rows = {r["step"]: r for r in map(json.loads, open(path)) if "actor/pg_loss" in r}  # the resume's lines last
+    return [(int(rows[k]["async/generated_rows"]), int(rows[k]["async/weight_pushes"])) for k in sorted(rows)]
+
+
+def async_resume_counters(work):
+    """Issue 39 item 6: an async run stopped after step 2 and resumed to 4, against one launch of 4 steps, at
+    tau=0 (the counters equal at every step) and tau=1 (the pushes equal; the rows generated never fewer
+    than the batches trained so far)."""
+    out = []
+    ok = True
+    for tau in (0, 1):
+        base = [*SMALL, "trainer.mode=async", f"async_training.max_staleness={tau}"]
+        full, split = (os.path.join(work, f"counters{tau}-{n}") for n in ("full", "split"))
+        for args in (["trainer.total_steps=4", "--run-dir", full], ["trainer.total_steps=2", "--run-dir", split],
+                     ["trainer.total_steps=4", "--resume", "--run-dir", split]):
+            r = _launch(*base, *args)
+            if r.returncode:
+                return ("async run resumed: its counters", "continue", _observed(r), False)
+        f, s = _async_counters(full), _async_counters(split)
+        if tau == 0:
+            ok = ok and f == s
+        else:
+            ok = ok and [p for _, p in f] == [p for _, p in s] and all(g >= 8 * k for k, (g, _) in enumerate(s, 1))
+        out.append(f"tau={tau}: (generated_rows, weight_pushes) by step, uninterrupted {f}, resumed after 2 {s}")
+    return ("async run stopped after step 2 and resumed to 4 (tau=0, tau=1)",
+            "async/generated_rows and async/weight_pushes continue (tau=0: equal to one launch's at every step)",
+            "; ".join(out), ok)
+
+
 FAULTS = [sigint, sigterm_group, unverified_checkpoint, changed_shape, other_task, fresh_into_old, finished_resume,
           sigterm_in_last_step,
           reward_exit_at_import, reward_hang_at_import, reward_huge, reward_all_fail, reward_inprocess_timeout,
           hostile_tool_code, hostile_tool_code_no_sys_admin, sandbox_cannot_drop_root, bad_data_surrogate, disk_full,
           cache_swapped_pair, cache_flipped_every_entry, cache_wrong_program, resume_with_overrides, cut_metrics_line,
-          null_prompt, bad_data_0xff, sigterm_at_startup]
+          null_prompt, bad_data_0xff, sigterm_at_startup, async_resume_counters]
 
 
 def main() -> int:
