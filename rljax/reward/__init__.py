@@ -9,7 +9,7 @@ verdict report are here too (:func:`parse_verdicts`; its generation runs in
 :mod:`rljax.trainer.judge`). Pure Python and NumPy.
 """
 
-from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, as_result, score_batch
+from rljax.reward._batch import MAX_ABS_SCORE, RewardError, RewardReport, as_result, merge_extras, score_batch
 from rljax.reward._check import check, probe_plugin
 from rljax.reward._filter import FILTER_METRICS, filter_values, groups_to_keep
 from rljax.reward._judge import (
@@ -72,6 +72,7 @@ __all__ = [
     "RewardError",
     "RewardPool",
     "RewardReport",
+    "merge_extras",
     "RewardWorkerError",
     "default_num_workers",
     "embedded_reward",

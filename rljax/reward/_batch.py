@@ -46,7 +46,10 @@ class RewardReport:
         rows that gave them.
       function_errors: ``{name: (count, first error)}`` of the functions of ``reward.functions``
         that raised on some rows (their part scored 0; the row is not an error of the batch).
-      row_extras: each row's extra dict (None for padding or a plain number).
+      row_extras: each row's extra dict (None for padding or a plain number); a report merged over
+        processes keeps this process's rows.
+      extra_totals: ``{key: (sum, rows)}`` behind ``extra_means`` (what :func:`merge_extras` adds up
+        over processes or draws).
     """
 
     num_scored: int
@@ -59,6 +62,13 @@ class RewardReport:
     extra_means: Mapping = dataclasses.field(default_factory=dict)
     function_errors: Mapping = dataclasses.field(default_factory=dict)
     row_extras: tuple = ()
+    extra_totals: Mapping = dataclasses.field(default_factory=dict)
+
+    def extras_record(self) -> dict:
+        """The JSON-able part :func:`merge_extras` merges: ``{"totals": {key: [sum, rows]},
+        "function_errors": {name: [count, first error]}}``."""
+        return {"totals": {k: [float(t), int(n)] for k, (t, n) in self.extra_totals.items()},
+                "function_errors": {k: [int(c), first] for k, (c, first) in self.function_errors.items()}}
 
     @property
     def error_fraction(self) -> float:
@@ -149,8 +159,28 @@ def _call(fn, response, answer, extra) -> Outcome:
         return Outcome(0.0, f"{type(e).__name__}: {_short(e)}")
 
 
-def _extras(rows, outcomes, n: int) -> tuple[dict, dict, tuple]:
-    """``(means, function errors, per-row extras)`` of a batch's outcomes (:class:`RewardReport`)."""
+def merge_extras(records: Sequence[Mapping]) -> dict:
+    """``{"extra_means", "extra_totals", "function_errors"}`` of several reports' :meth:`RewardReport.extras_record`
+    (every process's part of one batch, or several draws), in batch order: each key's sum and row count
+    added up (a mean over every row that gave the key, as one process scoring them all), each function's
+    errors counted with the first one's message. For ``dataclasses.replace(report, **merge_extras(...))``."""
+    totals: dict[str, list] = {}
+    errors: dict[str, list] = {}
+    for rec in records:
+        for key, (total, rows) in rec["totals"].items():
+            acc = totals.setdefault(key, [0.0, 0])
+            acc[0] += total
+            acc[1] += rows
+        for name, (count, first) in rec["function_errors"].items():
+            errors.setdefault(name, [0, first])[0] += count
+    return {"extra_means": {k: t / n for k, (t, n) in totals.items()},
+            "extra_totals": {k: (t, n) for k, (t, n) in totals.items()},
+            "function_errors": {k: (c, first) for k, (c, first) in errors.items()}}
+
+
+def _extras(rows, outcomes, n: int) -> tuple[dict, tuple]:
+    """``(extras, per-row extras)`` of a batch's outcomes (:class:`RewardReport`), ``extras`` as
+    :func:`merge_extras` returns them."""
     per_row: list = [None] * n
     sums: dict[str, list] = {}
     errors: dict[str, list] = {}
@@ -166,8 +196,7 @@ def _extras(rows, outcomes, n: int) -> tuple[dict, dict, tuple]:
                 acc = sums.setdefault(key, [0.0, 0])
                 acc[0] += v
                 acc[1] += 1
-    means = {k: total / count for k, (total, count) in sums.items()}
-    return means, {k: (c, first) for k, (c, first) in errors.items()}, tuple(per_row)
+    return merge_extras([{"totals": sums, "function_errors": errors}]), tuple(per_row)
 
 
 def score_batch(
@@ -245,9 +274,9 @@ def score_batch(
             first = first or f"{uids[i]}: {out.error}"
             failed.append((uids[i], out.error))
     num_scored = len(rows)
-    means, fn_errors, row_extras = _extras(rows, outcomes, n)
+    extras, row_extras = _extras(rows, outcomes, n)
     report = RewardReport(num_scored, int(pad.sum()), len(error_uids), tuple(error_uids), first, timeouts, restarts,
-                          means, fn_errors, row_extras)
+                          row_extras=row_extras, **extras)
     report.check(max_error_fraction)
     for uid, error in failed[:_MAX_WARNINGS]:
         logger.warning("reward failed for uid %s (scored 0): %s", uid, error)

@@ -34,7 +34,7 @@ from typing import Mapping, Optional
 import jax
 import numpy as np
 
-from rljax.reward import RewardReport
+from rljax.reward import RewardReport, merge_extras
 from rljax.sharding import batch_shardings
 
 
@@ -289,8 +289,9 @@ def gather_rows(traj, share: Share, *, judge_scores=None, episodes=None) -> Roll
 
 def merge_reward_reports(report, share: Share):
     """The whole batch's :class:`~rljax.reward.RewardReport` from every process's: counts summed, the
-    first error of the first process (in batch order) that had one; ``error_uids`` stay this process's
-    (their number differs between processes)."""
+    first error of the first process (in batch order) that had one, a dict's extras and each of
+    ``reward.functions``' errors merged (:func:`rljax.reward.merge_extras`); ``error_uids`` and
+    ``row_extras`` stay this process's (their number differs between processes)."""
     if share.processes == 1:
         return report
 
@@ -298,7 +299,9 @@ def merge_reward_reports(report, share: Share):
                        report.worker_restarts], np.int64)
     total = per_process(counts).sum(axis=0)
     return RewardReport(int(total[0]), int(total[1]), int(total[2]), tuple(report.error_uids),
-                        _first_of_processes(report.first_error, share), int(total[3]), int(total[4]))
+                        _first_of_processes(report.first_error, share), int(total[3]), int(total[4]),
+                        row_extras=report.row_extras,
+                        **merge_extras(gather_records([report.extras_record()], share)))
 
 
 def merge_judge_reports(report, share: Share):

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from rljax.errors import RunError
-from rljax.reward import filter_values, groups_to_keep
+from rljax.reward import filter_values, groups_to_keep, merge_extras
 
 #: Host fields with one entry per row (multi-turn episodes add the final turn's text and the turn spans).
 ROW_FIELDS = ("uid", "session", "index", "final_text", "turn_spans")
@@ -114,14 +114,15 @@ def _merge_totals(totals: list) -> tuple:
 
 
 def merge_reports(reports: list):
-    """One reward report of several scored batches."""
+    """One reward report of several scored batches (a dict's extras over every batch's rows)."""
     first = reports[0]
     errors = [r.first_error for r in reports if r.first_error]
     return dataclasses.replace(
         first, num_scored=sum(r.num_scored for r in reports), num_padding=sum(r.num_padding for r in reports),
         errors=sum(r.errors for r in reports), error_uids=sum((tuple(r.error_uids) for r in reports), ()),
         first_error=errors[0] if errors else None, timeouts=sum(r.timeouts for r in reports),
-        worker_restarts=sum(r.worker_restarts for r in reports))
+        worker_restarts=sum(r.worker_restarts for r in reports),
+        **merge_extras([r.extras_record() for r in reports]))
 
 
 def _group_facts(keep, values, traj, real) -> dict:

@@ -288,6 +288,24 @@ _NOT_COMPARED = ("timing_s/", "perf/throughput", "perf/e2e_tokens_per_s", "perf/
                  "rollout/slot_occupancy")  # the process's own engine: its slots hold its share, from other lengths
 
 
+#: verl's compute_score dict with extras (reward/extra/acc, reward/extra/chars; "pred" a string, not logged).
+DICT_REWARD = '''
+from rljax.reward import embedded_reward
+
+
+def reward(response, answer, **extra):
+    score = embedded_reward(response, answer)
+    return {"score": score, "acc": float(score == 1.0), "chars": float(len(response)), "pred": response[:4]}
+'''
+
+
+@pytest.fixture(scope="module")
+def dict_reward(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward") / "dict_reward.py"
+    path.write_text(DICT_REWARD)
+    return f"reward.function={path}:reward"
+
+
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory):
     """The one-process synchronous run of a mesh (shared by the sync and async comparisons)."""
@@ -307,15 +325,17 @@ def one_process_run(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, mesh, assembly", [("sync", "dp4", "direct"), ("async", "dp4", "direct"),
                                                   ("sync", "tp4", "gathered")])
-def test_two_local_processes_match_one_process(tmp_path, one_process_run, mode, mesh, assembly):
+def test_two_local_processes_match_one_process(tmp_path, one_process_run, dict_reward, mode, mesh, assembly):
     """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, CPU collectives. Each
     process generates half of the prompt groups: the union of their trajectories is the one-process
     run's (uids, sessions, token ids), none is generated twice, and every batch metric matches the
     one-process run with 4 devices; in both modes (async with max_staleness=0, the deterministic
     schedule). With dp across the processes each builds the global batch from its own rows
     (``direct``); with dp1 (tp4: every device holds every row) the token arrays are gathered.
-    The trace records which process generated which uids, and its check passes."""
-    args = [f"--mesh={mesh}", *SMALL, "trainer.total_steps=2", "trace.rollout_dump=true"]
+    The trace records which process generated which uids, and its check passes. The reward returns
+    verl's dict: its extras (reward/extra/*, each process scoring its own rows) match too; before,
+    2 processes logged none."""
+    args = [f"--mesh={mesh}", *SMALL, "trainer.total_steps=2", "trace.rollout_dump=true", dict_reward]
     one = one_process_run(mesh, args)  # synchronous: async at max_staleness=0 must match it too
     if mode == "async":
         args += ["trainer.mode=async", "async_training.max_staleness=0"]
@@ -362,7 +382,7 @@ def test_two_local_processes_match_one_process(tmp_path, one_process_run, mode, 
     frac = [[r.get("perf/learner_padding_frac") for r in x] for x in (a, b)]
     assert frac[0] == frac[1] and any(f is not None for f in frac[0]), frac
     for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/total_num_tokens",
-                "val/score/mean"):
+                "val/score/mean", "reward/extra/chars", "reward/extra/acc", "val-core/rljax/embedded/acc/mean@1"):
         assert any(key in r for r in b), key
     if mode == "async":
         assert b[-1]["async/staleness_hist"] == {"0": 32}  # every process's rows, not process 0's

@@ -1,11 +1,12 @@
 """Several weighted reward functions (TRL's reward_funcs / reward_weights; issue 38 item 4)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from rljax.config import ConfigError, resolve
-from rljax.reward import RewardError, make_reward, score_batch
+from rljax.reward import RewardError, make_reward, merge_extras, score_batch
 
 FILE = '''
 def correct(response, answer, **extra):
@@ -70,3 +71,19 @@ def test_config_keys():
                       (["reward.functions=[nope]"], "not a built-in reward")):
         with pytest.raises(ConfigError, match=says):
             resolve(None, bad)
+
+
+def test_reports_of_parts_merge_to_the_whole_batchs(tmp_path):
+    """Two processes each score their own rows; before, the merged report dropped every extra
+    (reward/extra/<key>, reward/fn/<name>/mean and /errors were missing over 2 processes)."""
+    fn = _reward(tmp_path, ["correct", "short", "compute_score"], [1.0, 0.5, 0.25])
+    responses, answers, uids = ["7", "boom", "9", "8", "7", "77"], ["7"] * 6, list("abcdef")
+    whole = score_batch(fn, responses, answers, uids, max_error_fraction=0.5)[1]
+    parts = [score_batch(fn, responses[lo:hi], answers[lo:hi], uids[lo:hi], max_error_fraction=0.5)[1]
+             for lo, hi in ((0, 1), (1, 6))]  # shares of different sizes: a mean of means would differ
+    merged = merge_extras([p.extras_record() for p in parts])
+    assert merged["extra_means"] == pytest.approx(whole.extra_means) and merged["extra_means"]
+    assert merged["function_errors"] == whole.function_errors == {"short": (1, "ValueError: no length for boom")}
+    assert merged["extra_totals"] == whole.extra_totals  # sums of halves, 0.5 and 1: exact
+    assert json.loads(json.dumps(parts[1].extras_record())) == parts[1].extras_record()  # what processes exchange
+    assert whole.metrics()["reward/fn/short/mean"] == 4.5 / 6  # the failed row's part scored 0
