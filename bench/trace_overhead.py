@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     p.add_argument("--ref", default="none", help="git revision whose parameter digest is timed beside this "
                                                   "tree's ('none', the default: not timed)")
     p.add_argument("--overrides", nargs="*", default=[])
+    p.add_argument("--parts", action="store_true", help="also time the tracer's parts per on step (each wrapped "
+                                                        "with a clock; the wrappers add a little to the on half)")
     args = p.parse_args(argv)
     trainer = A.trainer(args.mesh, args.steps, [*CASES[args.case], *args.overrides], "trace_overhead_")
     import rljax._digest as D
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
 
     D.param_digest = counted  # what DigestLog.digest computes (a known digest is not counted)
 
+    parts = Parts(trainer.tracer) if args.parts else None
+
     def switch(on: bool) -> None:
         runner.observers = observers if on else []
         if hasattr(sampler, "digest_log"):
@@ -67,8 +71,12 @@ def main(argv=None) -> int:
         D.LOG.record = record if on else (lambda *a, **k: None)
         if on:
             D.LOG.clear()  # the off step's records (none): the on step ties what it sees
+            if getattr(sampler, "params", None) is not None:  # the weights the off step installed, digested as
+                D.LOG.digest(sampler.params)  # a traced install would have: the on step's chunks find it
             D.LOG.take_spent()  # and its digest time is not the on step's
         computed["n"] = 0
+        if parts is not None:
+            parts.next(on)
 
     counts = []
     halves = A.alternate(trainer, args.steps, lambda on: (counts.append(computed["n"]), switch(on)))
@@ -94,7 +102,73 @@ def main(argv=None) -> int:
                                                 f"timing_s/update_actor ({update:.4f} s), 3 (+ the install) = "
                                                 f"{100 * 3 * s / on:.2f}% of the step")
         print(f"{name}: {1e3 * s:.2f} ms ({s / times['float sum']:.1f}x the float sum){share}")
+    if parts is not None:
+        parts.next(False)
+        print("tracer parts (ms per on step, median; nested parts are inside their parents):")
+        for name, ms in parts.medians().items():
+            print(f"  {name}: {ms:.3f}")
     return 0
+
+
+class Parts:
+    """The tracer's parts, each wrapped with a clock: ``{part: seconds}`` of every on step."""
+
+    def __init__(self, tracer):
+        from rljax.trace import _io, invariants as I, tracer as T
+        from rljax.trace.observers import records as R, rollouts as RO, whole_batch as W
+        from rljax.trace.recompute import Recompute
+
+        self.steps: list[dict] = []
+        self.now: dict = {}
+        self.on = False
+        targets = [(type(tracer), "step_end", "step_end"), (type(tracer), "cleanup", "cleanup"),
+                   (type(tracer.rollouts), "step", "rollouts"), (type(tracer.whole_batch), "step", "whole_batch"),
+                   (I, "step_facts", "whole_batch/step_facts"), (W, "_local", "whole_batch/host compare"),
+                   (W, "_rederived", "whole_batch/rederived"), (Recompute, "_rescore", "whole_batch/rederived/rescore"),
+                   (Recompute, "_weights", "whole_batch/rederived/weights"), (type(tracer.perf), "tokens", "perf.tokens"),
+                   (type(tracer.perf), "bytes_and_comm", "perf.bytes_and_comm"),
+                   (R.Records, "step", "records.step (field summaries)"), (R.Records, "cleanup", "records.cleanup"),
+                   (type(tracer), "_summary", "cleanup/summary dict"), (T, "write_atomic", "cleanup/summary write"),
+                   (R, "append_lines", "records.cleanup/append"), (RO, "append_lines", "rollouts/append")]
+        if hasattr(T, "WRITER"):
+            targets.append((T.WRITER, "wait", "writer wait (flush)"))
+        del _io
+        for owner, attr, name in targets:
+            setattr(owner, attr, self._wrap(getattr(owner, attr), name))
+        take = T.LOG.take_spent
+
+        def taken():  # the digest log's seconds during the step's stages, as the tracer counts them
+            s = take()
+            self.now["digest log (stages)"] = self.now.get("digest log (stages)", 0.0) + s
+            return s
+        T.LOG.take_spent = taken
+
+    def _wrap(self, fn, name):
+        import functools
+        import time
+
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.now[name] = self.now.get(name, 0.0) + time.perf_counter() - t
+        return wrapped
+
+    def next(self, on: bool) -> None:
+        """A step begins (its trace ``on``); the step before's parts are kept when it was on (its
+        cleanup runs at the start of the next step, so its parts are kept one step late)."""
+        if self.on:
+            self.steps.append(self.now)
+        self.now, self.on = {}, on
+
+    def medians(self) -> dict:
+        import statistics
+
+        kept = self.steps[1:]  # the first on step compiles
+        names = dict.fromkeys(k for s in kept for k in s)
+        return {k: 1e3 * statistics.median(s.get(k, 0.0) for s in kept) for k in names}
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
@@ -50,6 +51,7 @@ from rljax.trace.observers.records import TRACE_FILE, Records
 from rljax.trace.observers.rollouts import ROLLOUT_FILE, AsyncCounts, Rollouts
 from rljax.trace.observers.step import StepView
 from rljax.trace.observers.whole_batch import WholeBatch
+from rljax.trace.writer import Writer
 
 SUMMARY_FILE = "trace_summary.json"
 
@@ -74,12 +76,18 @@ class Tracer:
         self.memory_stats = local_memory_stats
         self.sandbox: Optional[dict] = None  # the python tool's sandbox probe (env.sandbox), set by the trainer
         self.clock = Clock()
+        # The files are written by a background thread (rljax.trace.writer): flushed before each checkpoint save
+        # (the trainer's flush()) and at close. The lock keeps the summary it encodes whole: every hook that
+        # changes what the summary reads holds it.
+        self.writer = Writer()
+        self._lock = threading.RLock()
+        self._generation = 0  # the summaries put: only the newest is encoded and written
         self.alerts = AlertLog(cfg.trace, mismatch_max=A.mismatch_threshold(cfg))
-        self.records = Records(cfg, run_dir, enabled=enabled, wall=self.clock.wall)
+        self.records = Records(cfg, run_dir, enabled=enabled, wall=self.clock.wall, writer=self.writer)
         self.whole_batch = WholeBatch(RC.Recompute(cfg))  # the trainer attaches its reward function
         self.ledgers = Ledgers(run_dir, mesh, wanted=cfg.trace.ledgers, enabled=enabled, sources=ledger_sources)
         self.perf = Perf(data_shards(mesh), cfg.trace)  # the batch's shards: dp x fsdp
-        self.rollouts = Rollouts(run_dir, enabled=enabled, dump=cfg.trace.rollout_dump)
+        self.rollouts = Rollouts(run_dir, enabled=enabled, dump=cfg.trace.rollout_dump, writer=self.writer)
         self.asynchronous = AsyncCounts(cfg.trace.alert_drop_rate)
         self._events: list = []
         self._closed = False
@@ -97,6 +105,10 @@ class Tracer:
     def step_end(self, step: int, metrics: dict) -> None:
         """Records, DFX metrics and alerts of the step (added to ``metrics``); drops the step's arrays."""
         entered = time.perf_counter()
+        with self._lock:  # the writer encoding a summary meanwhile: waited for, and counted
+            self._step_end(step, metrics, entered)
+
+    def _step_end(self, step: int, metrics: dict, entered: float) -> None:
         self.clock.spent += LOG.take_spent()  # the digest log's lookups and dispatches during the step's stages
         view = StepView.of(step, self._events)
         self._events = []
@@ -153,31 +165,64 @@ class Tracer:
 
     def async_totals(self, stats: Mapping) -> None:
         """The queue's final counts (drops after the last trained batch included)."""
-        self.asynchronous.totals(stats)
+        with self._lock:
+            self.asynchronous.totals(stats)
 
     @timed
     def cleanup(self, report) -> None:
-        """The runner's cleanup report becomes each group's last record; the step's records are written
-        (timed: counted in the next step's ``trace/overhead_s``, the step's metrics being out by then)."""
-        if report.leaked:
-            self.alerts.fire(report.step, "batch_leak",
-                             f"step {report.step}: {len(report.leaked)} batch field(s) still referenced after the "
-                             f"step: {', '.join(report.leaked[:8])}", None)
-        self.records.cleanup(report)
-        if self.enabled and not self._closed:  # the summary so far: a kill after the last step loses nothing of it
-            try:
-                write_atomic(os.path.join(self.run_dir, SUMMARY_FILE),
-                             json.dumps(self._summary(), separators=(",", ":")))
-            except OSError:  # a full disk: the records' own writes stop the run and name the file; the summary
-                pass  # on disk stays the previous step's (whole: written atomically)
+        """The runner's cleanup report becomes each group's last record; the step's records and the
+        summary so far are put to the writer (timed: counted in the next step's ``trace/overhead_s``,
+        the step's metrics being out by then; the writer's own work is off the step). Raises the
+        ``OSError`` of an earlier step's record write (the run stops, naming the file)."""
+        with self._lock:
+            if report.leaked:
+                self.alerts.fire(report.step, "batch_leak",
+                                 f"step {report.step}: {len(report.leaked)} batch field(s) still referenced after "
+                                 f"the step: {', '.join(report.leaked[:8])}", None)
+            self.records.cleanup(report)
+            if not self.enabled or self._closed:
+                return
+            self._generation += 1
+            generation = self._generation
+        self.writer.put(lambda: self._write_summary(generation))
+
+    def _write_summary(self, generation: int) -> None:
+        """The writer's job: the summary so far (a kill after the last step loses nothing of it),
+        unless a newer one was put meanwhile or the tracer closed."""
+        with self._lock:
+            if generation != self._generation or self._closed:
+                return
+            text = json.dumps(self._summary(), separators=(",", ":"))
+        try:
+            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE), text)
+        except OSError:  # a full disk: the records' own writes stop the run and name the file; the summary
+            pass  # on disk stays the previous step's (whole: written atomically)
+
+    @timed
+    def flush(self) -> None:
+        """Waits until the writer has written everything put so far (the trainer calls it before each
+        checkpoint save: a kill after the save finds the step's records and summary); the wait
+        counts as the tracer's overhead. Raises a write's ``OSError``."""
+        self.writer.flush()
 
     def alert(self, step: int, name: str, msg: str) -> None:
         """An alert raised outside the tracer's own rules (e.g. a skipped non-finite update)."""
-        self.alerts.fire(step, name, msg, None)
+        with self._lock:
+            self.alerts.fire(step, name, msg, None)
 
     def close(self, *, error: Optional[str] = None, step: Optional[int] = None) -> dict:
         """Writes ``trace_summary.json`` (records, traced uids, stage time, overhead, alerts, and the
-        error when the run failed); returns it. Closing twice keeps the first summary's error."""
+        error when the run failed); returns it. Closing twice keeps the first summary's error. The
+        writer is flushed first; its ``OSError`` is raised when the run did not already fail."""
+        try:
+            self.writer.close()
+        except OSError:
+            if not error:
+                raise  # a record the run could not write: it fails, naming the file (and closes again)
+        with self._lock:
+            return self._close(error, step)
+
+    def _close(self, error: Optional[str], step: Optional[int]) -> dict:
         summary = self._summary("failed" if error else "completed")
         if error:
             summary["error"] = error

@@ -317,6 +317,7 @@ class Trainer:
             raise CheckpointError(f"checkpoint {step}: {e}") from None
 
     def save(self) -> None:
+        self.out.tracer.flush()  # the trace's writes of the steps saved are on disk before the checkpoint
         meta = {**checkpoint_meta(self.state), "config": to_dict(self.cfg), **self.schedule.checkpoint_meta(self.state)}
         lora_base = self.services.model.lora_base
         if lora_base is not None:  # adapter-only checkpoint: name the base it belongs to

@@ -182,6 +182,7 @@ def _step(tmp_path, *, overrides=(), old_logp_shape=None, attention=None, metric
     out = {}
     for step in range(1, steps + 1):
         out, _ = runner.run(step, {"step": step})
+    tracer.flush()  # the writer thread's records and summary on disk, as the trainer's save flushes them
     return tracer, out
 
 

@@ -39,8 +39,9 @@ TRACE_FILE = "trace.jsonl"
 class Records:
     """The traced groups' records of each step, written at the step's cleanup."""
 
-    def __init__(self, cfg, run_dir: str, *, enabled: bool, wall: Callable):
+    def __init__(self, cfg, run_dir: str, *, enabled: bool, wall: Callable, writer=None):
         self.cfg, self.run_dir, self.enabled, self.wall = cfg, run_dir, enabled, wall
+        self.writer = writer  # rljax.trace.writer.Writer: the records are encoded and appended off the step
         self.path = os.path.join(run_dir, TRACE_FILE)
         self.k = int(cfg.trace.groups)
         self.pending: list[dict] = []  # the step's records, written at its cleanup
@@ -94,9 +95,13 @@ class Records:
             rec["signature"] = {"keys": list(first["keys"]), "rows": len(first["keys"]), "batch": None,
                                 "resp_len": None, "mask_sum": None}
             records.append(rec)
-        if self.enabled and records:
-            memo: dict = {}
-            append_lines(self.path, "".join(_line(r, memo) for r in records))
+        if self.enabled and records:  # the records are not changed after this: the writer encodes them
+            path = self.path
+
+            def job():
+                memo: dict = {}
+                append_lines(path, "".join(_line(r, memo) for r in records))
+            job() if self.writer is None else self.writer.put(job)
         self.count += len(records)
         self.uids.extend(sorted({r["uid"] for r in records}))
         self.last_step = int(report.step)

@@ -20,8 +20,9 @@ ROLLOUT_FILE = "rollout_uids.jsonl"
 class Rollouts:
     """The prompts each step generated, per process."""
 
-    def __init__(self, run_dir: str, *, enabled: bool, dump: bool):
+    def __init__(self, run_dir: str, *, enabled: bool, dump: bool, writer=None):
         self.run_dir, self.enabled, self.dump_enabled = run_dir, enabled, dump
+        self.writer = writer  # rljax.trace.writer.Writer: the line is appended off the step (None: here)
         self.summary: Optional[dict] = None  # uids generated per process
 
     def step(self, step: int, rows, fields: Mapping) -> None:
@@ -47,7 +48,9 @@ class Rollouts:
                                          if k in item["data_after"]}
             if "dynamic_sampling" in fields:  # algorithm.filter_groups: the uids generated, not trained, and why
                 rec["dropped"] = fields["dynamic_sampling"]["dropped"]
-            append_lines(os.path.join(self.run_dir, ROLLOUT_FILE), json.dumps(rec, separators=(",", ":")) + "\n")
+            path = os.path.join(self.run_dir, ROLLOUT_FILE)
+            job = lambda: append_lines(path, json.dumps(rec, separators=(",", ":")) + "\n")  # noqa: E731
+            job() if self.writer is None else self.writer.put(job)
 
     def dump(self, step: int, traj) -> None:
         """``trace.rollout_dump``: this process's own rows of the step, as ``.npz``."""
