@@ -325,7 +325,7 @@ def sampler_rows(cfg, mc, devices) -> list:
     import jax.numpy as jnp
 
     from rljax.models import functional as F  # JAX: once the launcher set up the devices
-    from rljax.rollout.mesh import sampler_mesh  # JAX: once the launcher set up the devices
+    from rljax.rollout.mesh import kv_heads_note, sampler_mesh  # JAX: once the launcher set up the devices
     from rljax.sharding import kv_cache_sharding  # JAX: once the launcher set up the devices
 
     r, d = cfg.rollout, cfg.data
@@ -341,7 +341,9 @@ def sampler_rows(cfg, mc, devices) -> list:
     return [Row("sampler weights", weights, f"its own mesh dp{len(devices) // r.tp},tp{r.tp}; the weight sync "
                                             "reshards into it"),
             Row("sampler KV cache", kv, f"{slots} slots x {shape[2]} tokens, {mc.num_layers} layers, k and v, "
-                                        f"local [slots, kv heads] {local[1]} x {local[3]}")]
+                                        f"local [slots, kv heads] {local[1]} x {local[3]}"
+                                        + (f"; {note[len('rollout: '):]}" if (note := kv_heads_note(mc.num_kv_heads, r.tp))
+                                           else ""))]
 
 
 def plan(cfg, mesh, *, device_bytes: Optional[int], device_source: str = "--device-memory",

@@ -37,6 +37,7 @@ from rljax.models.remat import for_run as remat_for_run
 from rljax.models.tokenizer import CharTokenizer, load_tokenizer
 from rljax.reward import make_reward
 from rljax.rollout import DecodeParams, RljaxEngine, Sampler, sampler_mesh
+from rljax.rollout.mesh import kv_heads_note
 from rljax.sharding import data_shards, to_host
 from rljax.sharding.placement import Placement
 from rljax.trainer import distribute, prefix, stages as S
@@ -351,6 +352,8 @@ def build(cfg: Config, mesh, *, run_dir: str, echo: Callable = print, placement:
     tokenizer = tokenizer_for(cfg)
     mcfg, graphdef, params = model_for(cfg, mesh, tokenizer)
     echo(remat_for_run(cfg, mcfg, mesh).line())  # what model.remat resolved to, and why
+    if (note := kv_heads_note(mcfg.num_kv_heads, cfg.rollout.tp)) is not None:
+        echo(note)  # the sampler's KV cache does not split over rollout.tp
     params, lora_base = with_lora(cfg, mcfg, params, mesh)
     # Sizes in trajectories and the learner's [B, S+T] layout (S and T rounded up to
     # multiples of sp, the extra columns masked everywhere), derived once from the config.

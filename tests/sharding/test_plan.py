@@ -64,6 +64,31 @@ def test_formula_plan_counts_the_fsdp_gathers(devices):
     assert "gathered weights" not in rows["dp8"]
 
 
+def test_kv_cache_that_rollout_tp_cannot_split_is_named(devices):
+    """The tiny model has 2 KV heads: ``rollout.tp=4`` cannot split them, so every tp device holds
+    its replica's whole cache (the plan's row counts it and says so, with the rollout.tp values
+    that split it; the launch echoes the same line at build); ``rollout.tp=2`` splits it in two
+    and says nothing."""
+    from rljax import plan as P
+    from rljax.config import resolve
+    from rljax.rollout.mesh import kv_heads_note
+
+    assert kv_heads_note(2, 1) is None and kv_heads_note(4, 2) is None and kv_heads_note(8, 8) is None
+    assert kv_heads_note(4, 8) == ("rollout: rollout.tp=8 does not divide the model's 4 KV heads: each tp device "
+                                   "holds its replica's whole KV cache (8 copies); rollout.tp in [1, 2, 4] splits it")
+    rows = {}
+    for tp in (2, 4):
+        cfg, _ = resolve("default", [f"rollout.tp={tp}"])
+        mc = P.model_config_for(cfg)
+        assert mc.num_kv_heads == 2
+        rows[tp] = {r.item: r for r in P.sampler_rows(cfg, mc, devices)}["sampler KV cache"]
+    # tp=4 (dp2): twice tp=2's slots a device (dp4), and both heads instead of one
+    assert rows[4].bytes == 4 * rows[2].bytes, (rows[2], rows[4])
+    assert "does not divide" not in rows[2].how and "kv heads] 128 x 1" in rows[2].how, rows[2].how
+    assert "kv heads] 256 x 2" in rows[4].how and rows[4].how.endswith("rollout.tp=4 does not divide the model's 2 KV heads: each tp device holds its "
+                                    "replica's whole KV cache (4 copies); rollout.tp in [1, 2] splits it"), rows[4].how
+
+
 @pytest.mark.parametrize("text", ["80Gx", "GiB", "-1GiB", "0GB", "eighty", ""])
 def test_parse_bytes_refuses_in_one_line(text):
     with pytest.raises(ValueError) as e:
