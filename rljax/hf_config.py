@@ -62,25 +62,29 @@ def _sliding_window(cfg: dict, family: str):
     return None
 
 
-#: Gemma 2's soft-capping keys, refused unless null: rljax's attention kernels (dense, flash, decode,
-#: sequence-parallel) and its fused log-prob / sampling paths do not apply ``cap * tanh(x / cap)``.
-SOFTCAP_KEYS = {"attn_logit_softcapping": "attention scores", "final_logit_softcapping": "the output logits"}
+#: Gemma's soft-capping keys (``cap * tanh(x / cap)`` of the attention scores and of the output logits;
+#: a real Gemma 2 checkpoint sets 50 and 30), carried into ``ModelConfig`` under the same names.
+SOFTCAP_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
 
 
-def _softcapping(cfg: dict, name: str) -> None:
-    for key, what in SOFTCAP_KEYS.items():
-        if cfg.get(key) is not None:
-            raise ValueError(f"unsupported config.json: {name} {key}={cfg[key]} (soft-capping of {what} is not "
-                             f"implemented in rljax's attention and log-prob kernels); accepted: {key}=null")
+def _softcapping(cfg: dict, name: str) -> dict:
+    out = {}
+    for key in SOFTCAP_KEYS:
+        cap = cfg.get(key)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")):
+            raise ValueError(f"unsupported config.json: {name} {key}={cap!r}; accepted: null or a positive number")
+        out[key] = None if cap is None else float(cap)
+    return out
 
 
 def _gemma(cfg: dict, family: str) -> dict:
     """Gemma 2's and 3's fields: the norm offset, sandwich norms, scaled embeddings, the query scale,
+    the soft-capping of the attention scores and output logits,
     its sliding-window layers (Gemma 2: every other one from the first, the same rotary base; Gemma 3:
     their own rotary base; transformers 4's rope_local_base_freq / sliding_window_pattern, or 5's
     rope_parameters / layer_types), and QK-norm (Gemma 3)."""
     name = "Gemma 2" if family == "gemma2" else "Gemma 3"
-    _softcapping(cfg, name)
+    caps = _softcapping(cfg, name)
     if cfg.get("use_bidirectional_attention"):
         raise ValueError(f"unsupported config.json: {name} use_bidirectional_attention=true (a causal LM is needed)")
     n = cfg["num_hidden_layers"]
@@ -103,7 +107,7 @@ def _gemma(cfg: dict, family: str) -> dict:
                 extra=dict(norm_offset=1.0, sandwich_norm=True, embed_scale=True, qk_norm=family == "gemma3",
                            query_scale=cfg.get("query_pre_attn_scalar", 256),
                            local_layers=tuple(t == "sliding_attention" for t in types),
-                           rope_local_theta=float(local_theta)))
+                           rope_local_theta=float(local_theta), **caps))
 
 
 def model_fields(cfg: dict, *, dtype=None) -> dict:

@@ -25,6 +25,7 @@ Training / scoring (pure, jit-able)::
     # positions [B,T] (default cumsum(mask)-1). hidden [B,T,H] after the final norm.
     unembed = models.unembedding(params)              # [H,V] (embedding.T when tied)
     logits = models.compute_logits(params, hidden)    # [B,T,V] float32, when you need them
+    # a Gemma 2 model caps its logits: compute_logits(..., softcap=models.logit_softcap(graphdef))
 
 Attention is causal by token index, never attends to padding, runs blockwise
 (flash-style, custom VJP, no ``[T,T]`` scores) past ``config.attn_block_size`` keys, and
@@ -74,7 +75,9 @@ from rljax.models.functional import (
     init_params,
     insert_kv,
     kv_cache_shardings,
+    logit_softcap,
     merge,
+    model_config,
     param_logical_axes,
     param_shardings,
     prefill,
@@ -131,6 +134,8 @@ __all__ = [
     "init_params",
     "insert_kv",
     "kv_cache_shardings",
+    "logit_softcap",
+    "model_config",
     "load_hf_checkpoint",
     "load_tokenizer",
     "merge",

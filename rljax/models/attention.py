@@ -11,6 +11,10 @@ softmax statistics (running max and sum); the backward pass recomputes each bloc
 fall as the sequence is split over ``sp``. Rows with no visible key (padding queries)
 average all keys uniformly in both implementations, so they agree everywhere.
 
+Soft-capping (Gemma 2): with ``softcap`` set, every function here replaces the scaled scores
+``s`` by ``softcap * tanh(s / softcap)`` before the mask and the softmax (the blockwise
+backward multiplies the score cotangent by ``1 - tanh^2``); ``None`` leaves them as they are.
+
 Packed rows (several sequences laid end to end, :mod:`rljax.trainer.packing`) pass
 ``q_segment`` / ``k_segment`` ids: a query then sees only the keys of its own segment.
 
@@ -57,6 +61,11 @@ def visible(q_segment, k_segment):
     return (k_segment == q_segment) | prefix
 
 
+def _cap(scores, softcap):
+    """``softcap * tanh(scores / softcap)`` (Gemma 2's attention-logit soft-capping); ``None``: unchanged."""
+    return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
+
+
 def _mask(q_index, k_index, k_valid, q_segment=None, k_segment=None):
     """``[B,Tq,Tk]`` bool: causal by index, padding keys hidden, and (with segment ids) a
     query sees only the keys :func:`visible` to it (its own segment, and its group's prefix)."""
@@ -66,7 +75,8 @@ def _mask(q_index, k_index, k_valid, q_segment=None, k_segment=None):
     return m
 
 
-def dense_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None) -> jax.Array:
+def dense_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None, *,
+                    softcap: float | None = None) -> jax.Array:
     """Reference attention; materialises the ``[B,N,Tq,Tk]`` scores.
 
     Args:
@@ -75,13 +85,14 @@ def dense_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segmen
       k_valid: ``[B,Tk]`` bool, False for padding keys.
       q_segment, k_segment: optional ``[B,Tq]`` / ``[B,Tk]`` integer segment ids (packed
         sequences): a query attends only to keys with its own segment id.
+      softcap: scores become ``softcap * tanh(scores / softcap)`` before the mask (None: as they are).
 
     Returns ``[B,Tq,N,D]`` in ``q.dtype``.
     """
     b, tq, n, d = q.shape
     kh = k.shape[2]
     qg = q.reshape(b, tq, kh, n // kh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
+    scores = _cap(jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d), softcap)
     scores = jnp.where(_mask(q_index, k_index, k_valid, q_segment, k_segment)[:, None, None], scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
@@ -93,7 +104,7 @@ def _blocks(x, nb, block):
     return jnp.swapaxes(x.reshape(x.shape[0], nb, block, *x.shape[2:]), 0, 1)
 
 
-def _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
+def _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block, softcap):
     b, tq, kh, g, d = qg.shape
     nb = k.shape[1] // block
     scale = 1.0 / math.sqrt(d)
@@ -104,7 +115,7 @@ def _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
     def step(carry, xs):
         m, l, acc = carry
         kc, vc, ki, kv, ks = xs
-        s = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
+        s = _cap(jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale, softcap)
         s = jnp.where(_mask(q_index, ki, kv, q_seg, ks)[:, None, None], s, _NEG)
         s = jnp.where((ki == _PAD)[:, None, None, None, :], -jnp.inf, s)  # fill keys weigh exactly 0
         m_new = jnp.maximum(m, s.max(-1))
@@ -123,17 +134,17 @@ def _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
     return out.astype(qg.dtype), (m, l)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def _flash(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
-    return _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _flash(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block, softcap=None):
+    return _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block, softcap)[0]
 
 
-def _flash_fwd(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block):
-    out, stats = _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block)
+def _flash_fwd(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block, softcap=None):
+    out, stats = _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block, softcap)
     return out, (qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, out, stats)
 
 
-def _flash_bwd(block, res, dout):
+def _flash_bwd(block, softcap, res, dout):
     qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, out, (m, l) = res
     b, tq, kh, g, d = qg.shape
     nb = k.shape[1] // block
@@ -144,6 +155,9 @@ def _flash_bwd(block, res, dout):
     def step(dq, xs):
         kc, vc, ki, kv, ks = xs
         s = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
+        if softcap is not None:  # d(cap * tanh(x / cap)) / dx = 1 - tanh^2
+            t = jnp.tanh(s / softcap)
+            s, dcap = softcap * t, 1.0 - t * t
         visible = _mask(q_index, ki, kv, q_seg, ks)[:, None, None]
         s = jnp.where(visible, s, _NEG)
         s = jnp.where((ki == _PAD)[:, None, None, None, :], -jnp.inf, s)
@@ -151,6 +165,8 @@ def _flash_bwd(block, res, dout):
         dv = jnp.einsum("bkgts,btkgd->bskd", p, dout)
         dp = jnp.einsum("btkgd,bskd->bkgts", dout, vc.astype(jnp.float32))
         ds = jnp.where(visible, p * (dp - delta[..., None]) * scale, 0.0)  # masked scores are constants
+        if softcap is not None:
+            ds = ds * dcap
         dq = dq + jnp.einsum("bkgts,bskd->btkgd", ds, kc.astype(jnp.float32))
         dk = jnp.einsum("bkgts,btkgd->bskd", ds, qg.astype(jnp.float32))
         return dq, (dk, dv)
@@ -166,7 +182,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None, *,
-                        block_size: int = 512) -> jax.Array:
+                        block_size: int = 512, softcap: float | None = None) -> jax.Array:
     """:func:`dense_attention` computed over key blocks of ``block_size`` (same arguments).
 
     ``Tk`` need not divide ``block_size``: the keys are padded with masked entries.
@@ -188,21 +204,23 @@ def blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_se
         q_segment, k_segment = jnp.zeros(q.shape[:2], jnp.int32), jnp.zeros(k.shape[:2], jnp.int32)
     qg = q.reshape(b, tq, kh, n // kh, d)
     out = _flash(qg, k, v, q_index.astype(jnp.int32), k_index.astype(jnp.int32), k_valid.astype(bool),
-                 q_segment.astype(jnp.int32), k_segment.astype(jnp.int32), block)
+                 q_segment.astype(jnp.int32), k_segment.astype(jnp.int32), block, softcap)
     return out.reshape(b, tq, n, d)
 
 
 def attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segment=None, *,
-              block_size: int | None) -> jax.Array:
+              block_size: int | None, softcap: float | None = None) -> jax.Array:
     """Blockwise when ``block_size`` is set and smaller than ``Tk``, dense otherwise."""
     if (q_segment is None) != (k_segment is None):
         raise ValueError("attention: pass both q_segment and k_segment, or neither")
     if block_size is None or k.shape[1] <= block_size:
-        return dense_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment)
-    return blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, block_size=block_size)
+        return dense_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, softcap=softcap)
+    return blockwise_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, block_size=block_size,
+                               softcap=softcap)
 
 
-def block_sparse_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, key_blocks) -> jax.Array:
+def block_sparse_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segment, key_blocks, *,
+                           softcap: float | None = None) -> jax.Array:
     """:func:`dense_attention` (self-attention, ``Tq == Tk``) over only the listed key blocks.
 
     The row's ``T`` positions are cut into ``nq`` blocks of ``ceil(T / nq)`` (the last padded with
@@ -239,11 +257,12 @@ def block_sparse_attention(q, k, v, q_index, k_index, k_valid, q_segment, k_segm
     qg = q.reshape(b * nq, block, kh, n // kh, d)
     as_int = lambda x: x.reshape(b * nq, -1).astype(jnp.int32)  # noqa: E731
     out = _flash(qg, flat(gather(k)), flat(gather(v)), as_int(q_index), as_int(gather(k_index)), flat(kval),
-                 as_int(q_segment), as_int(gather(k_segment)), block)
+                 as_int(q_segment), as_int(gather(k_segment)), block, softcap)
     return out.reshape(b, nq * block, n, d)[:, :t]
 
 
-def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, block_size: int = 256) -> jax.Array:
+def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, block_size: int = 256,
+                          softcap: float | None = None) -> jax.Array:
     """Decode attention whose cost follows the live cache length, not its capacity.
 
     ``q [S,Tn,N,D]`` (new tokens of every slot) against layer ``layer`` of a cache
@@ -278,7 +297,7 @@ def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, blo
         vc = jax.lax.dynamic_slice(cache_v, (layer, 0, start, 0, 0), (1, s, block, kh, d))[0].astype(q.dtype)
         k_index = start + jnp.arange(block)
         visible = (k_index[None, None, :] >= nominal) & (k_index[None, None, :] <= q_index[:, :, None])  # [S,Tn,blk]
-        sc = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale
+        sc = _cap(jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale, softcap)
         sc = jnp.where(visible[:, None, None], sc, -jnp.inf)
         m_new = jnp.maximum(m_run, sc.max(-1))
         p = jnp.exp(sc - m_new[..., None])
@@ -293,7 +312,8 @@ def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, blo
     return out.reshape(s, tn, n, d).astype(q.dtype)
 
 
-def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size: int = 256) -> jax.Array:
+def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size: int = 256,
+                         softcap: float | None = None) -> jax.Array:
     """Decode attention against one layer's cache laid out ``[S,K,M,D]`` (heads before length).
 
     ``q [S,Tn,N,D]``: query ``(s, t)`` sees cache entries ``j <= q_index[s, t]``. With the
@@ -317,7 +337,7 @@ def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size:
     cast = lambda c: c if c.dtype == q.dtype else c.astype(q.dtype)
 
     def scores(kc, start):
-        sc = jnp.einsum("skqd,skmd->skqm", qg, cast(kc), preferred_element_type=jnp.float32) * scale
+        sc = _cap(jnp.einsum("skqd,skmd->skqm", qg, cast(kc), preferred_element_type=jnp.float32) * scale, softcap)
         k_index = start + jnp.arange(kc.shape[2])
         return sc, k_index
 

@@ -53,8 +53,10 @@ class ModelConfig:
     instead of ``sqrt(head_dim)``), ``local_layers`` (a tuple of one bool per layer: the
     sliding-window layers, whose rotary base is ``rope_local_theta`` and which take no
     ``rope_scaling``; Gemma 2's are every other layer with ``rope_local_theta == rope_theta``),
-    and QK-norm (Gemma 3 only). Gemma 2's soft-capping of the attention scores and logits is not
-    implemented: a config.json setting it is refused (:mod:`rljax.hf_config`). ``remat`` rematerialises each layer in the
+    and QK-norm (Gemma 3 only). ``attn_logit_softcapping`` / ``final_logit_softcapping`` (Gemma 2:
+    50 and 30; None: none): the attention scores and the output logits become ``cap * tanh(x / cap)``,
+    in every attention path and wherever logits or log-probs are computed (the fused log-prob's
+    Pallas kernels refuse a final cap in one line; ``impl="auto"`` then takes the chunked path). ``remat`` rematerialises each layer in the
     backward pass, keeping (``remat_policy``) only the layer's input (``full``) or also the
     projections' outputs (``minimal``, MaxText's name: the norms, activations and attention are
     recomputed). ``scan_layers``: the layers run as one ``jax.lax.scan`` body (compile
@@ -88,6 +90,8 @@ class ModelConfig:
     query_scale: float | None = None
     local_layers: Any = None
     rope_local_theta: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     tie_embeddings: bool = False
     max_position_embeddings: int = 4096
     dtype: Any = "float32"
@@ -147,6 +151,15 @@ class ModelConfig:
             object.__setattr__(self, "local_layers", tuple(bool(x) for x in self.local_layers))
             if len(self.local_layers) != self.num_layers or self.rope_local_theta is None:
                 raise ValueError("ModelConfig.local_layers needs one entry per layer and rope_local_theta")
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cap = getattr(self, name)
+            if cap is not None:
+                if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf"):
+                    raise ValueError(f"ModelConfig.{name} is {cap!r}; accepted: None or a positive number")
+                object.__setattr__(self, name, float(cap))
+                if self.architecture not in ("gemma2", "gemma3"):  # the config.json keys only Gemma's export carries
+                    raise ValueError(f"ModelConfig.{name}={cap} needs architecture 'gemma2' or 'gemma3' (whose "
+                                     f"config.json carries it), not {self.architecture!r}")
         w = self.sliding_window
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
             raise ValueError(f"ModelConfig.sliding_window is {w!r}; it must be a positive integer or None")

@@ -244,8 +244,29 @@ def unembedding(params: dict) -> jax.Array:
     return params["lm_head"] if "lm_head" in params else params["embed"].T
 
 
-def compute_logits(params: dict, hidden: jax.Array) -> jax.Array:
-    """``hidden [..., H] @ unembedding [H, V]`` -> float32 logits ``[..., V]``.
+def model_config(graphdef) -> ModelConfig:
+    """The :class:`ModelConfig` a graphdef (of :func:`split` / :func:`abstract_params`) was built with."""
+    for name, attr in graphdef.attributes:
+        if name == "config" and isinstance(getattr(attr, "value", None), ModelConfig):
+            return attr.value
+    raise ValueError("model_config: this graphdef holds no ModelConfig (not an rljax Transformer's)")
+
+
+def logit_softcap(graphdef) -> float | None:
+    """The model's final-logit soft-capping (``ModelConfig.final_logit_softcapping``; Gemma 2: 30),
+    to pass as ``softcap`` to :func:`compute_logits` and to the fused log-prob functions."""
+    return model_config(graphdef).final_logit_softcapping
+
+
+def softcap_logits(logits: jax.Array, softcap: float | None) -> jax.Array:
+    """``softcap * tanh(logits / softcap)``; ``None``: the logits unchanged."""
+    return logits if softcap is None else softcap * jnp.tanh(logits / softcap)
+
+
+def compute_logits(params: dict, hidden: jax.Array, *, softcap: float | None = None) -> jax.Array:
+    """``hidden [..., H] @ unembedding [H, V]`` -> float32 logits ``[..., V]``, soft-capped to
+    ``softcap * tanh(logits / softcap)`` when ``softcap`` is given (pass :func:`logit_softcap`'s
+    value: a Gemma 2 model's logits are capped).
 
     Tied embeddings are contracted as stored, ``[V, H]``: through ``embed.T`` XLA:CPU copied the
     transposed ``[H, V]`` matrix every call (151,936 x 896 bf16 at Qwen2.5-0.5B: 162 ms a call
@@ -253,6 +274,8 @@ def compute_logits(params: dict, hidden: jax.Array) -> jax.Array:
     base = _split_lora(params)[0]
     if "lm_head" not in base:
         w = base["embed"]
-        return jnp.einsum("...h,vh->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
-    w = unembedding(params)
-    return jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
+        logits = jnp.einsum("...h,vh->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    else:
+        w = unembedding(params)
+        logits = jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    return softcap_logits(logits, softcap)

@@ -1,6 +1,6 @@
 """Hugging Face checkpoint import/export for ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-``Qwen3ForCausalLM``, ``MistralForCausalLM``, ``Gemma2ForCausalLM`` (its soft-capping off) and
-``Gemma3ForCausalLM`` (:data:`rljax.hf_config.SUPPORTED_ARCHITECTURES`).
+``Qwen3ForCausalLM``, ``MistralForCausalLM``, ``Gemma2ForCausalLM`` (with its soft-capping of the
+attention scores and output logits) and ``Gemma3ForCausalLM`` (:data:`rljax.hf_config.SUPPORTED_ARCHITECTURES`).
 
 A checkpoint directory holds ``config.json`` and either ``model.safetensors`` or several
 ``*.safetensors`` listed in ``model.safetensors.index.json``. Tensors are memory-mapped and
@@ -87,14 +87,14 @@ def config_to_hf(config: ModelConfig) -> dict:
 
 
 def _gemma_json(config: ModelConfig) -> dict:
-    """Gemma 2's and 3's own ``config.json`` fields, in transformers 5's form and 4's (both read them);
-    soft-capping off (null), as rljax computes them."""
+    """Gemma 2's and 3's own ``config.json`` fields, in transformers 5's form and 4's (both read them),
+    with the model's soft-capping values (null: none)."""
     types = ["sliding_attention" if local else "full_attention" for local in config.local_layers]
     full = {"rope_type": "default", "rope_theta": config.rope_theta, **(config.rope_scaling_dict or {})}
     out = {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
            "query_pre_attn_scalar": config.query_scale, "sliding_window": config.sliding_window,
-           "layer_types": types, "attention_bias": False, "attn_logit_softcapping": None,
-           "final_logit_softcapping": None, "use_bidirectional_attention": False}
+           "layer_types": types, "attention_bias": False, "attn_logit_softcapping": config.attn_logit_softcapping,
+           "final_logit_softcapping": config.final_logit_softcapping, "use_bidirectional_attention": False}
     if config.architecture == "gemma2":
         return {**out, "model_type": "gemma2", "rope_parameters": full}
     return {**out, "model_type": "gemma3_text", "rope_local_base_freq": config.rope_local_theta,

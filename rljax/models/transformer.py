@@ -119,7 +119,7 @@ def _axis_of(spec: PartitionSpec, dim: int):
 
 
 def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, block_size: int | None = None,
-                                segment_ids=None) -> jax.Array:
+                                segment_ids=None, softcap: float | None = None) -> jax.Array:
     """Causal attention with the sequence split over the mesh axis of logical ``length``.
 
     Runs inside ``jax.shard_map``: each device holds ``T/sp`` queries and all-gathers the
@@ -130,7 +130,8 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, blo
     and ``k_valid`` is ``[B,T]``. Equals :func:`dense_attention` with ``q_index = k_index
     = arange(T)``; each device's local attention is blockwise when ``T > block_size``.
     ``segment_ids [B,T]`` (packed rows) are all-gathered like the key mask; a query then
-    sees only keys of its own segment.
+    sees only keys of its own segment. ``softcap``: the scores' soft-capping (Gemma 2), as
+    :func:`rljax.models.attention.dense_attention`'s.
     """
     b, t, n, d = q.shape
     kh = k.shape[2]
@@ -161,7 +162,7 @@ def sequence_parallel_attention(q, k, v, k_valid, mesh: Mesh, *, rules=None, blo
         if segments:
             q_seg = segments[0]
             k_seg = jax.lax.all_gather(q_seg, sp_axis, axis=1, tiled=True)
-        return attention(q, k, v, q_index, k_index, k_valid, q_seg, k_seg, block_size=block_size)
+        return attention(q, k, v, q_index, k_index, k_valid, q_seg, k_seg, block_size=block_size, softcap=softcap)
 
     args, specs = (q, k, v, k_valid), (q_spec, kv_spec, kv_spec, mask_spec)
     if segment_ids is not None:
@@ -276,15 +277,17 @@ class Attention(nnx.Module):
         (:func:`rljax.models.attention.block_sparse_attention`; not with the sequence split over ``sp``,
         where every query reads the whole row under the same mask)."""
         q, k, v = self.project(x, positions, mesh, lora, layer)
+        cap = self.config.attn_logit_softcapping
         if _uses_sequence_parallel(mesh, q.shape):
             attn = sequence_parallel_attention(q, k, v, valid, mesh, block_size=self.config.attn_block_size,
-                                               segment_ids=segment_ids)
+                                               segment_ids=segment_ids, softcap=cap)
         elif key_blocks is not None:
             idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-            attn = block_sparse_attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, key_blocks)
+            attn = block_sparse_attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, key_blocks, softcap=cap)
         else:
             idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-            attn = attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, block_size=self.config.attn_block_size)
+            attn = attention(q, k, v, idx, idx, valid, segment_ids, segment_ids, block_size=self.config.attn_block_size,
+                             softcap=cap)
         return self.output(attn, mesh, lora), (k, v)
 
     def decode(self, x, positions, cache_k, cache_v, layer, cache_index, decode_attention="live", live=None):
@@ -305,13 +308,14 @@ class Attention(nnx.Module):
         cache_v = cache_v.at[layer, rows, write].set(v.astype(cache_v.dtype), mode="drop")
         if decode_attention == "live":
             attn = live_decode_attention(q, cache_k, cache_v, layer, write, live=live,
-                                         block_size=self.config.decode_block_size)
+                                         block_size=self.config.decode_block_size,
+                                         softcap=self.config.attn_logit_softcapping)
         elif decode_attention == "dense":
             m = cache_k.shape[2]
             k_index = jnp.broadcast_to(jnp.arange(m), (s, m))
             attn = dense_attention(
-                q, cache_k[layer].astype(q.dtype), cache_v[layer].astype(q.dtype), write, k_index, jnp.ones((s, m), bool)
-            )
+                q, cache_k[layer].astype(q.dtype), cache_v[layer].astype(q.dtype), write, k_index, jnp.ones((s, m), bool),
+                softcap=self.config.attn_logit_softcapping)
         else:
             raise ValueError(f"decode_attention={decode_attention!r}; accepted: 'live', 'dense'")
         return self.output(attn, None), cache_k, cache_v
@@ -333,7 +337,8 @@ class Attention(nnx.Module):
         if decode_attention not in ("live", "dense"):
             raise ValueError(f"decode_attention={decode_attention!r}; accepted: 'live', 'dense'")
         block = self.config.decode_block_size if decode_attention == "live" else cache_k.shape[2]
-        attn = slot_cache_attention(q, cache_k, cache_v, write, live=live, block_size=block)
+        attn = slot_cache_attention(q, cache_k, cache_v, write, live=live, block_size=block,
+                                    softcap=self.config.attn_logit_softcapping)
         return self.output(attn, None), cache_k, cache_v
 
 

@@ -68,13 +68,30 @@ def _check_arrays(hidden, unembed, targets):
             _fail(f"{name} has dtype {x.dtype}; accepted: a floating dtype (float32, bfloat16, ...)")
 
 
-def _resolve(impl, temperature, block_t, block_v, vocab_axis=None) -> _common.Config:
+def check_softcap(softcap) -> float | None:
+    """``softcap`` as a float (None: no cap), or the one-line ValueError."""
+    if softcap is None:
+        return None
+    try:
+        cap = float(softcap)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        cap = float("nan")
+    if isinstance(softcap, bool) or not np.isfinite(cap) or cap <= 0:
+        _fail(f"softcap={softcap!r}; accepted: None or a concrete finite number > 0")
+    return cap
+
+
+def _resolve(impl, temperature, block_t, block_v, vocab_axis=None, softcap=None) -> _common.Config:
     if impl not in IMPLS:
         _fail(f"impl={impl!r}; accepted: {', '.join(map(repr, IMPLS))}")
     inv_temp = 1.0 / _check_temperature(temperature)
+    softcap = check_softcap(softcap)
     backend = jax.default_backend()
-    if impl == "auto":
-        impl = "pallas" if backend == "tpu" else "chunked"
+    if impl == "auto":  # the Pallas kernels do not soft-cap: a capped model's log-probs stay chunked
+        impl = "pallas" if backend == "tpu" and softcap is None else "chunked"
+    if softcap is not None and impl in ("pallas", *_KERNEL_BACKEND):
+        _fail(f"softcap={softcap} (final-logit soft-capping, Gemma 2) is not implemented in the Pallas kernels "
+              f"(impl={impl!r}); accepted with impl='chunked', 'naive' or 'auto' (which then runs chunked)")
     if impl == "pallas":  # the kernel of this backend; elsewhere the TPU kernel, interpreted
         impl = "pallas_gpu" if backend == "gpu" else "pallas_tpu"
     return _common.Config(
@@ -82,7 +99,8 @@ def _resolve(impl, temperature, block_t, block_v, vocab_axis=None) -> _common.Co
         block_t=_check_block("block_t", block_t, impl),
         block_v=_check_block("block_v", block_v, impl),
         vocab_axis=vocab_axis,
-        interpret=impl in _KERNEL_BACKEND and backend != _KERNEL_BACKEND[impl])
+        interpret=impl in _KERNEL_BACKEND and backend != _KERNEL_BACKEND[impl],
+        softcap=softcap)
 
 
 def _flat_call(hidden, unembed, targets, cfg: _common.Config):
@@ -99,7 +117,7 @@ def _flat_call(hidden, unembed, targets, cfg: _common.Config):
     if cfg.impl == "naive" or h.shape[0] == 0:
         if cfg.vocab_axis is not None:
             _fail("impl='naive' does not split the vocabulary; use 'chunked' or 'pallas'")
-        logp, entropy = _reference.naive(h, unembed, y, inv_temp=cfg.inv_temp)
+        logp, entropy = _reference.naive(h, unembed, y, inv_temp=cfg.inv_temp, softcap=cfg.softcap)
     else:
         logp, entropy = _core.fused(h, unembed, y, cfg)
     logp, entropy = logp.reshape(lead), entropy.reshape(lead)
@@ -110,7 +128,7 @@ def _flat_call(hidden, unembed, targets, cfg: _common.Config):
 
 def fused_logprob(hidden: chex.Array, unembed: chex.Array, targets: chex.Array, *,
                   temperature: float = 1.0, impl: str = "auto", block_t: int | None = None,
-                  block_v: int | None = None, vocab_axis: str | None = None):
+                  block_v: int | None = None, vocab_axis: str | None = None, softcap: float | None = None):
     """Per-token log-prob of ``targets`` and entropy of ``softmax(hidden @ unembed / T)``.
 
     ``z = hidden @ unembed / temperature``;
@@ -130,13 +148,16 @@ def fused_logprob(hidden: chex.Array, unembed: chex.Array, targets: chex.Array, 
         package docstring for the constraints per backend.
       vocab_axis: only inside ``jax.shard_map``: the manual mesh axis ``unembed``'s columns are
         split over (each shard passes its [H, V / n] slice and the global target ids).
+      softcap: final-logit soft-capping (Gemma 2): ``z = softcap * tanh(hidden @ unembed / softcap)
+        / temperature``. The chunked and naive paths apply it; the Pallas kernels refuse it (a
+        ValueError), and ``impl="auto"`` then runs chunked on every backend.
 
     Returns:
       (logp, entropy), float32 with hidden's leading shape. Gradients flow to ``hidden`` and
       ``unembed`` from both outputs; chunked and pallas recompute logit tiles in the backward.
     """
     _check_arrays(hidden, unembed, targets)
-    cfg = _resolve(impl, temperature, block_t, block_v, vocab_axis)
+    cfg = _resolve(impl, temperature, block_t, block_v, vocab_axis, softcap)
     return _flat_call(hidden, unembed, targets, cfg)
 
 
@@ -150,7 +171,7 @@ def fused_logprob_sharded(hidden: chex.Array, unembed: chex.Array, targets: chex
                           mesh: Mesh, batch_axes: str | Sequence[str] | None = ("dp",),
                           seq_axis: str | None = "sp", vocab_axis: str | None = "tp",
                           temperature: float = 1.0, impl: str = "auto",
-                          block_t: int | None = None, block_v: int | None = None):
+                          block_t: int | None = None, block_v: int | None = None, softcap: float | None = None):
     """``fused_logprob`` over ``mesh``: tokens split over ``batch_axes`` (B) and ``seq_axis``
     (T), the vocabulary split over ``vocab_axis``; same numbers as the single-device call.
 
@@ -174,7 +195,7 @@ def fused_logprob_sharded(hidden: chex.Array, unembed: chex.Array, targets: chex
     if impl == "naive" and vocab:
         _fail("impl='naive' does not split the vocabulary; use 'chunked' or 'pallas' or "
               "vocab_axis=None")
-    cfg = _resolve(impl, temperature, block_t, block_v, vocab[0] if vocab else None)
+    cfg = _resolve(impl, temperature, block_t, block_v, vocab[0] if vocab else None, softcap)
 
     size = lambda axes: int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
     if hidden.ndim == 3:

@@ -53,11 +53,21 @@ def _slice(x, start, size, axis):
     return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _logits(h, w, inv_temp):
-    return jnp.dot(h, w, preferred_element_type=jnp.float32) * inv_temp
+def _logits(h, w, inv_temp, softcap=None):
+    return _capped_logits(h, w, inv_temp, softcap)[0]
 
 
-def stats(h, w, y, *, inv_temp, block_t, block_v):
+def _capped_logits(h, w, inv_temp, softcap):
+    """``(z, dcap)``: the tile's logits ``softcap * tanh(h w / softcap) * inv_temp`` (no cap: ``h w *
+    inv_temp``) and ``dz / d(h w) / inv_temp`` (``1 - tanh^2``; None without a cap)."""
+    z = jnp.dot(h, w, preferred_element_type=jnp.float32)
+    if softcap is None:
+        return z * inv_temp, None
+    t = jnp.tanh(z / softcap)
+    return softcap * t * inv_temp, 1.0 - t * t
+
+
+def stats(h, w, y, *, inv_temp, block_t, block_v, softcap=None):
     """Per-token (m, s, u, zy), float32 [N]; see ``_common.merge_stats``."""
     n, n_vocab = h.shape[0], w.shape[1]
     block_t, block_v = default_blocks(n, n_vocab, block_t, block_v)
@@ -71,7 +81,7 @@ def stats(h, w, y, *, inv_temp, block_t, block_v):
         def vocab_chunk(v0, bv, carry, inputs):
             h_b, w, y_b = inputs
             m, s, u, zy = carry
-            z = _logits(h_b, _slice(w, v0, bv, 1), inv_temp)  # [bt, bv]
+            z = _logits(h_b, _slice(w, v0, bv, 1), inv_temp, softcap)  # [bt, bv]
             m_new = jnp.maximum(m, z.max(axis=1))
             scale = jnp.exp(m - m_new)
             zc = z - m_new[:, None]
@@ -93,7 +103,7 @@ def stats(h, w, y, *, inv_temp, block_t, block_v):
     return _loop(n, block_t, token_block, out, (h, w, y))
 
 
-def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dtype):
+def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dtype, softcap=None):
     """(d hidden float32 [N, H], d unembed [H, V] in ``dw_dtype``) for this shard's columns.
 
     Vocabulary chunks form the outer loop, so each ``d unembed`` chunk is finished (summed over
@@ -114,10 +124,12 @@ def grads(h, w, y, lse, ez, g_logp, g_ent, *, inv_temp, block_t, block_v, dw_dty
             h, w_c, y, per_token = inputs
             dh, dw_c = inner
             h_b = _slice(h, t0, bt, 0)
-            z = _logits(h_b, w_c, inv_temp)
+            z, dcap = _capped_logits(h_b, w_c, inv_temp, softcap)
             cols = v0 + lax.broadcasted_iota(jnp.int32, z.shape, 1)
             hit = cols == _slice(y, t0, bt, 0)[:, None]
             dz = logit_cotangent(z, hit, *(_slice(x, t0, bt, 0) for x in per_token)) * inv_temp
+            if dcap is not None:
+                dz = dz * dcap
             dh_b = _slice(dh, t0, bt, 0) + jnp.dot(dz, w_c.T, preferred_element_type=jnp.float32)
             dh = lax.dynamic_update_slice_in_dim(dh, dh_b, t0, axis=0)
             dw_c = dw_c + jnp.dot(h_b.T, dz, preferred_element_type=jnp.float32)

@@ -25,6 +25,7 @@ class Config:
     block_v: int | None
     vocab_axis: str | None = None
     interpret: bool = False
+    softcap: float | None = None  # logits soft-capped to softcap * tanh(z / softcap) before the temperature
 
 
 def merge_stats(m, s, u, zy, axis_name):

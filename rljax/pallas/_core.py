@@ -35,7 +35,7 @@ def _stats(h, w, y, cfg: _common.Config):
         return _KERNELS[cfg.impl].stats(h, w, y, inv_temp=cfg.inv_temp, block_t=cfg.block_t,
                           block_v=cfg.block_v, interpret=cfg.interpret)
     return _chunked.stats(h, w, y, inv_temp=cfg.inv_temp, block_t=cfg.block_t,
-                          block_v=cfg.block_v)
+                          block_v=cfg.block_v, softcap=cfg.softcap)
 
 
 def _grads(h, w, y, lse, ez, g_logp, g_ent, cfg: _common.Config, dw_dtype):
@@ -46,7 +46,7 @@ def _grads(h, w, y, lse, ez, g_logp, g_ent, cfg: _common.Config, dw_dtype):
                           block_t=cfg.block_t, block_v=cfg.block_v, dw_dtype=dw_dtype,
                           interpret=cfg.interpret)
     return _chunked.grads(h, w, y, lse, ez, g_logp, g_ent, inv_temp=cfg.inv_temp,
-                          block_t=cfg.block_t, block_v=cfg.block_v, dw_dtype=dw_dtype)
+                          block_t=cfg.block_t, block_v=cfg.block_v, dw_dtype=dw_dtype, softcap=cfg.softcap)
 
 
 def _local_targets(y, n_local_vocab, vocab_axis):

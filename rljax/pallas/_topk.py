@@ -10,7 +10,8 @@ logits: the chunked path's ``lax`` loops over ``[block_t, block_v]`` logit tiles
   given ids per position, differentiable; its ``custom_vjp`` recomputes the tiles in the
   backward: ``d z = onehot-scatter(g) - (sum_j g_j) softmax(z)``.
 
-Both take ``z = hidden @ unembed / temperature`` in float32 (operands in the input dtype, float32
+Both take ``z = hidden @ unembed / temperature`` (with ``softcap``, Gemma 2's final-logit
+soft-capping: ``softcap * tanh(hidden @ unembed / softcap) / temperature``) in float32 (operands in the input dtype, float32
 accumulation), as :func:`rljax.pallas.fused_logprob`. ``*_sharded`` run them under
 ``jax.shard_map`` with tokens split over the batch axes and ``sp`` and the vocabulary whole on
 each device (``unembed`` replicated; with ``tp`` > 1 each ``tp`` rank repeats its tokens' work).
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from rljax.pallas._chunked import _logits, _loop, _slice, default_blocks
+from rljax.pallas._chunked import _capped_logits, _logits, _loop, _slice, default_blocks
 from rljax.pallas._common import MASK_VALUE, full, match_vma, unify_vma, vma
 
 
@@ -45,7 +46,16 @@ def _running_lse(m, s, z):
     return m_new, jnp.exp(m - m_new) * s + jnp.exp(z - m_new[:, None]).sum(axis=1)
 
 
-def _topk_flat(h, w, k: int, inv_temp: float, block_t, block_v):
+def _cap_arg(softcap):
+    from rljax.pallas._api import check_softcap
+
+    try:
+        return check_softcap(softcap)
+    except ValueError as e:
+        _fail(str(e).removeprefix("fused_logprob: "))
+
+
+def _topk_flat(h, w, k: int, inv_temp: float, block_t, block_v, softcap=None):
     n, n_vocab = h.shape[0], w.shape[1]
     block_t, block_v = default_blocks(n, n_vocab, block_t, block_v)
 
@@ -56,7 +66,7 @@ def _topk_flat(h, w, k: int, inv_temp: float, block_t, block_v):
         def vocab_chunk(v0, bv, carry, inputs):
             h_b, w = inputs
             vals, ids, m, s = carry
-            z = _logits(h_b, _slice(w, v0, bv, 1), inv_temp)  # [bt, bv]
+            z = _logits(h_b, _slice(w, v0, bv, 1), inv_temp, softcap)  # [bt, bv]
             m, s = _running_lse(m, s, z)
             cand = jnp.concatenate([vals, z], axis=1)
             cand_ids = jnp.concatenate([ids, v0 + lax.broadcasted_iota(jnp.int32, z.shape, 1)], axis=1)
@@ -74,7 +84,7 @@ def _topk_flat(h, w, k: int, inv_temp: float, block_t, block_v):
 
 
 def fused_topk_logprob(hidden, unembed, k: int, *, temperature: float = 1.0, block_t: int | None = None,
-                       block_v: int | None = None):
+                       block_v: int | None = None, softcap: float | None = None):
     """``(ids int32, logp float32)`` with hidden's leading shape + ``[k]``: the ``k`` most likely
     tokens of ``softmax(hidden @ unembed / temperature)`` at each position, most likely first,
     and their log-probs (equal to ``lax.top_k`` of the full log-softmax). Gradient stopped."""
@@ -82,11 +92,11 @@ def fused_topk_logprob(hidden, unembed, k: int, *, temperature: float = 1.0, blo
         _fail(f"k={k!r}; accepted: an int in [1, V={unembed.shape[-1]}]")
     h, lead = _flat(hidden, unembed, k)
     h, w = lax.stop_gradient(h), lax.stop_gradient(unembed)
-    ids, logp = _topk_flat(h, w, k, 1.0 / float(temperature), block_t, block_v)
+    ids, logp = _topk_flat(h, w, k, 1.0 / float(temperature), block_t, block_v, _cap_arg(softcap))
     return ids.reshape(lead), logp.reshape(lead)
 
 
-def _at_stats(h, w, ids, inv_temp, block_t, block_v):
+def _at_stats(h, w, ids, inv_temp, block_t, block_v, softcap=None):
     """``(z at ids [N, K], lse [N])`` float32."""
     n, n_vocab = h.shape[0], w.shape[1]
     block_t, block_v = default_blocks(n, n_vocab, block_t, block_v)
@@ -100,7 +110,7 @@ def _at_stats(h, w, ids, inv_temp, block_t, block_v):
         def vocab_chunk(v0, bv, carry, inputs):
             h_b, w, ids_b = inputs
             zk, m, s = carry
-            z = _logits(h_b, _slice(w, v0, bv, 1), inv_temp)
+            z = _logits(h_b, _slice(w, v0, bv, 1), inv_temp, softcap)
             m, s = _running_lse(m, s, z)
             local = ids_b - v0
             inside = (local >= 0) & (local < bv)
@@ -116,7 +126,7 @@ def _at_stats(h, w, ids, inv_temp, block_t, block_v):
     return _loop(n, block_t, token_block, out, (h, w, ids))
 
 
-def _at_grads(h, w, ids, lse, g, inv_temp, block_t, block_v):
+def _at_grads(h, w, ids, lse, g, inv_temp, block_t, block_v, softcap=None):
     """``(d hidden, d unembed)`` float32 of ``sum g * logp_at``: per tile ``dz = scatter(g) - G p``."""
     n, n_vocab = h.shape[0], w.shape[1]
     block_t, block_v = default_blocks(n, n_vocab, block_t, block_v)
@@ -132,13 +142,15 @@ def _at_grads(h, w, ids, lse, g, inv_temp, block_t, block_v):
             h, w_c, ids, lse, g, total = inputs
             dh, dw_c = inner
             h_b = _slice(h, t0, bt, 0)
-            z = _logits(h_b, w_c, inv_temp)
+            z, dcap = _capped_logits(h_b, w_c, inv_temp, softcap)
             p = jnp.exp(z - _slice(lse, t0, bt, 0)[:, None])
             local, g_b = _slice(ids, t0, bt, 0) - v0, _slice(g, t0, bt, 0)
             inside = (local >= 0) & (local < bv)
             rows = lax.broadcasted_iota(jnp.int32, local.shape, 0)
             hits = full(z.shape, 0, jnp.float32, axes).at[rows, jnp.clip(local, 0, bv - 1)].add(jnp.where(inside, g_b, 0.0))
             dz = (hits - _slice(total, t0, bt, 0)[:, None] * p) * inv_temp
+            if dcap is not None:
+                dz = dz * dcap
             dh_b = _slice(dh, t0, bt, 0) + jnp.dot(dz, w_c.T.astype(jnp.float32))
             dh = lax.dynamic_update_slice_in_dim(dh, dh_b, t0, axis=0)
             return dh, dw_c + jnp.dot(h_b.T.astype(jnp.float32), dz)
@@ -151,20 +163,20 @@ def _at_grads(h, w, ids, lse, g, inv_temp, block_t, block_v):
     return _loop(n_vocab, block_v, vocab_chunk, init, (h, w, ids, lse, g, total))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _at(h, w, ids, inv_temp, block_t, block_v):
-    zk, lse = _at_stats(h, w, ids, inv_temp, block_t, block_v)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _at(h, w, ids, inv_temp, block_t, block_v, softcap=None):
+    zk, lse = _at_stats(h, w, ids, inv_temp, block_t, block_v, softcap)
     return zk - lse[:, None]
 
 
-def _at_fwd(h, w, ids, inv_temp, block_t, block_v):
-    zk, lse = _at_stats(h, w, ids, inv_temp, block_t, block_v)
+def _at_fwd(h, w, ids, inv_temp, block_t, block_v, softcap=None):
+    zk, lse = _at_stats(h, w, ids, inv_temp, block_t, block_v, softcap)
     return zk - lse[:, None], (h, w, ids, lse)
 
 
-def _at_bwd(inv_temp, block_t, block_v, res, g):
+def _at_bwd(inv_temp, block_t, block_v, softcap, res, g):
     h, w, ids, lse = res
-    dh, dw = _at_grads(h, w, ids, lse, g.astype(jnp.float32), inv_temp, block_t, block_v)
+    dh, dw = _at_grads(h, w, ids, lse, g.astype(jnp.float32), inv_temp, block_t, block_v, softcap)
     return match_vma(dh.astype(h.dtype), h), match_vma(dw.astype(w.dtype), w), None
 
 
@@ -172,13 +184,14 @@ _at.defvjp(_at_fwd, _at_bwd)
 
 
 def fused_logprob_at(hidden, unembed, ids, *, temperature: float = 1.0, block_t: int | None = None,
-                     block_v: int | None = None):
+                     block_v: int | None = None, softcap: float | None = None):
     """``logp [.., K]`` float32: ``log softmax(hidden @ unembed / temperature)`` at ``ids``
     (integer ``[.., K]`` with hidden's leading shape), differentiable in ``hidden`` and ``unembed``."""
     if tuple(ids.shape[:-1]) != tuple(hidden.shape[:-1]) or not jnp.issubdtype(ids.dtype, jnp.integer):
         _fail(f"ids {ids.shape} {ids.dtype}; accepted: integer ids of shape hidden's leading {hidden.shape[:-1]} + [K]")
     h, lead = _flat(hidden, unembed, ids.shape[-1])
-    logp = _at(h, unembed, ids.reshape(h.shape[0], -1).astype(jnp.int32), 1.0 / float(temperature), block_t, block_v)
+    logp = _at(h, unembed, ids.reshape(h.shape[0], -1).astype(jnp.int32), 1.0 / float(temperature), block_t, block_v,
+               _cap_arg(softcap))
     return logp.reshape(lead)
 
 

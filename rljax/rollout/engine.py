@@ -232,7 +232,7 @@ def _prefill_impl(graphdef, mesh, params, tokens, lengths):
     mask = jnp.arange(t)[None, :] < lengths[:, None]
     hidden, kv = F.prefill(graphdef, params, tokens, mask=mask, mesh=mesh)
     last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
-    return kv, F.compute_logits(params, last)
+    return kv, F.compute_logits(params, last, softcap=F.logit_softcap(graphdef))
 
 
 def _is_eos(tokens, eos_ids):
@@ -309,7 +309,7 @@ def _extend_impl(graphdef, mesh, attention, params, state: DecodeState, tokens, 
     sub = SlotCache(k=tuple(c[safe] for c in state.cache.k), v=tuple(c[safe] for c in state.cache.v))
     hidden, sub = _decode(graphdef, params, _layers(graphdef, params), sub, tokens, start, attention, real, None)
     last = jnp.take_along_axis(hidden, lengths[:, None, None], axis=1)[:, 0]
-    logits = F.compute_logits(params, last)
+    logits = F.compute_logits(params, last, softcap=F.logit_softcap(graphdef))
     scatter = lambda full, part: tuple(c.at[slots].set(x, mode="drop") for c, x in zip(full, part))
     cache = _constrain_cache(SlotCache(k=scatter(state.cache.k, sub.k), v=scatter(state.cache.v, sub.v)), mesh)
     put = lambda a, x: a.at[slots].set(x, mode="drop")
@@ -327,7 +327,7 @@ def _step_impl(graphdef, mesh, params, layers, state: DecodeState, attention="li
     hidden, cache = _decode(graphdef, params, layers, state.cache, state.tokens[:, None], state.index, attention, live,
                             mesh)
     hidden = hidden[:, 0]
-    logits = F.compute_logits(params, hidden)
+    logits = F.compute_logits(params, hidden, softcap=F.logit_softcap(graphdef))
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.step.astype(jnp.uint32))
     tok, logp = _sample(state, logits, keys)
     rows = jnp.arange(tok.shape[0])

@@ -4,7 +4,8 @@ distillation's student at the teacher's top-k), on the padded ``[B, S+T]`` layou
 micro-batch (:mod:`rljax.trainer.packing`), always back in the padded ``[B, T]`` layout. None of
 them materialises ``[tokens, vocab]`` logits (:mod:`rljax.pallas`).
 
-Hidden state ``S - 1 + t`` predicts response token ``t``.
+Hidden state ``S - 1 + t`` predicts response token ``t``. A model with final-logit soft-capping
+(Gemma 2, ``ModelConfig.final_logit_softcapping``) has its logits capped in every head here.
 """
 
 from __future__ import annotations
@@ -46,23 +47,25 @@ def response_logprobs(graphdef, params, batch: dict, *, response_len: int, tempe
                                         mesh=mesh, at_ids=at_ids)
     hidden = response_hidden(graphdef, params, batch, response_len=response_len, mesh=mesh)
     targets = batch["input_ids"][:, -response_len:]
-    unembed = F.unembedding(params)
+    unembed, cap = F.unembedding(params), F.logit_softcap(graphdef)
     if mesh is None:
-        out = fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl)
+        out = fused_logprob(hidden, unembed, targets, temperature=temperature, impl=impl, softcap=cap)
     else:
         out = fused_logprob_sharded(hidden, unembed, targets, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
-                                    temperature=temperature, impl=impl)
-    return out if at_ids is None else (*out, logprob_at(hidden, unembed, at_ids, temperature=temperature, mesh=mesh))
+                                    temperature=temperature, impl=impl, softcap=cap)
+    return out if at_ids is None else (*out, logprob_at(hidden, unembed, at_ids, temperature=temperature, mesh=mesh,
+                                                        softcap=cap))
 
 
-def logprob_at(hidden, unembed, ids, *, temperature: float = 1.0, mesh=None) -> jax.Array:
+def logprob_at(hidden, unembed, ids, *, temperature: float = 1.0, mesh=None, softcap=None) -> jax.Array:
     """``[B, T, K]`` float32 log-probs of ``softmax(hidden @ unembed / temperature)`` at integer
     ``ids [B, T, K]`` (:func:`rljax.pallas.fused_logprob_at`, no ``[B, T, V]`` logits;
-    tokens on the mesh's batch axes and ``sp`` when ``mesh`` is given)."""
+    tokens on the mesh's batch axes and ``sp`` when ``mesh`` is given; the logits soft-capped by
+    ``softcap`` first when given)."""
     if mesh is None:
-        return fused_logprob_at(hidden, unembed, ids, temperature=temperature)
+        return fused_logprob_at(hidden, unembed, ids, temperature=temperature, softcap=softcap)
     return fused_logprob_at_sharded(hidden, unembed, ids, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
-                                    temperature=temperature)
+                                    temperature=temperature, softcap=softcap)
 
 
 def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *, temperature: float = 1.0,
@@ -77,20 +80,20 @@ def packed_response_logprobs(graphdef, params, rows: dict, gather: jax.Array, *,
     seg = rows["segment_ids"]
     hidden = F.forward(graphdef, params, rows["tokens"], positions=rows["positions"], mask=seg > 0, mesh=mesh,
                        segment_ids=seg, key_blocks=rows.get("key_blocks"))
-    unembed = F.unembedding(params)
+    unembed, cap = F.unembedding(params), F.logit_softcap(graphdef)
     if mesh is None:
-        logp, entropy = fused_logprob(hidden, unembed, rows["targets"], temperature=temperature, impl=impl)
+        logp, entropy = fused_logprob(hidden, unembed, rows["targets"], temperature=temperature, impl=impl, softcap=cap)
     else:
         hidden = with_logical_constraint(hidden, ("batch", "length", "embed"), mesh)
         logp, entropy = fused_logprob_sharded(hidden, unembed, rows["targets"], mesh=mesh, temperature=temperature,
-                                              batch_axes=mesh_batch_axes(mesh), impl=impl)
+                                              batch_axes=mesh_batch_axes(mesh), impl=impl, softcap=cap)
     out = jnp.take(logp.reshape(-1), gather, axis=0), jnp.take(entropy.reshape(-1), gather, axis=0)
     if at_ids is None:
         return out
     at_hidden = jnp.take(hidden.reshape(-1, hidden.shape[-1]), gather, axis=0)  # [Bm, T, H]: the padded layout's
     if mesh is not None:
         at_hidden = with_logical_constraint(at_hidden, ("batch", "length", "embed"), mesh)
-    return (*out, logprob_at(at_hidden, unembed, at_ids, temperature=temperature, mesh=mesh))
+    return (*out, logprob_at(at_hidden, unembed, at_ids, temperature=temperature, mesh=mesh, softcap=cap))
 
 
 __all__ = ["logprob_at", "packed_response_logprobs", "response_hidden", "response_logprobs"]

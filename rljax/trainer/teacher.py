@@ -81,12 +81,12 @@ def make_topk_fn(graphdef, *, response_len: int, k: int, temperature: float, dty
 
     def one(params, chunk):
         hidden = response_hidden(graphdef, params, chunk, response_len=response_len, mesh=mesh)
-        unembed = F.unembedding(params)
+        unembed, cap = F.unembedding(params), F.logit_softcap(graphdef)
         if mesh is None:
-            ids, logp = fused_topk_logprob(hidden, unembed, k, temperature=temperature)
+            ids, logp = fused_topk_logprob(hidden, unembed, k, temperature=temperature, softcap=cap)
         else:
             ids, logp = fused_topk_logprob_sharded(hidden, unembed, k, mesh=mesh, batch_axes=mesh_batch_axes(mesh),
-                                                   temperature=temperature)
+                                                   temperature=temperature, softcap=cap)
         return ids, logp.astype(dtype)
 
     def compute(params, batch):

@@ -2,10 +2,8 @@
 Gemma2ForCausalLM (offset norms before and after attention and the MLP, embeddings scaled by
 sqrt(hidden), GeGLU, query_pre_attn_scalar apart from head_dim, tied embeddings, sliding-window
 layers every other one) gives the same logits and greedy tokens in rljax, and its export reloads in
-transformers. Its soft-capping (attention scores, output logits) is not implemented: a config.json
-that sets it is refused in one line, in the loader and in the launcher's preflight."""
-
-import json
+transformers. Here soft-capping is off; tests/models/test_hf_gemma2_softcap.py proves the capped model
+(attention scores and output logits, as every real Gemma 2 checkpoint sets them)."""
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +26,7 @@ def _gemma2(tmp_path, **kw):
                num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=16, sliding_window=64,
                max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                rms_norm_eps=1e-6, tie_word_embeddings=True,
-               attn_logit_softcapping=None, final_logit_softcapping=None),  # not implemented: see the refusal test
+               attn_logit_softcapping=None, final_logit_softcapping=None),  # capped: test_hf_gemma2_softcap.py
         **kw})
     return _save(_randomise(transformers.Gemma2ForCausalLM(cfg), 5), tmp_path / "gemma2")
 
@@ -93,23 +91,3 @@ def test_gemma2_export_reloads_in_transformers(gemma2, tmp_path):
     config2, params2, _ = _ours(out)
     assert config2 == config
     jax.tree.map(np.testing.assert_array_equal, params2, params)
-
-
-@pytest.mark.parametrize("key, value", [("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0)])
-def test_gemma2_soft_capping_is_refused_in_one_line(gemma2, tmp_path, key, value):
-    """A real Gemma 2 config.json sets both (50, 30): rljax would compute other logits, so it says so."""
-    _, path = gemma2
-    cfg = json.loads(open(f"{path}/config.json").read())
-    with pytest.raises(ValueError, match=rf"^unsupported config.json: Gemma 2 {key}={value} \(soft-capping of .* "
-                                         rf"is not implemented .*\); accepted: {key}=null$"):
-        models.config_from_hf(cfg | {key: value})
-    d = tmp_path / "capped"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(cfg | {key: value}))
-    with pytest.raises(ValueError, match=rf"Gemma 2 {key}={value}"):
-        models.load_hf_checkpoint(str(d))
-    from rljax.config import ConfigError, resolve
-    from rljax.preflight import check_architecture  # the launcher's: exit 2 before anything is written
-
-    with pytest.raises(ConfigError, match=rf"^model.path='{d}': unsupported config.json: Gemma 2 {key}={value}"):
-        check_architecture(resolve(None, [f"model.path={d}"], validate=False)[0])
