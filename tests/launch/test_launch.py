@@ -323,14 +323,16 @@ def one_process_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, mesh, assembly", [("sync", "dp4", "direct"), ("async", "dp4", "direct"),
-                                                  ("sync", "tp4", "gathered")])
+# (sync, dp4, direct) is not a case of its own: async at max_staleness=0 over dp4 runs the same
+# direct assembly against the same one-process run, and the tool task's two-process test
+# (tests/trainer/test_two_process_rollouts.py) runs synchronous dp4 over two processes.
+@pytest.mark.parametrize("mode, mesh, assembly", [("async", "dp4", "direct"), ("sync", "tp4", "gathered")])
 def test_two_local_processes_match_one_process(tmp_path, one_process_run, dict_reward, mode, mesh, assembly):
     """launch/local_multiprocess.sh: 2 processes x 2 CPU devices, CPU collectives. Each
     process generates half of the prompt groups: the union of their trajectories is the one-process
     run's (uids, sessions, token ids), none is generated twice, and every batch metric matches the
-    one-process run with 4 devices; in both modes (async with max_staleness=0, the deterministic
-    schedule). With dp across the processes each builds the global batch from its own rows
+    one-process run with 4 devices, synchronous (tp4) and async with max_staleness=0 (dp4, the
+    deterministic schedule). With dp across the processes each builds the global batch from its own rows
     (``direct``); with dp1 (tp4: every device holds every row) the token arrays are gathered.
     The trace records which process generated which uids, and its check passes. The reward returns
     verl's dict: its extras (reward/extra/*, each process scoring its own rows) match too; before,
