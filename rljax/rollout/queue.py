@@ -136,6 +136,7 @@ class TrajectoryQueue:
         self._in_flight = 0  # batches admitted by the producer and not yet put
         self._overflow_since_get = 0  # batches dropped for overflow since the learner last took one
         self.stats = QueueStats()
+        self._drops: list[tuple[str, int, int]] = []  # (reason, batch index, rows) of every dropped batch
 
     # ------------------------------------------------------------------ state
 
@@ -143,11 +144,24 @@ class TrajectoryQueue:
         with self._cond:
             return len(self._items)
 
-    def rows_out(self) -> int:
+    def rows_out(self, before: Optional[int] = None) -> int:
         """The rows put and no longer queued (handed to the learner or dropped): what a checkpoint
-        counts as generated (the queued rows are generated again after a resume)."""
+        counts as generated (the queued rows are generated again after a resume). ``before``: the
+        batch index a resume's producer starts from; the rows of the batches dropped from it on are
+        not counted either (they are generated again too)."""
         with self._cond:
-            return self.stats.put_rows - sum(it.rows for it in self._items)
+            later = 0 if before is None else sum(rows for _, index, rows in self._drops if index >= before)
+            return self.stats.put_rows - sum(it.rows for it in self._items) - later
+
+    def dropped_rows(self, before: Optional[int] = None) -> dict:
+        """``{"stale": rows, "overflow": rows}`` dropped so far; ``before``: of the batches before that
+        index only (what a checkpoint counts: a resume generates the later batches again)."""
+        out = {"stale": 0, "overflow": 0}
+        with self._cond:
+            for reason, index, rows in self._drops:
+                if before is None or index < before:
+                    out[reason] += rows
+        return out
 
     @property
     def closed(self) -> bool:
@@ -272,6 +286,7 @@ class TrajectoryQueue:
             self._overflow_since_get += 1
         self.stats.dropped_uids.extend((reason, u) for u in dict.fromkeys(u for u in item.uids if u))
         self.stats.dropped_batches.append([reason, int(item.index)])
+        self._drops.append((reason, int(item.index), int(item.rows)))
 
     # ------------------------------------------------------------------ learner side
 

@@ -104,6 +104,10 @@ def _asynchronous(run_dir: str) -> list:
     out = [f"\n== asynchronous training: max_staleness {a.get('max_staleness')}, {a.get('trained_batches')} "
            f"batch(es) trained of {a.get('batches_put')} queued; dropped {a.get('final_dropped_stale')} stale, "
            f"{a.get('final_dropped_overflow')} overflow row(s); queue depth max {a.get('max_queue_depth')}"]
+    before = (a.get("dropped_stale_restored", 0), a.get("dropped_overflow_restored", 0))
+    if any(before):
+        out.append(f"resumed: these counts are the last launch's; its checkpoint counted {before[0]} stale, {before[1]} "
+                   "overflow row(s) dropped before it (async/dropped_* in metrics.jsonl are the sums)")
     gen = a.get("final_generated_rows")
     if gen is not None:
         dropped = a.get("final_dropped_stale", 0) + a.get("final_dropped_overflow", 0)

@@ -39,9 +39,11 @@ Checkpoints: the trajectories queued or in flight are not saved; the checkpoint 
 the data position after the last batch the learner trained on and the producer's next
 batch index, so after ``--resume`` the in-flight prompts are replayed (generated again,
 with the restored weights). Batches dropped by the gate are not replayed (counted in
-``async/dropped_*``, this launch's drops). The checkpoint also holds the run's counters
-(``generated_rows``: the rows put and no longer queued; ``weight_pushes``), which
-``async/generated_rows`` and ``async/weight_pushes`` continue from after a resume.
+``async/dropped_*``). The checkpoint also holds the run's counters (``generated_rows``: the
+rows put and no longer queued; ``weight_pushes``; ``dropped_stale`` / ``dropped_overflow``:
+the rows of the batches before the producer's index dropped), which ``async/*`` continue from
+after a resume; the rows of a batch from that index on (queued, or dropped after the last
+trained batch) are not counted, as the resume generates that batch again.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class AsyncSchedule:
         counts = state.async_counts or {}
         self.weights.pushes = counts.get("weight_pushes", state.version // self.weights.trigger)
         self._generated_before = counts.get("generated_rows", 0)
+        self._dropped_before = {k: counts.get(f"dropped_{k}", 0) for k in ("stale", "overflow")}
         self.services = dataclasses.replace(services, rollout=dataclasses.replace(services.rollout,
                                                                                   weights=self.weights))
         self.streaming = streams(services)
@@ -146,6 +149,8 @@ class AsyncSchedule:
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
                  "generated_rows": st.put_rows, "generated_rows_restored": self._generated_before,
+                 "dropped_stale_restored": self._dropped_before["stale"],
+                 "dropped_overflow_restored": self._dropped_before["overflow"],
                  "streaming": self.streaming,
                  "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0)),
                  "version_span_max": int(produced.batch["enqueue"].get("version_span_max", 0)),
@@ -166,12 +171,13 @@ class AsyncSchedule:
             self.producer.pause_requested.clear()
 
     def checkpoint_meta(self, state) -> dict:
-        """The producer's position and the run's counters (the rows still queued are not counted: they
-        are generated again after a resume)."""
+        """The producer's position and the run's counters (the rows still queued, and those of the batches
+        from the producer's position on dropped, are not counted: they are generated again after a resume)."""
+        dropped = self.queue.dropped_rows(before=state.produced)
         return {"async": {"policy": "replay", "streaming": self.streaming, "next_index": state.produced,
-                          "dropped_stale": self.queue.stats.dropped_stale,
-                          "dropped_overflow": self.queue.stats.dropped_overflow,
-                          "generated_rows": self._generated_before + self.queue.rows_out(),
+                          "dropped_stale": self._dropped_before["stale"] + dropped["stale"],
+                          "dropped_overflow": self._dropped_before["overflow"] + dropped["overflow"],
+                          "generated_rows": self._generated_before + self.queue.rows_out(before=state.produced),
                           "weight_pushes": self.weights.pushes}}
 
     def close(self, timeout: float = JOIN_TIMEOUT_S) -> Optional[dict]:

@@ -51,11 +51,12 @@ def queue_facts(ev, v) -> dict:
 
 def async_metrics(facts: dict, pushes: int) -> dict:
     """``async/*`` of a step from its dequeue facts (staleness over every process's rows; queue and
-    wait times this process's) and the weight pushes made so far. The generated rows and the pushes
-    count from the run's start (a resume continues them from its checkpoint's); the dropped rows are
-    this launch's (``trace_summary.json``'s queue counts, which ``trace check`` compares them with)."""
+    wait times this process's) and the weight pushes made so far. The generated and dropped rows and
+    the pushes count from the run's start (a resume continues them from its checkpoint's; the facts hold
+    this launch's queue counts and, under ``*_restored``, the checkpoint's)."""
     return {"async/staleness_mean": facts["staleness_mean"], "async/staleness_max": facts["staleness_max"],
-            "async/dropped_stale": facts["dropped_stale"], "async/dropped_overflow": facts["dropped_overflow"],
+            "async/dropped_stale": facts["dropped_stale"] + facts.get("dropped_stale_restored", 0),
+            "async/dropped_overflow": facts["dropped_overflow"] + facts.get("dropped_overflow_restored", 0),
             "async/generated_rows": facts.get("generated_rows", 0) + facts.get("generated_rows_restored", 0),
             "async/queue_depth": facts["queue_depth"], "async/learner_wait_s": facts["learner_wait_s"],
             "async/rollout_wait_s": facts["rollout_wait_s"], "async/min_version": facts["min_version"],

@@ -46,8 +46,9 @@ class RunState:
       data: the train split's position after the last trained batch (``PromptIterator.state()``).
       produced: ``trainer.mode=async``: the batch index the producer starts from after a resume.
       async_counts: ``trainer.mode=async``: the run's counters as the checkpoint this state was
-        restored from saved them (``generated_rows``, ``weight_pushes``), which the resumed
-        run's ``async/*`` metrics continue from; ``None`` for a fresh run (or an older checkpoint).
+        restored from saved them (``generated_rows``, ``weight_pushes``, ``dropped_stale``,
+        ``dropped_overflow``), which the resumed run's ``async/*`` metrics continue from; ``None``
+        for a fresh run (or an older checkpoint: a count it lacks starts at 0).
     """
 
     actor: TrainState
@@ -61,8 +62,9 @@ class RunState:
     async_counts: Any = flax.struct.field(pytree_node=False, default=None)
 
 
-#: The asynchronous schedule's run-long counters a checkpoint's ``async`` meta holds (since issue 39).
-ASYNC_COUNTS = ("generated_rows", "weight_pushes")
+#: The asynchronous schedule's run-long counters a checkpoint's ``async`` meta holds (since issue 39; the
+#: dropped rows were saved before as the saving launch's own, now as the run's).
+ASYNC_COUNTS = ("generated_rows", "weight_pushes", "dropped_stale", "dropped_overflow")
 
 
 def step_key(state: RunState, step: int) -> jax.Array:

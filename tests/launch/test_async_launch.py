@@ -154,7 +154,7 @@ def test_async_resume_replays_in_flight_prompts(tmp_path):
     _compare(f, [s[r["step"]] for r in f])
     assert [r["async/batch_index"] for r in f] == [1, 2, 3, 4]
     # the run's counters continue from the checkpoint's (issue 39 item 6: they restarted from 0 after the resume)
-    for key in ("async/generated_rows", "async/weight_pushes"):
+    for key in ("async/generated_rows", "async/weight_pushes", "async/dropped_stale", "async/dropped_overflow"):
         assert [s[r["step"]][key] for r in f] == [r[key] for r in f], key
     assert [r["async/weight_pushes"] for r in f] == [1, 2, 3, 4]
     assert [r["async/generated_rows"] for r in f] == [32, 64, 96, 128]  # tau=0: each batch's 32 rows, none ahead

@@ -62,7 +62,9 @@ def check_async_future(run: Run) -> Result:
 
 def check_async_drops(run: Run) -> Result:
     """trainer.mode=async: every dropped row is counted: the queue's final counts equal the last metrics' plus
-    what was dropped after the last trained batch, and batches put = trained + dropped + left in flight."""
+    what was dropped after the last trained batch, and batches put = trained + dropped + left in flight. The
+    metrics count the run's drops; the summary's queue counts are its last launch's, the rows its checkpoint
+    counted dropped before it under ``dropped_*_restored`` (a summary without them: none)."""
     name = "every dropped row counted"
     na = mode_result(run, name)
     if na is not None:
@@ -76,8 +78,13 @@ def check_async_drops(run: Run) -> Result:
     m = last[-1]
     for kind in ("stale", "overflow"):
         logged, final = m.get(f"async/dropped_{kind}"), a.get(f"final_dropped_{kind}")
-        if final is None or logged is None or final < logged:
-            return FAIL, name, f"dropped_{kind}: metrics say {logged}, the queue's final count {final}"
+        before = int(a.get(f"dropped_{kind}_restored", 0))
+        if final is None or logged is None or final + before < logged:
+            resumed = f" + {before} dropped before the resume" if before else ""
+            return FAIL, name, f"dropped_{kind}: metrics say {logged}, the queue's final count {final}{resumed}"
+        if logged < before:
+            return FAIL, name, (f"dropped_{kind}: metrics say {logged}, fewer than the {before} the run's checkpoint "
+                                "counted dropped before the resume (the count restarted)")
     rows_per_batch = a["trained_rows"] / max(a["trained_batches"], 1)
     dropped = (a["final_dropped_stale"] + a["final_dropped_overflow"]) / rows_per_batch if rows_per_batch else 0
     put = a.get("batches_put", 0)
@@ -90,5 +97,7 @@ def check_async_drops(run: Run) -> Result:
         if over > qsize * (a["trained_batches"] + 1) + 1e-6:
             return FAIL, name, (f"{over:g} batch(es) dropped for overflow to train {a['trained_batches']}: more than "
                                 f"async_training.queue_size={qsize} per trained batch (the producer was not throttled)")
+    before = [int(a.get(f"dropped_{kind}_restored", 0)) for kind in ("stale", "overflow")]
+    resumed = f" (and {before[0]} stale, {before[1]} overflow before the resume)" if any(before) else ""
     return PASS, name, (f"{a['final_dropped_stale']} stale and {a['final_dropped_overflow']} overflow row(s) dropped "
-                        f"and counted; {a['trained_batches']} of {put} queued batch(es) trained")
+                        f"and counted{resumed}; {a['trained_batches']} of {put} queued batch(es) trained")

@@ -68,7 +68,9 @@ class Rollouts:
 
 class AsyncCounts:
     """``trainer.mode=async``: the staleness histogram of the trained rows, the batches trained, the
-    rows dropped (stale, overflow) and generated, and the queue's final counts."""
+    rows dropped (stale, overflow) and generated, and the queue's final counts: this launch's. A
+    resumed launch also keeps the rows its checkpoint counted dropped before it
+    (``dropped_*_restored``): ``async/dropped_*`` are the run's, these plus this launch's."""
 
     def __init__(self, alert_drop_rate: float):
         self.alert_drop_rate = alert_drop_rate
@@ -85,6 +87,8 @@ class AsyncCounts:
         a["trained_batches"] += 1
         a["staleness_max"] = max(a["staleness_max"], int(d.get("staleness_max", 0)))
         a["dropped_stale"], a["dropped_overflow"] = int(d.get("dropped_stale", 0)), int(d.get("dropped_overflow", 0))
+        for kind in ("stale", "overflow"):
+            a[f"dropped_{kind}_restored"] = int(d.get(f"dropped_{kind}_restored", 0))
         a["generated_rows"] = int(d.get("generated_rows", 0))
         alert = A.drop_rate_alert(a["dropped_stale"] + a["dropped_overflow"], a["generated_rows"], self.alert_drop_rate)
         return [alert] if alert else []
