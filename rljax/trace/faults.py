@@ -5,7 +5,7 @@ the ``RLJAX_FAULTS`` environment variable (comma-separated names, read once at i
 The stage that owns the data calls :func:`active` at the one place the bug would be; with
 no fault on, a hook is a dict lookup. Faults exist for the tests only: nothing in a run's
 configuration switches them on, and every record of a run with a fault on says which
-(``trace_summary.json`` ``faults``).
+(``trace_summary.json`` ``faults``: each armed fault's chances and acts, :func:`counts`).
 
 Faults (name: the bug it provokes, where):
 
@@ -37,7 +37,9 @@ armed ends with one line on stderr (:func:`report`), e.g.::
     rljax faults: zero_loss_mask_token acted 1 of 1; observation_loss_mask acted 0 of 3 (NEVER ACTED: nothing to act on)
 
 Tests read it back with :func:`acted_in` and assert the fault acted before they assert the
-check caught it (in-process: :func:`acts`).
+check caught it (in-process: :func:`acts`). The run's ``trace_summary.json`` holds the same counts
+(``faults``: ``{name: {"chances": n, "acted": m}}``, the main process's, as of its last summary),
+and ``trace check`` / ``trace summary`` print them in the same words (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -123,17 +125,29 @@ def acts(name: str) -> int:
     return _acted.get(name, 0)
 
 
+def counts() -> dict[str, dict[str, int]]:
+    """Each armed fault's hook chances and acts in this process so far (``trace_summary.json``'s
+    ``faults``); empty with no fault armed."""
+    return {name: {"chances": _chances.get(name, 0), "acted": _acted.get(name, 0)} for name in sorted(_on)}
+
+
+def describe(armed) -> str:
+    """:func:`counts` in words: each fault, how many times it acted of its hooks' chances; those that
+    never acted say so. ``armed`` may be a summary's older list of names (no counts then)."""
+    if not isinstance(armed, dict):
+        return ", ".join(armed) + " (no counts recorded)"
+    parts = []
+    for name, c in armed.items():
+        n, of = int(c.get("acted", 0)), int(c.get("chances", 0))
+        why = "" if n else (" (NEVER ACTED: nothing to act on)" if of else " (NEVER ACTED: no hook of it ran)")
+        parts.append(f"{name} acted {n} of {of}{why}")
+    return "; ".join(parts)
+
+
 def report() -> str:
     """One line: each armed fault, how many times it acted of its hooks' chances; those that never
     acted say so. Empty with no fault armed."""
-    if not _on:
-        return ""
-    parts = []
-    for name in sorted(_on):
-        n, of = _acted.get(name, 0), _chances.get(name, 0)
-        why = "" if n else (" (NEVER ACTED: nothing to act on)" if of else " (NEVER ACTED: no hook of it ran)")
-        parts.append(f"{name} acted {n} of {of}{why}")
-    return "rljax faults: " + "; ".join(parts)
+    return "rljax faults: " + describe(counts()) if _on else ""
 
 
 def acted_in(text: str) -> dict[str, int]:

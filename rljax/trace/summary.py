@@ -8,6 +8,7 @@ import os
 from typing import Sequence
 
 from rljax.config import load_resolved, non_default_fields
+from rljax.trace.faults import describe as describe_faults
 from rljax.trace.metrics import read_metrics
 
 
@@ -209,6 +210,8 @@ def _trace(run_dir: str) -> list:
     elif s.get("stopped"):  # completed by the resume of a run that trained every step
         out.append(f"status: completed by a resume: {s['stopped'].get('how')}")
     out.append("alerts: " + (", ".join(f"{k} x{v}" for k, v in s["alerts"].items()) if s.get("alerts") else "none"))
+    if s.get("faults"):
+        out.append(f"faults switched on (rljax.trace.faults, tests only): {describe_faults(s['faults'])}")
     inv = s.get("invariants") or {}
     if inv.get("error") or inv.get("skipped"):
         out.append(f"whole-batch invariants: not checked ({inv.get('error') or inv['skipped']})")

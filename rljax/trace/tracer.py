@@ -245,8 +245,8 @@ class Tracer:
                    "alerts": self.alerts.alerts, "status": status,
                    "files": [f for f in (TRACE_FILE, "shape_ledger.json", "memory_ledger.json", ROLLOUT_FILE)
                              if os.path.exists(os.path.join(self.run_dir, f))]}
-        if faults.enabled():  # a test provoked these bugs on purpose
-            summary["faults"] = faults.enabled()
+        if faults.enabled():  # a test provoked these bugs on purpose: which, and how often each acted
+            summary["faults"] = faults.counts()
         summary["bytes_per_field"] = self.perf.bytes
         summary["invariants"] = self.whole_batch.summary
         summary["recompute"] = self.whole_batch.recompute.summary()

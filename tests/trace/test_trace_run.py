@@ -447,7 +447,7 @@ def test_error_alert_exits_3_after_the_final_checkpoint(tmp_path):
     assert "batch_leak" in out.stderr and "exit status 3" in out.stderr
     assert (run / "checkpoints" / "1").is_dir()
     summary = json.loads((run / "trace_summary.json").read_text())
-    assert summary["status"] == "completed" and summary["faults"] == ["keep_batch_field"]
+    assert summary["status"] == "completed" and summary["faults"] == {"keep_batch_field": {"chances": 1, "acted": 1}}
     check = trace_cli("check", run)
     failed = [line for line in check.stdout.splitlines() if line.startswith("FAIL")]
     assert check.returncode == 1 and any("batch_leak" in f for f in failed), check.stdout

@@ -2,12 +2,13 @@
 step, a signal or an error after the last step's records): the tracer writes the summary so far
 after every step (status ``running``), and a resume of a run that trained every step completes
 it (:func:`rljax.trace.tracer.complete_summary`) instead of overwriting it with an empty one.
-The end-to-end kills are tests/trainer/test_async_kill_resume.py (slow)."""
+The end-to-end kills are tests/trainer/test_async_kill_resume.py (slow). The summary of a run with a
+fault hook armed holds each fault's counts (its ``faults``)."""
 
 import json
 import shutil
 
-from rljax.trace.check import FAIL, PASS, Run, check_invariants, check_summary
+from rljax.trace.check import FAIL, PASS, WARN, Run, check_invariants, check_summary
 from rljax.trace.summary import summarize_run
 from rljax.trace.tracer import complete_summary
 
@@ -81,3 +82,30 @@ def test_a_summary_that_cannot_be_written_between_steps_does_not_stop_the_run(tm
     run = tmp_path / "run"
     _step(run, steps=2)
     assert (run / "trace.jsonl").read_text().count("\n") > 0 and not (run / "trace_summary.json").exists()
+
+
+def test_a_runs_summary_holds_each_faults_counts_and_check_and_summary_print_them(tmp_path):
+    """``trace_summary.json``'s ``faults``: each armed fault's chances and acts (one that acted, one whose hook never
+    ran); ``trace check``'s "trace summary saved" (WARN) and ``trace summary`` say them in the stderr line's words;
+    a summary written before the counts (a list of names) still reads."""
+    from rljax.trace import faults
+
+    faults.enable("keep_batch_field", "swap_rewards")
+    try:
+        assert faults.active("keep_batch_field")  # a hook acting, as step_metrics' does
+        tracer, _ = _step(tmp_path / "run", steps=1)
+        line = faults.report()
+        tracer.close()
+    finally:
+        faults.disable()
+    s = json.loads((tmp_path / "run" / "trace_summary.json").read_text())
+    assert s["faults"] == {"keep_batch_field": {"chances": 1, "acted": 1}, "swap_rewards": {"chances": 0, "acted": 0}}
+    words = "keep_batch_field acted 1 of 1; swap_rewards acted 0 of 0 (NEVER ACTED: no hook of it ran)"
+    assert line == f"rljax faults: {words}"
+    status, _, detail = check_summary(Run(str(tmp_path / "run")))
+    assert status == WARN and detail.startswith(f"faults switched on (rljax.trace.faults, tests only): {words}; ")
+    assert f"faults switched on (rljax.trace.faults, tests only): {words}" in summarize_run(str(tmp_path / "run"))
+    s["faults"] = ["keep_batch_field"]  # an older summary
+    (tmp_path / "run" / "trace_summary.json").write_text(json.dumps(s))
+    status, _, detail = check_summary(Run(str(tmp_path / "run")))
+    assert status == WARN and "tests only): keep_batch_field (no counts recorded); " in detail, detail

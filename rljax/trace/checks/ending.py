@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from rljax.trace import faults
 from rljax.trace.alerts import SEVERITY
 from rljax.trace.checks.base import FAIL, NA, PASS, WARN, Result, Run
 from rljax.trace.tracer import SUMMARY_FILE, TRACE_FILE
@@ -104,7 +105,7 @@ def check_summary(run: Run) -> Result:
     note = f"; missing ledger(s): {', '.join(files)}" if files else "; shape and memory ledgers present"
     frac = 100 * s.get("overhead_frac_median", 0)
     if s.get("faults"):
-        return WARN, name, (f"faults switched on (rljax.trace.faults, tests only): {', '.join(s['faults'])}; "
+        return WARN, name, (f"faults switched on (rljax.trace.faults, tests only): {faults.describe(s['faults'])}; "
                             f"{s['records']} records, {s['steps']} steps")
     return PASS, name, (f"{s['records']} records, {s['steps']} steps, overhead {frac:.1f}% "
                         f"of step time{note}")
