@@ -30,9 +30,11 @@ from launching import REPO, assert_same_metrics, launch, launch_env, metrics, tr
 
 #: The distillation run at its smallest: dp2, 4 prompts x 2 samples a step, one mini-batch, the top-k
 #: forward KL over the teacher's 8 most likely tokens (the teacher's path is added by each test).
+#: The shapes of tests/launch/test_distill_learning.py's top-k run (its teacher is ``ref``): a slow pass that ran it
+#: first loads most of these runs' programs from the shared compilation cache.
 BASE = ["--mesh=dp2", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
-        "data.embedded.num_train=16", "data.embedded.num_test=2", "data.val_batch_size=2", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_freq=-1", "trace.ledgers=false", "distillation.enabled=true",
+        "data.embedded.num_train=16", "data.embedded.num_test=4", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.save_freq=-1", "distillation.enabled=true",
         "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=8"]
 ASYNC_TAU0 = ["trainer.mode=async", "async_training.max_staleness=0"]
 TOPK = 8
