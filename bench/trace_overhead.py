@@ -130,6 +130,8 @@ class Parts:
                    (R.Records, "step", "records.step (field summaries)"), (R.Records, "cleanup", "records.cleanup"),
                    (type(tracer), "_summary", "cleanup/summary dict"), (T, "write_atomic", "cleanup/summary write"),
                    (R, "append_lines", "records.cleanup/append"), (RO, "append_lines", "rollouts/append")]
+        if getattr(tracer, "prefetch", None) is not None or hasattr(T, "Prefetch"):
+            targets.append((T.Prefetch, "wait", "step_end/prefetch wait"))
         if hasattr(T, "WRITER"):
             targets.append((T.WRITER, "wait", "writer wait (flush)"))
         del _io

@@ -51,6 +51,7 @@ from rljax.trace.observers.records import TRACE_FILE, Records
 from rljax.trace.observers.rollouts import ROLLOUT_FILE, AsyncCounts, Rollouts
 from rljax.trace.observers.step import StepView
 from rljax.trace.observers.whole_batch import WholeBatch
+from rljax.trace.prefetch import Prefetch
 from rljax.trace.writer import Writer
 
 SUMMARY_FILE = "trace_summary.json"
@@ -91,6 +92,10 @@ class Tracer:
         self.asynchronous = AsyncCounts(cfg.trace.alert_drop_rate)
         self._events: list = []
         self._closed = False
+        # One process on CPU devices: the stages' batch arrays are copied to the host in a background thread
+        # while the later stages run (rljax.trace.prefetch); the step's end waits for it. None: not yet decided.
+        self.prefetch: Optional[Prefetch] = None
+        self._prefetching: Optional[bool] = None
 
     # ------------------------------------------------------------------ observer hooks
 
@@ -101,6 +106,15 @@ class Tracer:
     @timed
     def stage(self, event) -> None:
         self._events.append(event)
+        if self._prefetching is None:
+            from rljax.trace.invariants import host_memory
+
+            self._prefetching = host_memory()
+            self.prefetch = Prefetch() if self._prefetching else None
+        if self._prefetching:  # the host copies the step's end reads (rljax.trace.prefetch)
+            import jax
+
+            self.prefetch.put([v for v in event.writes.values() if isinstance(v, jax.Array) and v.ndim])
 
     def step_end(self, step: int, metrics: dict) -> None:
         """Records, DFX metrics and alerts of the step (added to ``metrics``); drops the step's arrays."""
@@ -109,6 +123,8 @@ class Tracer:
             self._step_end(step, metrics, entered)
 
     def _step_end(self, step: int, metrics: dict, entered: float) -> None:
+        if self.prefetch is not None:
+            self.prefetch.wait()  # the host copies made, and no array of the step referenced by the thread
         self.clock.spent += LOG.take_spent()  # the digest log's lookups and dispatches during the step's stages
         view = StepView.of(step, self._events)
         self._events = []
@@ -214,6 +230,8 @@ class Tracer:
         """Writes ``trace_summary.json`` (records, traced uids, stage time, overhead, alerts, and the
         error when the run failed); returns it. Closing twice keeps the first summary's error. The
         writer is flushed first; its ``OSError`` is raised when the run did not already fail."""
+        if self.prefetch is not None:
+            self.prefetch.close()
         try:
             self.writer.close()
         except OSError:

@@ -1,0 +1,80 @@
+"""Host copies of the step's learner arrays, made in a background thread while the step's later
+stages run (issue 35 item 6: the trace's time on the step's critical path).
+
+On one process whose devices are CPUs (:func:`rljax.trace.invariants.host_memory`) the
+whole-batch invariants reduce one host copy of their inputs, and the traced groups' summaries read
+the same copies. Made at the step's end, those copies (~10 arrays, each assembled from its 8
+simulated devices' shards) cost the trainer's thread ~1 ms a step. The tracer hands each stage's
+written batch arrays to a :class:`Prefetch` instead, as the stage's event arrives: the thread
+copies them (``np.asarray``, which keeps the copy on the array: ``jax.Array._npy_value``) while
+the later stages run (the update's XLA work releases the GIL), and the step's end finds them
+made. Nothing is computed differently: the copy the array keeps is the one the step's end would
+have made.
+
+What is not kept: the thread drops every reference to the arrays once copied, and the tracer
+waits for it (:meth:`Prefetch.wait`) at the step's end, before the runner looks for batch arrays
+still alive after the step (a queued array would read as a leak otherwise). A copy that fails (an
+array deleted meanwhile) is skipped: the step's end copies the array itself, as before.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class Prefetch:
+    """Copies arrays to the host in a background thread (see the module docstring)."""
+
+    def __init__(self):
+        self._queue: "queue.Queue[Optional[list]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        weakref.finalize(self, self._queue.put, None)  # dropped unclosed: its thread ends
+
+    def put(self, arrays: Sequence) -> None:
+        """Queues ``arrays`` (``jax.Array``) to be copied to the host."""
+        if not arrays:
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=_run, args=(self._queue,), name="rljax-trace-prefetch",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put(list(arrays))
+
+    def wait(self) -> None:
+        """Waits until every array put so far is copied (or skipped) and no longer referenced."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        """:meth:`wait`, then the thread ends (a later :meth:`put` starts another)."""
+        self.wait()
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+
+def _run(jobs: "queue.Queue") -> None:
+    while True:
+        arrays = jobs.get()
+        try:
+            if arrays is None:
+                return
+            while arrays:
+                x = arrays.pop(0)
+                try:
+                    np.asarray(x)  # the copy stays on the array (jax.Array._npy_value)
+                except Exception:  # noqa: BLE001 -- deleted or not addressable: the step's end copies it itself
+                    pass
+                del x
+        finally:
+            arrays = None  # no reference outlives the job: the runner's leak check follows the wait
+            jobs.task_done()

@@ -1,0 +1,114 @@
+"""The step's learner arrays are copied to the host in a background thread while the later stages
+run (:mod:`rljax.trace.prefetch`): the copy stays on the array, and once the tracer has waited no
+reference to the step's arrays is left in the thread (the runner's leak check follows)."""
+
+import gc
+import threading
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.trace.prefetch import Prefetch
+
+from test_trace_alerts import _records, _step
+
+
+def _sharded(x):
+    """``x`` split by rows over the 8 simulated devices, as the learner's batch arrays are (a
+    one-device array is its own host copy on CPU: nothing to keep)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from rljax.sharding import make_mesh
+
+    return jax.device_put(x, NamedSharding(make_mesh("dp8"), PartitionSpec("dp")))
+
+
+def test_the_copy_is_made_off_the_callers_thread_and_kept_on_the_array():
+    p, seen = Prefetch(), []
+    x = _sharded(jnp.arange(64.0).reshape(8, 8))
+    orig = np.asarray
+
+    def spy(a, *k, **kw):  # the thread's np.asarray: which thread copied
+        seen.append(threading.current_thread().name)
+        return orig(a, *k, **kw)
+
+    import rljax.trace.prefetch as P
+
+    P.np = type("np", (), {"asarray": staticmethod(spy)})
+    try:
+        p.put([x])
+        p.wait()
+    finally:
+        P.np = np
+    assert seen == ["rljax-trace-prefetch"]
+    assert x._npy_value is not None and (x._npy_value == np.arange(64.0).reshape(8, 8)).all()
+    p.close()
+
+
+def test_no_reference_to_an_array_outlives_the_wait():
+    """The last array of the last job too (a thread's loop variable would hold it until the next job)."""
+    p = Prefetch()
+    xs = [_sharded(jnp.ones((8, 4)) * i) for i in range(3)]
+    refs = [weakref.ref(x) for x in xs]
+    p.put(xs[:2])
+    p.put(xs[2:])
+    p.wait()
+    del xs
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    p.close()
+
+
+def test_a_deleted_array_is_skipped_and_the_thread_goes_on():
+    p = Prefetch()
+    gone, kept = _sharded(jnp.ones((8, 2))), _sharded(jnp.zeros((8, 2)))
+    gone.delete()
+    p.put([gone, kept])
+    p.wait()
+    assert kept._npy_value is not None
+    p.put([jnp.ones(3)])  # the thread still runs
+    p.wait()
+    p.close()
+
+
+def test_a_traced_step_prefetches_and_leaves_nothing_alive(tmp_path, monkeypatch):
+    """The tracer hands the stages' arrays to the thread (CPU devices, one process) and the step's
+    cleanup finds the batch released, the copies being slow (the step's end waits for them)."""
+    import time
+
+    import rljax.trace.prefetch as P
+
+    calls, last = [], {}
+    put = P.Prefetch.put
+
+    def put_last(self, arrays):  # the step's last batch of arrays: its copies will be slow
+        if arrays:
+            last["ids"] = {id(a) for a in arrays}
+        put(self, arrays)
+
+    def slow(a, *k, **kw):  # the last stage's first copy outlasts the step: the step's end finds it queued
+        calls.append(1)
+        if last.get("armed") and id(a) in last.get("ids", ()) and not last.get("slept"):
+            last["slept"] = time.sleep(0.5) or True
+        return np.asarray(a, *k, **kw)
+
+    from rljax.trace.tracer import Tracer
+
+    cleanup = Tracer.cleanup
+
+    def armed(self, report):  # the second step (no ledgers to build at its end) has the slow copy
+        last["armed"] = True
+        return cleanup(self, report)
+
+    monkeypatch.setattr(Tracer, "cleanup", armed)
+    monkeypatch.setattr(P.Prefetch, "put", put_last)
+    monkeypatch.setattr(P, "np", type("np", (), {"asarray": staticmethod(slow)}))
+    tracer, out = _step(tmp_path, steps=2)
+    assert last.get("slept") and calls and tracer.prefetch is not None and jax.default_backend() == "cpu"
+    recs = _records(tmp_path)
+    assert recs[-1]["released"] and not any(k.startswith("alerts/") for k in out), out
+    assert out["invariants/rows"] > 0 and out["invariants/violating_rows"] == 0
+    tracer.close()
+    assert tracer.prefetch._thread is None
