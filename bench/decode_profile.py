@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import inspect
 import os
 import statistics
 import subprocess
@@ -93,7 +94,10 @@ class Impl:
         defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("unembedding", "compute_logits")]
         scope = dict(F.__dict__)
         exec(compile(ast.Module(body=defs, type_ignores=[]), f"<{ref}:functional.py>", "exec"), scope)  # noqa: S102
-        return cls(ref, mod, scope["compute_logits"])
+        head = scope["compute_logits"]
+        if "softcap" not in inspect.signature(head).parameters:  # a revision before Gemma 2's logit soft-capping
+            head = lambda params, hidden, softcap=None, old=head: F.softcap_logits(old(params, hidden), softcap)  # noqa: E731
+        return cls(ref, mod, head)
 
     @contextlib.contextmanager
     def patched(self):
@@ -131,7 +135,7 @@ def no_sampling(no_head: bool = False):
     saved = engine_mod.sample_tokens, engine_mod.F
     head = types.ModuleType("_no_head")
     head.__dict__.update(engine_mod.F.__dict__)
-    head.compute_logits = lambda params, hidden: hidden[..., :8].astype(jnp.float32)
+    head.compute_logits = lambda params, hidden, softcap=None: hidden[..., :8].astype(jnp.float32)
 
     def pick(logits, keys, **_):
         return (logits[:, 0] > 0).astype(jnp.int32), logits[:, 1]

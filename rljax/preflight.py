@@ -21,8 +21,8 @@ from rljax.hf_config import model_fields
 
 def check_architecture(config) -> None:
     """``model.path``'s ``config.json`` names an architecture and options rljax runs
-    (:func:`rljax.hf_config.model_fields`), and a sliding window (Mistral) holds the longest
-    sequence; a missing or unreadable file is left to ``rljax.trainer.check``'s line."""
+    (:func:`rljax.hf_config.model_fields`), a sliding window (Mistral) holds the longest
+    sequence, and a final-logit soft-capping (Gemma 2) is not sent to the Pallas log-prob kernels; a missing or unreadable file is left to ``rljax.trainer.check``'s line."""
     path = config.model.path
     file = Path(path).expanduser() / "config.json" if path else None
     if file is None or not file.is_file():
@@ -34,12 +34,17 @@ def check_architecture(config) -> None:
     if not isinstance(hf, dict):
         return
     try:
-        window = model_fields(hf)["sliding_window"]
+        fields = model_fields(hf)
     except ValueError as e:
         raise ConfigError(f"model.path={path!r}: {e}") from None
     except (KeyError, TypeError) as e:
         raise ConfigError(f"model.path={path!r}: config.json has no usable {e} (a field every supported "
                           "architecture has)") from None
+    window, cap = fields["sliding_window"], fields.get("final_logit_softcapping")
+    if cap is not None and config.actor.logprob_impl == "pallas":
+        raise ConfigError(f"actor.logprob_impl=pallas: model.path's final_logit_softcapping={cap} (config.json) is not "
+                          "implemented in the Pallas log-prob kernels; accepted: actor.logprob_impl=auto (runs "
+                          "chunked for this model), chunked or naive")
     longest = config.data.max_prompt_length + config.data.max_response_length
     if window is not None and longest > window:
         raise ConfigError(f"data.max_prompt_length + data.max_response_length = {longest} is longer than model.path's "

@@ -57,7 +57,9 @@ hidden / vocab on ``tp``), and ``param_shardings`` / ``load_hf_checkpoint`` acce
 ``rules=`` for the parameters. Head counts that do not divide ``tp`` are replicated.
 
 Hugging Face checkpoints: :func:`load_hf_checkpoint` / :func:`save_hf_checkpoint` for
-``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (no torch needed). Tokenizers:
+``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+``Gemma2ForCausalLM`` (with its attention and final-logit soft-capping) and ``Gemma3ForCausalLM``
+(no torch needed). Tokenizers:
 :class:`CharTokenizer` (built in) and :func:`load_tokenizer` (``tokenizer.json``).
 """
 

@@ -24,6 +24,12 @@ mantissa bits) instead of rounding it. The kernels pin these precisions, so a gl
 ``jax_default_matmul_precision`` (``model.matmul_precision``) does not change them.
 Gradients are returned in the dtype of ``hidden`` / ``unembed``.
 
+Soft-capping (Gemma 2's ``final_logit_softcapping``): ``softcap=c`` takes
+``z = c * tanh(hidden @ unembed / c) / temperature`` (the backward multiplies ``dz`` by
+``1 - tanh^2``). The chunked and naive paths, and the top-k / log-prob-at functions, apply it;
+the Pallas kernels refuse it in one line (``ValueError``), and ``"auto"`` then resolves to
+``"chunked"`` on every backend.
+
 ``fused_logprob_sharded(..., mesh=...)`` runs it under ``jax.shard_map`` with tokens split
 over ``dp`` / ``sp`` and the vocabulary over ``tp`` (per-shard statistics merged with
 ``pmax`` / ``psum``). Inside a ``shard_map`` of your own, call ``fused_logprob`` on the

@@ -70,15 +70,10 @@ def _check_arrays(hidden, unembed, targets):
 
 def check_softcap(softcap) -> float | None:
     """``softcap`` as a float (None: no cap), or the one-line ValueError."""
-    if softcap is None:
-        return None
     try:
-        cap = float(softcap)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        cap = float("nan")
-    if isinstance(softcap, bool) or not np.isfinite(cap) or cap <= 0:
-        _fail(f"softcap={softcap!r}; accepted: None or a concrete finite number > 0")
-    return cap
+        return _common.softcap_value(softcap)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _resolve(impl, temperature, block_t, block_v, vocab_axis=None, softcap=None) -> _common.Config:

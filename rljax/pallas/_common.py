@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,19 @@ class Config:
     vocab_axis: str | None = None
     interpret: bool = False
     softcap: float | None = None  # logits soft-capped to softcap * tanh(z / softcap) before the temperature
+
+
+def softcap_value(softcap) -> float | None:
+    """``softcap`` (final-logit soft-capping) as a float (None: no cap), or a ValueError saying what is accepted."""
+    if softcap is None:
+        return None
+    try:
+        cap = float(softcap)
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+        cap = float("nan")
+    if isinstance(softcap, bool) or not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"softcap={softcap!r}; accepted: None or a concrete finite number > 0")
+    return cap
 
 
 def merge_stats(m, s, u, zy, axis_name):

@@ -28,7 +28,7 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from rljax.pallas._chunked import _capped_logits, _logits, _loop, _slice, default_blocks
-from rljax.pallas._common import MASK_VALUE, full, match_vma, unify_vma, vma
+from rljax.pallas._common import MASK_VALUE, full, match_vma, softcap_value, unify_vma, vma
 
 
 def _fail(msg: str):
@@ -47,12 +47,10 @@ def _running_lse(m, s, z):
 
 
 def _cap_arg(softcap):
-    from rljax.pallas._api import check_softcap
-
     try:
-        return check_softcap(softcap)
+        return softcap_value(softcap)
     except ValueError as e:
-        _fail(str(e).removeprefix("fused_logprob: "))
+        _fail(str(e))
 
 
 def _topk_flat(h, w, k: int, inv_temp: float, block_t, block_v, softcap=None):

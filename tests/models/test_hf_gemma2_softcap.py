@@ -191,7 +191,12 @@ def test_fused_logprob_paths_cap_the_logits():
         lp = ref_all(hid, w)
         return jnp.take_along_axis(lp, y[:, None], -1)[:, 0], -(jnp.exp(lp) * lp).sum(-1)
 
-    objective = lambda fn: lambda hid, w: jnp.sum(fn(hid, w)[0] * 1.3 + fn(hid, w)[1] * 0.7)
+    def objective(fn):
+        def f(hid, w):
+            logp, entropy = fn(hid, w)
+            return jnp.sum(logp * 1.3 + entropy * 0.7)
+        return f
+
     want, want_grads = ref(hid, w), jax.grad(objective(ref), (0, 1))(hid, w)
     for impl, blocks in (("chunked", dict(block_t=5, block_v=16)), ("naive", {})):
         fn = lambda hid, w: pallas.fused_logprob(hid, w, y, temperature=temp, impl=impl, softcap=cap, **blocks)  # noqa: B023
@@ -232,13 +237,18 @@ def test_bad_caps_are_refused_in_one_line(gemma2, tmp_path):
         models.get_config("tiny", final_logit_softcapping=30.0)
     with pytest.raises(ValueError, match=r"^fused_logprob: softcap=0; accepted: None or a concrete finite number > 0$"):
         pallas.fused_logprob(jnp.ones((2, 4)), jnp.ones((4, 8)), jnp.zeros((2,), jnp.int32), softcap=0)
-    # a real Gemma 2 config.json (50, 30) passes the launcher's preflight
-    from rljax.config import resolve
+    # a real Gemma 2 config.json (50, 30) passes the launcher's preflight, unless its log-probs would go to
+    # the Pallas kernels (exit 2 before anything is written)
+    from rljax.config import ConfigError, resolve
     from rljax.preflight import check_architecture
 
     d = tmp_path / "real_caps"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg | {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}))
     check_architecture(resolve(None, [f"model.path={d}"], validate=False)[0])
+    with pytest.raises(ConfigError, match=r"^actor.logprob_impl=pallas: model.path's final_logit_softcapping=30.0 "
+                                          r"\(config.json\) is not implemented in the Pallas log-prob kernels; accepted: "
+                                          r"actor.logprob_impl=auto \(runs chunked for this model\), chunked or naive$"):
+        check_architecture(resolve(None, [f"model.path={d}", "actor.logprob_impl=pallas"], validate=False)[0])
     assert models.config_from_hf(cfg | {"attn_logit_softcapping": 50, "final_logit_softcapping": 30}
                                  ).final_logit_softcapping == 30.0
