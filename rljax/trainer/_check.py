@@ -112,9 +112,13 @@ def _check_teacher(config, vocab: int, vocab_from: str) -> None:
                           f"{os.getcwd()}); {expected}")
     try:
         hf = json.loads((root / "config.json").read_text())
-        model_fields(hf)
+        cap = model_fields(hf).get("final_logit_softcapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{key}: config.json is not a supported causal LM ({e}); {expected}") from None
+    if cap is not None and config.actor.logprob_impl == "pallas":  # the teacher's log-probs take the actor's impl
+        raise ConfigError(f"actor.logprob_impl=pallas: {key} has final_logit_softcapping={cap} (config.json), which "
+                          "the Pallas log-prob kernels do not implement; accepted: actor.logprob_impl=auto (runs "
+                          "chunked for this model), chunked or naive")
     if hf.get("vocab_size") != vocab:
         raise ConfigError(f"{key} has a vocabulary of {hf.get('vocab_size')} tokens, the policy's {vocab} ({vocab_from}):"
                           " the teacher scores the policy's token ids, so it needs the policy's tokenizer")

@@ -250,5 +250,16 @@ def test_bad_caps_are_refused_in_one_line(gemma2, tmp_path):
                                           r"\(config.json\) is not implemented in the Pallas log-prob kernels; accepted: "
                                           r"actor.logprob_impl=auto \(runs chunked for this model\), chunked or naive$"):
         check_architecture(resolve(None, [f"model.path={d}", "actor.logprob_impl=pallas"], validate=False)[0])
+    # and as a distillation teacher (its log-probs take the actor's impl)
+    from rljax.trainer import check
+
+    (d / "model.safetensors").write_bytes(b"")  # the preflight only looks for the file
+    teacher = ["distillation.enabled=true", f"distillation.teacher_model.model_path={d}"]
+    with pytest.raises(ConfigError, match="has a vocabulary of 96 tokens"):  # the cap passes; the next check speaks
+        check(resolve("default", teacher)[0])
+    with pytest.raises(ConfigError, match=r"^actor.logprob_impl=pallas: distillation.teacher_model.model_path=.* has "
+                                          r"final_logit_softcapping=30.0 \(config.json\), which the Pallas log-prob "
+                                          r"kernels do not implement; accepted: actor.logprob_impl=auto"):
+        check(resolve("default", [*teacher, "actor.logprob_impl=pallas"])[0])
     assert models.config_from_hf(cfg | {"attn_logit_softcapping": 50, "final_logit_softcapping": 30}
                                  ).final_logit_softcapping == 30.0
