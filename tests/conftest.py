@@ -44,8 +44,8 @@ def _xla_defines(flag: str) -> bool:
 # development.md). The operations are the same (the default wraps more of them into fusions of
 # their own for the emitters) and neither uses fast math: that step's loss agreed to the last bit.
 # The tests in this process check numbers (to their tolerances), not code generation. Runs launched as
-# subprocesses (tests/launching.py) keep XLA's default emitters: every launched run in CI, the
-# default run's shared dp8 run and the slow pass's runs, still compiles the way users' runs do.
+# subprocesses (tests/launching.py) take the same two flags, except the ones launched with
+# compile_as_user (the default 300-step run, the 0.5B preset's): those compile the way users' runs do.
 if "xla_cpu_use_fusion_emitters" not in _flags and _xla_defines("xla_cpu_use_fusion_emitters"):
     _flags = f"{_flags} --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = _flags

@@ -2,11 +2,17 @@
 
 The child gets the test session's environment without ``JAX_PLATFORMS`` and without the
 session's device count in ``XLA_FLAGS`` (the launcher must create the CPU devices itself), with
-TensorFlow quiet, and compiling at LLVM ``-O0`` like the tests in this process (tests/conftest.py):
-a 2-step launch spends most of its time compiling, and ``-O0`` compiles it in ~0.65x the CPU time
-(``--mesh=dp2``, 2 steps, a cold cache: 37 -> 24 s user; docs/development.md). The numbers are
-the same (no fast math either way); programs run slower, so a run whose time is mostly steps
-(tests/launch/test_learning.py: 300 of them) passes ``compile_as_user=True`` and compiles as users' runs do.
+TensorFlow quiet, and compiling like the tests in this process (tests/conftest.py): LLVM at ``-O0``
+and, where this jaxlib has them, XLA:CPU's classic emitters instead of its MLIR fusion emitters.
+A short launch spends most of its time compiling: ``-O0`` compiles it in ~0.65x the CPU time
+(``--mesh=dp2``, 2 steps, a cold cache: 37 -> 24 s user; docs/development.md) and the classic
+emitters in ~0.65x again (``--mesh=dp8``, 3 steps, a cold cache: 22.4 / 25.4 -> 15.3 / 15.8 s
+user, two alternations, 6 Dec 2026). Neither uses fast math; the emitters fuse differently, so a
+sum may round differently in its last bits (that launch's step-3 pg_loss: rel 2e-5 apart; the
+end-to-end tests compare launches with each other, or at rel 1e-5 / abs 1e-6). Programs run
+slower, so a run whose time is mostly steps (tests/launch/test_learning.py: 300 of them; the 0.5B
+preset's) passes ``compile_as_user=True`` and compiles as users' runs do: those launches keep
+XLA's default code generation covered.
 """
 
 import json
@@ -19,8 +25,10 @@ import repo_paths
 REPO = str(repo_paths.REPO)  # a str: the tests pass it as cwd and join it into PYTHONPATH
 
 
-#: XLA flags of the runs the tests launch (see the module docstring).
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+#: XLA flags of the runs the tests launch (see the module docstring): the classic emitters where
+#: tests/conftest.py found this jaxlib's XLA defining the flag (an unknown flag aborts a process).
+TEST_XLA_FLAGS = " ".join(["--xla_backend_optimization_level=0"] + [
+    "--xla_cpu_use_fusion_emitters=false"] * ("--xla_cpu_use_fusion_emitters=false" in os.environ.get("XLA_FLAGS", "")))
 
 
 def launch_env(compile_as_user: bool = False) -> dict:
