@@ -33,16 +33,26 @@ def _prompts_by_step(run_dir) -> dict:
     return dict(out)
 
 
+TAU0_BASE = ["--mesh=dp2", *SMALL, *LONG_TAIL, "trainer.total_steps=3"]
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    """The synchronous run both streaming settings are compared with (launched once)."""
+    run = tmp_path_factory.mktemp("sync") / "run"
+    r_sync = launch(*TAU0_BASE, "--run-dir", str(run))
+    assert r_sync.returncode == 0, r_sync.stderr[-3000:]
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("streaming", ["true", "false"])
-def test_streaming_tau0_equals_sync_step_for_step(tmp_path, streaming):
-    base = ["--mesh=dp2", *SMALL, *LONG_TAIL, "trainer.total_steps=3"]
-    r_sync = launch(*base, "--run-dir", str(tmp_path / "sync"))
-    assert r_sync.returncode == 0, r_sync.stderr[-3000:]
+def test_streaming_tau0_equals_sync_step_for_step(tmp_path, sync_run, streaming):
+    base = TAU0_BASE
     r_async = launch(*base, *ASYNC, "async_training.max_staleness=0", f"async_training.streaming={streaming}",
                      "--run-dir", str(tmp_path / "async"))
     assert r_async.returncode == 0, r_async.stderr[-3000:]
-    s, a = train_rows(tmp_path / "sync"), train_rows(tmp_path / "async")
+    s, a = train_rows(sync_run), train_rows(tmp_path / "async")
     _compare(s, a)  # rollout/slot_occupancy included: the same tokens in the same slots
     assert all(r["async/staleness_max"] == 0 and r["rollout/admitted_ahead"] == 0 for r in a)
 
