@@ -10,7 +10,7 @@ copies only the shards that hold them (no extra computation is dispatched).
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -120,6 +120,23 @@ def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
     return out if filled.all() else None
 
 
+class FieldRead(NamedTuple):
+    """What a field's summary needs of the array, read on the trainer's thread (no reference to the
+    array kept: the rest of the summary is made later, e.g. by the trace's writer thread)."""
+
+    shape: tuple
+    dtype: Any
+    sharding: Any  # None: a host (NumPy) array
+    values: Optional[np.ndarray]  # the traced rows' values, when asked for and readable
+
+
+def read(x, rows, *, values: bool = False) -> FieldRead:
+    """The shape, dtype, sharding and (``values``) traced rows of ``x`` (:func:`host_rows`)."""
+    device = _is_device_array(x)
+    return FieldRead(tuple(int(d) for d in x.shape), x.dtype, x.sharding if device else None,
+                     host_rows(x, rows) if values else None)
+
+
 def summarize(name: str, x, *, producer: str, consumers: Sequence[str], rows: np.ndarray, valid_length=None,
               mask_rows=None, is_padding=None, values: bool = False) -> dict:
     """One field of a trace record.
@@ -138,33 +155,44 @@ def summarize(name: str, x, *, producer: str, consumers: Sequence[str], rows: np
       values: also summarise the traced rows' values (per-row masked mean; reads only the
         shards holding them).
     """
-    shape = [int(d) for d in x.shape]
-    out: dict[str, Any] = {"name": name, "producer": producer, "consumers": list(consumers), "shape": shape,
-                           "dtype": str(x.dtype), "sharding": layout(x)}
-    owners = owner_devices(x, rows)
-    if owners is not None:
-        out["sharding"]["owner_devices"] = owners
+    rows = np.asarray(rows)
+    return summary_of(name, read(x, rows, values=values), producer=producer, consumers=consumers, rows=rows,
+                      valid_length=None if valid_length is None else np.asarray(valid_length)[rows],
+                      mask_rows=mask_rows, is_padding=None if is_padding is None else np.asarray(is_padding)[rows])
+
+
+def summary_of(name: str, r: FieldRead, *, producer: str, consumers: Sequence[str], rows: np.ndarray,
+               valid_length=None, mask_rows=None, is_padding=None) -> dict:
+    """:func:`summarize` from what :func:`read` read; ``valid_length`` and ``is_padding`` are the
+    traced rows' already (``[len(rows)]``)."""
+    out: dict[str, Any] = {"name": name, "producer": producer, "consumers": list(consumers), "shape": list(r.shape),
+                           "dtype": str(r.dtype),
+                           "sharding": {"placement": "host"} if r.sharding is None else
+                           dict(_layout(r.sharding, r.shape)["layout"])}
+    if r.sharding is not None and len(rows):
+        lo, hi = int(np.min(rows)), int(np.max(rows)) + 1
+        spans = _layout(r.sharding, r.shape)["rows"]
+        out["sharding"]["owner_devices"] = sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
     if valid_length is not None:
-        out["valid_length"] = np.asarray(valid_length)[rows].astype(np.int64).tolist()
+        out["valid_length"] = np.asarray(valid_length).astype(np.int64).tolist()
     m_rows = None
     if mask_rows is not None:
         m_rows = np.asarray(mask_rows).reshape(len(rows), -1) != 0
         out["mask_sum"] = m_rows.sum(axis=1).astype(np.int64).tolist()
     if is_padding is not None:
-        out["is_padding"] = np.asarray(is_padding)[rows].astype(bool).tolist()
-    if values:
-        v = host_rows(x, rows)
-        if v is not None:
-            v = v.astype(np.float64)
-            if v.ndim == 1:
-                out["row_value"] = [round(a, 6) for a in v.tolist()]
-            else:
-                m = np.ones(v.shape, bool)
-                if m_rows is not None:  # the learner layout may be wider (sp rounding): pad with zeros
-                    m = np.zeros(v.shape, bool)
-                    w = min(m_rows.shape[1], v.shape[1])
-                    m[:, :w] = m_rows[:, :w]
-                cnt = np.maximum(m.sum(axis=1), 1)
-                out["row_mean"] = [round(a, 6) for a in ((v * m).sum(axis=1) / cnt).tolist()]
-                out["outside_mask_abs_sum"] = round(float(np.abs(v * ~m).sum()), 6)
+        out["is_padding"] = np.asarray(is_padding).astype(bool).tolist()
+    v = r.values
+    if v is not None:
+        v = v.astype(np.float64)
+        if v.ndim == 1:
+            out["row_value"] = [round(a, 6) for a in v.tolist()]
+        else:
+            m = np.ones(v.shape, bool)
+            if m_rows is not None:  # the learner layout may be wider (sp rounding): pad with zeros
+                m = np.zeros(v.shape, bool)
+                w = min(m_rows.shape[1], v.shape[1])
+                m[:, :w] = m_rows[:, :w]
+            cnt = np.maximum(m.sum(axis=1), 1)
+            out["row_mean"] = [round(a, 6) for a in ((v * m).sum(axis=1) / cnt).tolist()]
+            out["outside_mask_abs_sum"] = round(float(np.abs(v * ~m).sum()), 6)
     return out

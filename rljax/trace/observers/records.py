@@ -22,7 +22,7 @@ from rljax.trace._io import append_lines
 from rljax.trace.batch_fields import TRAJECTORY_ARRAYS
 from rljax.trace.facts import GroupView
 from rljax.trace.fields import (MASK_FIELDS, PROMPT_FIELDS, RESPONSE_FIELDS, SEQUENCE_FIELDS, VALUE_FIELDS,
-                                host_rows, summarize)
+                                host_rows, read, summary_of)
 from rljax.trace.groups import choose_groups
 
 #: Config keys whose value and source every config_resolve record carries (the seed's list, rljax names).
@@ -100,6 +100,9 @@ class Records:
 
             def job():
                 memo: dict = {}
+                for r in records:  # the field summaries are made here, off the step (Summary)
+                    for f in r.get("fields") or ():
+                        f.complete()
                 append_lines(path, "".join(_line(r, memo) for r in records))
             job() if self.writer is None else self.writer.put(job)
         self.count += len(records)
@@ -170,6 +173,7 @@ class _Group:
         # A field read by several stages is summarised once: the same array, producer and consumers give
         # the same summary (the memo holds the array, so its id is not reused while the group lives).
         self._summaries: dict = {}
+        self._traj_arrays: Optional[tuple] = None
 
     def fields_of(self, ev, consumers: Mapping) -> list[dict]:
         """The summaries of the fields a stage read and wrote (the sampler's arrays the table names
@@ -178,12 +182,18 @@ class _Group:
         for name, x in {**ev.reads, **ev.writes}.items():
             producer = ev.producers.get(name, "?")
             if name == "trajectories":
-                for k, v in x.arrays().items() if hasattr(x, "arrays") else ():
+                for k, v in self._arrays_of(x).items():
                     if k in TRAJECTORY_ARRAYS:
                         out.append(self.field(TRAJECTORY_ARRAYS[k], v, producer, consumers.get("trajectories", [])))
             elif _is_array(x) and x.ndim and x.shape[0] in (self.B, self.g_B):
                 out.append(self.field(name, x, producer, consumers.get(name, [])))
         return out
+
+    def _arrays_of(self, traj) -> dict:
+        """``traj.arrays()`` once per trajectories object (several stages read it)."""
+        if self._traj_arrays is None or self._traj_arrays[0] is not traj:
+            self._traj_arrays = (traj, traj.arrays() if hasattr(traj, "arrays") else {})
+        return self._traj_arrays[1]
 
     def field(self, name: str, x, producer: str, consumers) -> dict:
         """One field's summary over the group's rows, as the batch-field table says to read it (the
@@ -213,10 +223,46 @@ class _Group:
             valid = p_len
         else:
             valid = None
-        out = summarize(name, x, producer=producer, consumers=consumers, rows=r, valid_length=valid,
-                        mask_rows=mask_rows, is_padding=is_pad, values=name in VALUE_FIELDS)
-        out["layout"] = "sampler" if sampler else "learner"  # whose response width it must have
-        return out
+        # Read now (the step's arrays are dropped after it); summarised in the writer's job (Summary).
+        rows = np.asarray(r)
+        got = read(x, rows, values=name in VALUE_FIELDS)
+        vl = None if valid is None else np.asarray(valid)[rows]
+        pad = None if is_pad is None else np.asarray(is_pad)[rows]
+        if mask_rows is not None:
+            mask_rows = np.asarray(mask_rows)  # host rows (a copy): no reference to the batch kept
+        kind = "sampler" if sampler else "learner"  # whose response width it must have
+        light = {"name": name, "shape": list(got.shape), "layout": kind}
+        if mask_rows is not None:  # the signature's mask sums (trace check compares them between stages)
+            light["mask_sum"] = (mask_rows.reshape(len(rows), -1) != 0).sum(axis=1).astype(np.int64).tolist()
+
+        def finish() -> dict:
+            out = summary_of(name, got, producer=producer, consumers=consumers, rows=rows, valid_length=vl,
+                             mask_rows=mask_rows, is_padding=pad)
+            out["layout"] = kind
+            return out
+        return Summary(light, finish)
+
+
+class Summary(dict):
+    """A field's summary in a record: at first what the step's own checks read (``name``, ``shape``,
+    ``layout``, ``mask_sum``: the signatures and width alerts), made whole by :meth:`complete` in the
+    writer's job, before the record is encoded (the rest, :func:`rljax.trace.fields.summary_of`, from
+    host copies of the traced rows read during the step: no reference to the step's arrays)."""
+
+    __slots__ = ("_finish",)
+
+    def __init__(self, light: dict, finish: Callable[[], dict]):
+        super().__init__(light)
+        self._finish: Optional[Callable[[], dict]] = finish
+
+    def complete(self) -> "Summary":
+        """The whole summary, in :func:`rljax.trace.fields.summarize`'s key order (once)."""
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            whole = finish()
+            self.clear()
+            self.update(whole)
+        return self
 
 
 def _line(record: dict, memo: dict) -> str:
