@@ -112,3 +112,25 @@ def test_a_traced_step_prefetches_and_leaves_nothing_alive(tmp_path, monkeypatch
     assert out["invariants/rows"] > 0 and out["invariants/violating_rows"] == 0
     tracer.close()
     assert tracer.prefetch._thread is None
+
+
+def test_a_field_summary_made_later_is_summarize_and_holds_no_array():
+    """records.Summary: the step reads the traced rows; the summary, made in the writer's job after the
+    array is gone, is the one summarize() makes from the array itself."""
+    from rljax.trace.fields import read, summarize, summary_of
+    from rljax.trace.observers.records import Summary
+
+    x = _sharded(jnp.arange(32.0).reshape(8, 4) / 7)
+    rows, mask = np.array([2, 3]), np.array([[1, 1, 0, 0], [1, 1, 1, 0]])
+    valid, pad = np.arange(8), np.zeros(8, bool)
+    want = summarize("advantages", x, producer="advantages", consumers=["actor_minibatch"], rows=rows,
+                     valid_length=valid, mask_rows=mask, is_padding=pad, values=True)
+    got = read(x, rows, values=True)
+    s = Summary({"name": "advantages", "shape": [8, 4]},
+                lambda: summary_of("advantages", got, producer="advantages", consumers=["actor_minibatch"], rows=rows,
+                                   valid_length=valid[rows], mask_rows=mask, is_padding=pad[rows]))
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None and dict(s) == {"name": "advantages", "shape": [8, 4]}
+    assert s.complete() == want and want["row_mean"] and want["sharding"]["owner_devices"] == [2, 3]
