@@ -43,6 +43,7 @@ from rljax.trace import faults, recompute as RC
 from rljax.trace._io import write_atomic
 from rljax.trace.fields import RESPONSE_FIELDS
 from rljax.trace.groups import choose_groups  # noqa: F401 -- re-exported (rljax.trace.choose_groups)
+from rljax.trace.invariants import host_memory
 from rljax.trace.observers.alert_log import AlertLog
 from rljax.trace.observers.clock import Clock, timed
 from rljax.trace.observers.ledgers import Ledgers
@@ -107,8 +108,6 @@ class Tracer:
     def stage(self, event) -> None:
         self._events.append(event)
         if self._prefetching is None:
-            from rljax.trace.invariants import host_memory
-
             self._prefetching = host_memory()
             self.prefetch = Prefetch() if self._prefetching else None
         if self._prefetching:  # the host copies the step's end reads (rljax.trace.prefetch)

@@ -101,8 +101,7 @@ class AsyncSchedule:
         # rows generated before it (the queue counts this launch's)
         counts = state.async_counts or {}
         self.weights.pushes = counts.get("weight_pushes", state.version // self.weights.trigger)
-        self._generated_before = counts.get("generated_rows", 0)
-        self._dropped_before = {k: counts.get(f"dropped_{k}", 0) for k in ("stale", "overflow")}
+        self._restored = {k: counts.get(k, 0) for k in ("generated_rows", "dropped_stale", "dropped_overflow")}
         self.services = dataclasses.replace(services, rollout=dataclasses.replace(services.rollout,
                                                                                   weights=self.weights))
         self.streaming = streams(services)
@@ -148,9 +147,9 @@ class AsyncSchedule:
                  **staleness_facts(version, np.asarray(item.min_version), np.asarray(item.max_version)),
                  "queue_depth": len(self.queue), "learner_wait_s": wait, "rollout_wait_s": rollout_wait,
                  "dropped_stale": st.dropped_stale, "dropped_overflow": st.dropped_overflow,
-                 "generated_rows": st.put_rows, "generated_rows_restored": self._generated_before,
-                 "dropped_stale_restored": self._dropped_before["stale"],
-                 "dropped_overflow_restored": self._dropped_before["overflow"],
+                 "generated_rows": st.put_rows, "generated_rows_restored": self._restored["generated_rows"],
+                 "dropped_stale_restored": self._restored["dropped_stale"],
+                 "dropped_overflow_restored": self._restored["dropped_overflow"],
                  "streaming": self.streaming,
                  "admitted_ahead": int(produced.batch["enqueue"].get("admitted_ahead", 0)),
                  "version_span_max": int(produced.batch["enqueue"].get("version_span_max", 0)),
@@ -175,9 +174,9 @@ class AsyncSchedule:
         from the producer's position on dropped, are not counted: they are generated again after a resume)."""
         dropped = self.queue.dropped_rows(before=state.produced)
         return {"async": {"policy": "replay", "streaming": self.streaming, "next_index": state.produced,
-                          "dropped_stale": self._dropped_before["stale"] + dropped["stale"],
-                          "dropped_overflow": self._dropped_before["overflow"] + dropped["overflow"],
-                          "generated_rows": self._generated_before + self.queue.rows_out(before=state.produced),
+                          "dropped_stale": self._restored["dropped_stale"] + dropped["stale"],
+                          "dropped_overflow": self._restored["dropped_overflow"] + dropped["overflow"],
+                          "generated_rows": self._restored["generated_rows"] + self.queue.rows_out(before=state.produced),
                           "weight_pushes": self.weights.pushes}}
 
     def close(self, timeout: float = JOIN_TIMEOUT_S) -> Optional[dict]:

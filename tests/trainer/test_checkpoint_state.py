@@ -147,11 +147,11 @@ def test_a_resumed_schedule_counts_on_from_the_checkpoint(tmp_path, saved, want)
         assert {k: sched.checkpoint_meta(trainer.state)["async"][k] for k in want} == want
         # the next step's metrics: the rows this launch generated and dropped on top of the restored ones
         facts = {"staleness_mean": 0.0, "staleness_max": 0, "dropped_stale": 2, "dropped_overflow": 1,
-                 "generated_rows": 16, "generated_rows_restored": sched._generated_before, "queue_depth": 0,
+                 "generated_rows": 16, "generated_rows_restored": sched._restored["generated_rows"], "queue_depth": 0,
                  "learner_wait_s": 0.0, "rollout_wait_s": 0.0, "min_version": 2, "max_version": 2,
                  "spanning_rows": 0, "batch_index": 3, "staleness_hist": {"0": 16},
-                 "dropped_stale_restored": sched._dropped_before["stale"],
-                 "dropped_overflow_restored": sched._dropped_before["overflow"]}
+                 "dropped_stale_restored": sched._restored["dropped_stale"],
+                 "dropped_overflow_restored": sched._restored["dropped_overflow"]}
         m = async_metrics(facts, sched.weights.pushes)
         assert (m["async/generated_rows"], m["async/dropped_stale"], m["async/dropped_overflow"]) == \
             (want["generated_rows"] + 16, want["dropped_stale"] + 2, want["dropped_overflow"] + 1)
