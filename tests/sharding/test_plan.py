@@ -155,3 +155,27 @@ def test_7b_fits_one_80gb_host_on_fsdp8_not_on_dp8(tmp_path):
     assert "does NOT fit" in no.stdout
     assert "smallest change that fits: --mesh=fsdp8" in no.stdout, no.stdout
     assert not os.listdir(tmp_path)
+
+
+def test_suggestion_is_checked_by_xla_when_the_plan_was(devices):
+    """A plan measured by XLA names a change only once XLA says it fits too: the tiny default on
+    fsdp8 without remat (6.6 MB) in 3.9 MB, between the formulas' 3.80 MB and XLA's 4.04 MB for
+    micro-batch 128, which the formulas alone would name (remat=true: 3.98 MB by the formulas,
+    not compiled), is not told micro-batch 128: it is reported as accepted by the formulas and refused
+    by XLA. One compile (~4 s; the next candidate, micro-batch 64, XLA 2.60 MB, would be named
+    with a second)."""
+    from rljax import plan as P, sharding as sh
+    from rljax.config import resolve
+
+    def reconfigure(extra):
+        return resolve("default", ["trainer.mesh=fsdp8", "model.remat=false"] + extra)[0]
+
+    cfg, mesh, bound = reconfigure([]), sh.make_mesh("fsdp8"), 3_900_000
+    by_formulas, _ = P.suggest(cfg, mesh, bound, reconfigure, devices, compile=False)
+    assert by_formulas[0] == "actor.ppo_micro_batch_size=128", by_formulas[0]
+    found, rejected = P.suggest(cfg, mesh, bound, reconfigure, devices, compile=True, max_compiles=1)
+    assert found is None, found[0]
+    assert [(text, f.fits, x.fits, x.source[:4]) for text, f, x in rejected] == [
+        ("actor.ppo_micro_batch_size=128", True, False, "XLA:")], rejected
+    # the budget bounds the compiles: with none left, nothing is named
+    assert P.suggest(cfg, mesh, bound, reconfigure, devices, compile=True, max_compiles=0) == (None, [])
