@@ -27,7 +27,11 @@ def _finite(x):
 
 @pytest.mark.slow
 def test_smoke_writes_every_part(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user's run
+    from launching import TEST_XLA_FLAGS
+
+    # one CPU device, as a user's run, compiling as the launched tests' runs do (tests/launching.py):
+    # its parts' tiny programs cost more to compile than to run
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "XLA_FLAGS": TEST_XLA_FLAGS}
     env["JAX_PLATFORMS"] = "cpu"
     out = tmp_path / "report"
     p = subprocess.run([sys.executable, "bench/accelerator.py", "--smoke", "--out", str(out)], cwd=REPO,
