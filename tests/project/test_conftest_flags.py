@@ -17,3 +17,13 @@ def test_the_test_process_compiles_with_the_classic_emitters_where_xla_has_the_f
     flags = os.environ["XLA_FLAGS"].split()
     assert ("--xla_cpu_use_fusion_emitters=false" in flags) == conftest._xla_defines("xla_cpu_use_fusion_emitters")
     assert "--xla_backend_optimization_level=0" in flags
+
+
+def test_launched_runs_compile_like_this_process_unless_as_users():
+    """tests/launching.py: the runs the tests launch take -O0 and the classic emitters (where XLA
+    has the flag), without this process's device count; compile_as_user runs take no XLA flags."""
+    import launching
+
+    classic = ["--xla_cpu_use_fusion_emitters=false"] * conftest._xla_defines("xla_cpu_use_fusion_emitters")
+    assert launching.launch_env()["XLA_FLAGS"].split() == ["--xla_backend_optimization_level=0", *classic]
+    assert "XLA_FLAGS" not in launching.launch_env(compile_as_user=True)
