@@ -61,9 +61,10 @@ def visible(q_segment, k_segment):
     return (k_segment == q_segment) | prefix
 
 
-def _cap(scores, softcap):
-    """``softcap * tanh(scores / softcap)`` (Gemma 2's attention-logit soft-capping); ``None``: unchanged."""
-    return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
+def soft_cap(x, softcap):
+    """``softcap * tanh(x / softcap)`` (Gemma 2's soft-capping of attention scores and of output
+    logits); ``None``: ``x`` unchanged."""
+    return x if softcap is None else softcap * jnp.tanh(x / softcap)
 
 
 def _mask(q_index, k_index, k_valid, q_segment=None, k_segment=None):
@@ -92,7 +93,8 @@ def dense_attention(q, k, v, q_index, k_index, k_valid, q_segment=None, k_segmen
     b, tq, n, d = q.shape
     kh = k.shape[2]
     qg = q.reshape(b, tq, kh, n // kh, d)
-    scores = _cap(jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d), softcap)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(d)
+    scores = soft_cap(scores, softcap)
     scores = jnp.where(_mask(q_index, k_index, k_valid, q_segment, k_segment)[:, None, None], scores, _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
@@ -115,7 +117,7 @@ def _flash_forward(qg, k, v, q_index, k_index, k_valid, q_seg, k_seg, block, sof
     def step(carry, xs):
         m, l, acc = carry
         kc, vc, ki, kv, ks = xs
-        s = _cap(jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale, softcap)
+        s = soft_cap(jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale, softcap)
         s = jnp.where(_mask(q_index, ki, kv, q_seg, ks)[:, None, None], s, _NEG)
         s = jnp.where((ki == _PAD)[:, None, None, None, :], -jnp.inf, s)  # fill keys weigh exactly 0
         m_new = jnp.maximum(m, s.max(-1))
@@ -297,7 +299,7 @@ def live_decode_attention(q, cache_k, cache_v, layer, q_index, *, live=None, blo
         vc = jax.lax.dynamic_slice(cache_v, (layer, 0, start, 0, 0), (1, s, block, kh, d))[0].astype(q.dtype)
         k_index = start + jnp.arange(block)
         visible = (k_index[None, None, :] >= nominal) & (k_index[None, None, :] <= q_index[:, :, None])  # [S,Tn,blk]
-        sc = _cap(jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale, softcap)
+        sc = soft_cap(jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=jnp.float32) * scale, softcap)
         sc = jnp.where(visible[:, None, None], sc, -jnp.inf)
         m_new = jnp.maximum(m_run, sc.max(-1))
         p = jnp.exp(sc - m_new[..., None])
@@ -337,7 +339,7 @@ def slot_cache_attention(q, cache_k, cache_v, q_index, *, live=None, block_size:
     cast = lambda c: c if c.dtype == q.dtype else c.astype(q.dtype)
 
     def scores(kc, start):
-        sc = _cap(jnp.einsum("skqd,skmd->skqm", qg, cast(kc), preferred_element_type=jnp.float32) * scale, softcap)
+        sc = soft_cap(jnp.einsum("skqd,skmd->skqm", qg, cast(kc), preferred_element_type=jnp.float32) * scale, softcap)
         k_index = start + jnp.arange(kc.shape[2])
         return sc, k_index
 

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from rljax.models.config import ModelConfig
 from rljax.models.adapters import LoRAParams, effective_base
+from rljax.models.attention import soft_cap
 from rljax.models.params import (abstract_params, create_model, merge, param_logical_axes,  # noqa: F401
                                  param_shardings, split)
 from rljax.models.transformer import Transformer
@@ -258,11 +259,6 @@ def logit_softcap(graphdef) -> float | None:
     return model_config(graphdef).final_logit_softcapping
 
 
-def softcap_logits(logits: jax.Array, softcap: float | None) -> jax.Array:
-    """``softcap * tanh(logits / softcap)``; ``None``: the logits unchanged."""
-    return logits if softcap is None else softcap * jnp.tanh(logits / softcap)
-
-
 def compute_logits(params: dict, hidden: jax.Array, *, softcap: float | None = None) -> jax.Array:
     """``hidden [..., H] @ unembedding [H, V]`` -> float32 logits ``[..., V]``, soft-capped to
     ``softcap * tanh(logits / softcap)`` when ``softcap`` is given (pass :func:`logit_softcap`'s
@@ -278,4 +274,4 @@ def compute_logits(params: dict, hidden: jax.Array, *, softcap: float | None = N
     else:
         w = unembedding(params)
         logits = jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
-    return softcap_logits(logits, softcap)
+    return soft_cap(logits, softcap)

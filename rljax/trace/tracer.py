@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
+import jax
 import numpy as np
 
 from rljax._digest import LOG
@@ -94,9 +95,8 @@ class Tracer:
         self._events: list = []
         self._closed = False
         # One process on CPU devices: the stages' batch arrays are copied to the host in a background thread
-        # while the later stages run (rljax.trace.prefetch); the step's end waits for it. None: not yet decided.
-        self.prefetch: Optional[Prefetch] = None
-        self._prefetching: Optional[bool] = None
+        # while the later stages run (rljax.trace.prefetch); the step's end waits for it. None: elsewhere.
+        self.prefetch: Optional[Prefetch] = Prefetch() if host_memory() else None
 
     # ------------------------------------------------------------------ observer hooks
 
@@ -107,12 +107,7 @@ class Tracer:
     @timed
     def stage(self, event) -> None:
         self._events.append(event)
-        if self._prefetching is None:
-            self._prefetching = host_memory()
-            self.prefetch = Prefetch() if self._prefetching else None
-        if self._prefetching:  # the host copies the step's end reads (rljax.trace.prefetch)
-            import jax
-
+        if self.prefetch is not None:  # the host copies the step's end reads (rljax.trace.prefetch)
             self.prefetch.put([v for v in event.writes.values() if isinstance(v, jax.Array) and v.ndim])
 
     def step_end(self, step: int, metrics: dict) -> None:
