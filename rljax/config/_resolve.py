@@ -539,7 +539,8 @@ class _VerlSettings:
         if key in _verl.NO_COUNTERPART:
             accepts, what = _verl.NO_COUNTERPART[key]
             if not accepts(value):
-                raise ConfigError(f"{key}={_show(value)} (verl's) is not supported: {what}")
+                raise ConfigError(f"{key}={_show(value)} (verl's) is not supported: {what}; "
+                                  f"accepted: {accepts.accepted}")
             self.accepted[key] = (value, what)
             return {}, source
         return {key: value}, source

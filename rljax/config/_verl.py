@@ -106,7 +106,12 @@ REWARD_FUNCTION_KEYS = ("custom_reward_function.path", "custom_reward_function.n
 
 
 def _is(*accepted) -> Callable:
-    return lambda v: v in accepted
+    def accepts(v) -> bool:
+        return v in accepted
+
+    show = lambda a: "null" if a is None else str(a).lower() if isinstance(a, bool) else str(a)  # noqa: E731
+    accepts.accepted = " or ".join(map(show, accepted))  # what a refusal names
+    return accepts
 
 
 def _any(_v) -> bool:
@@ -115,6 +120,9 @@ def _any(_v) -> bool:
 
 def _count(v) -> bool:
     return v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+
+
+_count.accepted = "a positive integer or null"
 
 
 _MEMORY = ("a memory knob of verl's per-GPU micro-batches; rljax splits the update by actor.ppo_micro_batch_size "
