@@ -41,14 +41,18 @@ def alternate(t, steps: int, switch: Callable[[bool], None]) -> dict[bool, list[
     """``steps`` steps of ``t``, ``switch(on)`` before each (even steps on); ``{on: [metrics]}`` of the
     steps after the first two. Each step's metrics get ``bench/wall_s``: the seconds the whole
     ``train_one_step`` call took (``timing_s/step`` ends before the observers' ``step_end``, so
-    it leaves the tracer's own work out; the wall time has it, and the cleanup)."""
+    it leaves the tracer's own work out; the wall time has it, and the cleanup), ``bench/cpu_s``: the
+    CPU seconds of the whole process during the call (every thread: XLA's, the tracer's), and
+    ``bench/main_cpu_s``: those of the calling thread alone."""
     halves: dict[bool, list[dict]] = {True: [], False: []}
     for step in range(1, steps + 1):
         on = step % 2 == 0
         switch(on)
-        t0 = time.perf_counter()
+        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         metrics = t.train_one_step()
         metrics["bench/wall_s"] = time.perf_counter() - t0
+        metrics["bench/cpu_s"] = time.process_time() - c0
+        metrics["bench/main_cpu_s"] = time.thread_time() - m0
         if step > 2:
             halves[on].append(metrics)
     return halves
@@ -57,6 +61,20 @@ def alternate(t, steps: int, switch: Callable[[bool], None]) -> dict[bool, list[
 def med(rows, key: str) -> float:
     """The median of ``key`` over ``rows`` (absent: 0)."""
     return statistics.median(float(r.get(key) or 0.0) for r in rows)
+
+
+def thread_cpu(prefix: str) -> float:
+    """The CPU seconds used so far by the live Python threads whose name starts with ``prefix``."""
+    import threading
+
+    total = 0.0
+    for th in threading.enumerate():
+        if th.name.startswith(prefix) and th.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(th.ident))
+            except (OSError, AttributeError):  # ended meanwhile, or a platform without thread clocks
+                pass
+    return total
 
 
 def stamp(what: str) -> str:

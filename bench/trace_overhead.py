@@ -78,8 +78,10 @@ def main(argv=None) -> int:
         if parts is not None:
             parts.next(on)
 
-    counts = []
-    halves = A.alternate(trainer, args.steps, lambda on: (counts.append(computed["n"]), switch(on)))
+    counts, threads = [], []  # threads[s]: the tracer's threads' CPU seconds so far when step s + 1 began
+    halves = A.alternate(trainer, args.steps, lambda on: (counts.append(computed["n"]),
+                                                          threads.append(_threads()), switch(on)))
+    threads.append(_threads())
     counts.append(computed["n"])  # counts[s]: the digests computed during step s (counts[0]: none ran)
     D.param_digest, D.LOG.record = digest, record
     on_counts = counts[4::2]  # the on steps that count (steps 1-2 compile)
@@ -91,6 +93,14 @@ def main(argv=None) -> int:
     w_off, w_on = A.med(halves[False], "bench/wall_s"), A.med(halves[True], "bench/wall_s")
     print(f"wall per train_one_step (median; the tracer's step_end and cleanup included): trace off {w_off:.4f} s, "
           f"on {w_on:.4f} s, on / off {w_on / w_off:.3f}")
+    c_off, c_on = A.med(halves[False], "bench/cpu_s"), A.med(halves[True], "bench/cpu_s")
+    m_off, m_on = A.med(halves[False], "bench/main_cpu_s"), A.med(halves[True], "bench/main_cpu_s")
+    bg = {k: (threads[-1][k] - threads[2][k]) / max(len(halves[True]), 1) for k in threads[-1]}  # steps 3..end
+    print(f"CPU per train_one_step (median): whole process off {1e3 * c_off:.1f} ms, on {1e3 * c_on:.1f} ms "
+          f"(+{1e3 * (c_on - c_off):.2f} ms = {100 * (c_on - c_off) / w_off:.2f}% of the off wall); trainer's thread "
+          f"off {1e3 * m_off:.1f} ms, on {1e3 * m_on:.1f} ms (+{1e3 * (m_on - m_off):.2f} ms); the tracer's threads "
+          f"{1e3 * sum(bg.values()):.2f} ms per on step ("
+          + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in bg.items()) + ")")
     print(f"trace on: overhead_frac {100 * A.med(halves[True], 'trace/overhead_frac'):.2f}% (median), overhead_s "
           f"{1e3 * A.med(halves[True], 'trace/overhead_s'):.2f} ms, invariants_s "
           f"{1e3 * A.med(halves[True], 'trace/invariants_s'):.2f} ms, rescore_s "
@@ -108,6 +118,11 @@ def main(argv=None) -> int:
         for name, ms in parts.medians().items():
             print(f"  {name}: {ms:.3f}")
     return 0
+
+
+def _threads() -> dict:
+    """CPU seconds so far of each of the tracer's background threads (a step's writer jobs run during the next)."""
+    return {name: A.thread_cpu(f"rljax-trace-{name}") for name in ("writer", "prefetch")}
 
 
 class Parts:
