@@ -104,7 +104,9 @@ def main(argv=None) -> int:
     print(f"trace on: overhead_frac {100 * A.med(halves[True], 'trace/overhead_frac'):.2f}% (median), overhead_s "
           f"{1e3 * A.med(halves[True], 'trace/overhead_s'):.2f} ms, invariants_s "
           f"{1e3 * A.med(halves[True], 'trace/invariants_s'):.2f} ms, rescore_s "
-          f"{1e3 * A.med(halves[True], 'trace/rescore_s'):.3f} ms")
+          f"{1e3 * A.med(halves[True], 'trace/rescore_s'):.3f} ms; background_frac "
+          f"{100 * A.med(halves[True], 'trace/background_frac'):.2f}% (median; the tracer's threads' CPU as the "
+          f"run reports it), background_s {1e3 * A.med(halves[True], 'trace/background_s'):.2f} ms")
     print(f"parameter digests computed outside the update per on step: {on_counts}")
     update = A.med(halves[True], "timing_s/update_actor")
     for name, s in times.items():

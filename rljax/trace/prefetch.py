@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from typing import Optional, Sequence
 
@@ -34,6 +35,7 @@ class Prefetch:
         self._queue: "queue.Queue[Optional[list]]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._cpu_s = [0.0]  # the thread's CPU seconds in copies since the last take_cpu() (shared with it)
         weakref.finalize(self, self._queue.put, None)  # dropped unclosed: its thread ends
 
     def put(self, arrays: Sequence) -> None:
@@ -42,8 +44,8 @@ class Prefetch:
             return
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=_run, args=(self._queue,), name="rljax-trace-prefetch",
-                                                daemon=True)
+                self._thread = threading.Thread(target=_run, args=(self._queue, self._cpu_s, self._lock),
+                                                name="rljax-trace-prefetch", daemon=True)
                 self._thread.start()
         self._queue.put(list(arrays))
 
@@ -51,6 +53,12 @@ class Prefetch:
         """Waits until every array put so far is copied (or skipped) and no longer referenced."""
         if self._thread is not None:
             self._queue.join()
+
+    def take_cpu(self) -> float:
+        """The CPU seconds the thread spent copying since the last call (the trace's ``trace/background_s``)."""
+        with self._lock:
+            spent, self._cpu_s[0] = self._cpu_s[0], 0.0
+        return spent
 
     def close(self) -> None:
         """:meth:`wait`, then the thread ends (a later :meth:`put` starts another)."""
@@ -62,9 +70,10 @@ class Prefetch:
             thread.join()
 
 
-def _run(jobs: "queue.Queue") -> None:
+def _run(jobs: "queue.Queue", cpu_s: list, lock: threading.Lock) -> None:
     while True:
         arrays = jobs.get()
+        t = time.thread_time()
         try:
             if arrays is None:
                 return
@@ -77,4 +86,6 @@ def _run(jobs: "queue.Queue") -> None:
                 del x
         finally:
             arrays = None  # no reference outlives the job: the runner's leak check follows the wait
+            with lock:
+                cpu_s[0] += time.thread_time() - t
             jobs.task_done()

@@ -203,7 +203,9 @@ def _trace(run_dir: str) -> list:
         return out + ["(trace_summary.json missing)"]
     out.append(f"{s['records']} records over {s['steps']} steps ({s['groups_per_step']} group(s) per step); "
                f"tracing overhead {100 * s.get('overhead_frac_median', 0):.2f}% of step time (median; "
-               f"max {100 * s.get('overhead_frac_max', 0):.2f}%), ledgers {s.get('ledger_s', 0):.2f} s once")
+               f"max {100 * s.get('overhead_frac_max', 0):.2f}%)"
+               + (f", its background threads' CPU {100 * s['background_frac']:.2f}% more" if "background_frac" in s
+                  else "") + f", ledgers {s.get('ledger_s', 0):.2f} s once")
     if s.get("status") != "completed":
         out.append(f"status: {s.get('status')} (records up to step {s.get('last_step')})"
                    + (f": {s['error']}" if s.get("error") else ""))

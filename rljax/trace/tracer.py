@@ -136,7 +136,8 @@ class Tracer:
         tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
         if tokens is not None and step_wall:
             out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
-        out.update(self.clock.step_done(entered, self.ledgers.last_s))
+        background = self.writer.take_cpu() + (self.prefetch.take_cpu() if self.prefetch is not None else 0.0)
+        out.update(self.clock.step_done(entered, self.ledgers.last_s, background))
         if self.ledgers.last_s:
             out["trace/ledger_s"] = self.ledgers.last_s
         self.ledgers.last_s = 0.0
@@ -272,9 +273,11 @@ class Tracer:
     @staticmethod
     def describe_overhead(summary: Mapping) -> str:
         """One line for the run summary table."""
+        background = (f"; its background threads' CPU {100 * summary['background_frac']:.1f}% more"
+                      if "background_frac" in summary else "")
         return (f"{100 * summary['overhead_frac_median']:.1f}% of step time (median; max "
                 f"{100 * summary['overhead_frac_max']:.1f}%, {summary['overhead_s']:.2f} s in "
-                f"{summary['steps']} steps) + ledgers {summary['ledger_s']:.2f} s once")
+                f"{summary['steps']} steps{background}) + ledgers {summary['ledger_s']:.2f} s once")
 
 
 def complete_summary(run_dir: str, step: int) -> Optional[str]:

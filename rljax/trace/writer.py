@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 from typing import Callable, Optional
 
@@ -54,6 +55,7 @@ class Writer:
         self._error: Optional[BaseException] = None  # a job's, not yet raised
         self._failed = False  # a job failed: the later ones are not run
         self._lock = threading.Lock()
+        self._cpu_s = 0.0  # the thread's CPU seconds in jobs since the last take_cpu()
         _LIVE.add(self)
         weakref.finalize(self, self._queue.put, None)  # a writer dropped unclosed: its thread ends
 
@@ -87,6 +89,12 @@ class Writer:
                 self._queue.put(None)
                 thread.join()
 
+    def take_cpu(self) -> float:
+        """The CPU seconds the thread spent in jobs since the last call (the trace's ``trace/background_s``)."""
+        with self._lock:
+            spent, self._cpu_s = self._cpu_s, 0.0
+        return spent
+
     def _raise(self) -> None:
         err, self._error = self._error, None
         if err is not None:
@@ -96,10 +104,15 @@ class Writer:
         """The thread's: runs ``job`` unless an earlier one failed; keeps its error for the trainer's thread."""
         if self._failed:
             return
+        t = time.thread_time()
         try:
             job()
         except BaseException as e:  # noqa: BLE001 -- raised on the trainer's thread (put / flush)
             self._failed, self._error = True, e
+        finally:
+            spent = time.thread_time() - t
+            with self._lock:
+                self._cpu_s += spent
 
 
 def _run(ref: "weakref.ref[Writer]", jobs: "queue.Queue") -> None:

@@ -134,3 +134,28 @@ def test_a_field_summary_made_later_is_summarize_and_holds_no_array():
     gc.collect()
     assert ref() is None and dict(s) == {"name": "advantages", "shape": [8, 4]}
     assert s.complete() == want and want["row_mean"] and want["sharding"]["owner_devices"] == [2, 3]
+
+
+def test_the_copies_cpu_is_counted_once():
+    """The thread's CPU seconds in copies (``trace/background_s``), taken once."""
+    import rljax.trace.prefetch as P
+
+    def slow(a, *k, **kw):  # a copy that burns 50 ms of CPU
+        import time
+
+        t = time.thread_time()
+        while time.thread_time() - t < 0.05:
+            pass
+        return np.asarray(a, *k, **kw)
+
+    p = Prefetch()
+    P.np = type("np", (), {"asarray": staticmethod(slow)})
+    try:
+        p.put([_sharded(jnp.arange(8.0))])
+        p.wait()
+    finally:
+        P.np = np
+    spent = p.take_cpu()
+    assert 0.045 <= spent < 0.15, spent
+    assert p.take_cpu() == 0.0
+    p.close()

@@ -102,3 +102,31 @@ def test_the_trainer_flushes_the_trace_before_each_checkpoint_save(tmp_path, mon
     trainer.save()
     trainer.tracer.close()
     assert seen == [True]
+
+
+def _burn(seconds: float) -> None:
+    t = time.thread_time()
+    while time.thread_time() - t < seconds:
+        pass
+
+
+def test_the_threads_cpu_is_counted_once_for_trace_background_s():
+    """``trace/background_s``: the writer's CPU seconds in jobs, taken once (not the caller's, not a sleep's)."""
+    w = Writer()
+    w.put(lambda: _burn(0.05))
+    w.put(lambda: time.sleep(0.2))  # waiting is not CPU
+    w.flush()
+    spent = w.take_cpu()
+    assert 0.045 <= spent < 0.15, spent
+    assert w.take_cpu() == 0.0
+    w.close()
+
+
+def test_a_traced_step_reports_its_background_cpu(tmp_path):
+    tracer, out = _step(tmp_path, steps=2)
+    assert out["trace/background_s"] >= 0 and out["trace/background_frac"] == pytest.approx(
+        out["trace/background_s"] / (out["trace/overhead_s"] / out["trace/overhead_frac"]), rel=1e-6)
+    tracer.close()
+    summary = json.loads((tmp_path / "trace_summary.json").read_text())
+    assert summary["background_s"] > 0 and 0 < summary["background_frac"] < 1
+    assert "background threads' CPU" in tracer.describe_overhead(summary)

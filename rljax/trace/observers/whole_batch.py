@@ -191,8 +191,9 @@ def _rederived(recompute, step, traj, fields, events, pairs, per_pair, extra, lo
 
 def traced_rows(cfg, step: int, traj) -> list[int]:
     """The rows of the prompt groups the tracer follows this step."""
-    traced = set(choose_groups(cfg.trainer.seed, step, int(traj.num_groups), int(cfg.trace.groups)))
-    return [i for i in range(traj.batch_size) if int(traj.group_id[i]) in traced]
+    traced = choose_groups(cfg.trainer.seed, step, int(traj.num_groups), int(cfg.trace.groups))
+    group_id = np.asarray(traj.group_id)[:int(traj.batch_size)]
+    return np.nonzero(np.isin(group_id, np.asarray(list(traced), dtype=group_id.dtype)))[0].tolist()
 
 
 def _allgather_json(obj: dict, width: int = 8192) -> list[dict]:
