@@ -13,7 +13,7 @@ from rljax.trace.jsonl import read_jsonl
 #: Metric names whose values depend on the wall clock, the machine's memory or which process was
 #: slowest, not on the computation: two runs of the same computation differ only in these (with
 #: every name ending in a suffix below: ``trace/invariants_s``, ``async/learner_wait_s``, ...).
-WALL_CLOCK_PREFIXES = ("timing_s/", "comm_s/", "memory/", "trace/overhead", "perf/throughput",
+WALL_CLOCK_PREFIXES = ("timing_s/", "comm_s/", "memory/", "trace/overhead", "trace/background", "perf/throughput",
                        "perf/step_time_by_process", "perf/slowest_process", "perf/step_time_max_over_min", "perf/mfu")
 WALL_CLOCK_SUFFIXES = ("_s", "per_s")
 
