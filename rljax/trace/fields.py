@@ -133,7 +133,7 @@ class FieldRead(NamedTuple):
 def read(x, rows, *, values: bool = False) -> FieldRead:
     """The shape, dtype, sharding and (``values``) traced rows of ``x`` (:func:`host_rows`)."""
     device = _is_device_array(x)
-    return FieldRead(tuple(int(d) for d in x.shape), x.dtype, x.sharding if device else None,
+    return FieldRead(tuple(map(int, x.shape)), x.dtype, x.sharding if device else None,
                      host_rows(x, rows) if values else None)
 
 

@@ -4,6 +4,7 @@ declare (timed), device memory, and each process's step time with the slowest pr
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Mapping
 
@@ -13,12 +14,47 @@ from rljax.sharding import to_host
 from rljax.trace import alerts as A
 
 
-def _percentiles(x: np.ndarray, prefix: str) -> dict:
+#: The fractions ``np.percentile(x, [50, 90, 99])`` interpolates at (its own ``q / 100``).
+_QUANTILES = tuple(np.true_divide([50, 90, 99], 100).tolist())
+_EXACT = 2 ** 30  # integers below this in magnitude: their differences and floats are exact (no int32 wrap)
+
+
+def percentiles(x: np.ndarray) -> tuple[float, float, float]:
+    """``np.percentile(x, [50, 90, 99])`` (the default, linear method) as floats, bit for bit: one
+    sort and its interpolation, for a 1-D integer array whose values are below 2**30 in magnitude
+    (the lengths the trace reports; :func:`np.percentile` costs tens of microseconds in calls on
+    such a small array), signed of 32 bits or more (numpy's differences of int8 / int16 values
+    wrap); anything else goes to :func:`np.percentile` itself."""
+    x = np.asarray(x)
+    kind = x.dtype.kind
+    if x.ndim != 1 or not x.size or not (kind == "u" or kind == "i" and x.dtype.itemsize >= 4):
+        return tuple(float(p) for p in np.percentile(x, [50, 90, 99]))
+    s = np.sort(x)
+    if not (-_EXACT < int(s[0]) and int(s[-1]) < _EXACT):
+        return tuple(float(p) for p in np.percentile(x, [50, 90, 99]))
+    n, out = s.shape[0], []
+    for q in _QUANTILES:
+        v = (n - 1) * q  # numpy's virtual index (float64), its floor and the weight between the neighbours
+        if v >= n - 1:  # at or past the last value: the last value
+            out.append(float(s[-1]))
+            continue
+        i = math.floor(v)
+        t = v - i
+        a, b = int(s[i]), int(s[i + 1])
+        d = b - a  # numpy's lerp: from the nearer end (b - d * (1 - t) when t >= 0.5)
+        out.append(b - d * (1 - t) if t >= 0.5 else a + d * t)
+    return tuple(out)
+
+
+def _percentiles(x: np.ndarray, prefix: str, *, stats: bool = True) -> dict:
+    """``{prefix}/mean, /min, /max`` (``stats``) and ``/p50, /p90, /p99`` of ``x`` (none when empty)."""
     if x.size == 0:
         return {}
-    p50, p90, p99 = np.percentile(x, [50, 90, 99])
-    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/min": float(x.min()), f"{prefix}/max": float(x.max()),
-            f"{prefix}/p50": float(p50), f"{prefix}/p90": float(p90), f"{prefix}/p99": float(p99)}
+    p50, p90, p99 = percentiles(x)
+    out = {f"{prefix}/mean": float(x.mean()), f"{prefix}/min": float(x.min()), f"{prefix}/max": float(x.max())} \
+        if stats else {}
+    out.update({f"{prefix}/p50": p50, f"{prefix}/p90": p90, f"{prefix}/p99": p99})
+    return out
 
 
 def is_array(x) -> bool:
@@ -56,8 +92,7 @@ class Perf:
         out = {"perf/dp_tokens": [int(c) for c in counts], "perf/dp_token_imbalance": A.imbalance(counts),
                "perf/padding_rows": int((~real).sum())}
         out.update(_percentiles(np.asarray(rows.prompt_length)[real], "prompt_length"))
-        out.update({k: v for k, v in _percentiles(np.asarray(rows.response_length)[real], "response_length").items()
-                    if k.rsplit("/", 1)[1].startswith("p")})
+        out.update(_percentiles(np.asarray(rows.response_length)[real], "response_length", stats=False))
         return out
 
     def memory(self, stats: list, compiled_peak, dp_tokens) -> tuple[dict, list]:
@@ -102,13 +137,22 @@ class Perf:
             sizes = self.bytes.setdefault(ev.stage, {})
             for name, x in ev.writes.items():
                 arrays = x.arrays() if hasattr(x, "arrays") else {name: x} if is_array(x) else {}
+                traj = name == "trajectories"
                 for k, v in arrays.items():
                     if is_array(v):
-                        n = int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-                        key = k if name != "trajectories" else f"trajectories.{k}"
-                        sizes[key] = max(sizes.get(key, 0), n)
+                        n = nbytes(v)
+                        key = f"trajectories.{k}" if traj else k
+                        if n > sizes.get(key, -1):
+                            sizes[key] = n
                         total += n
         return total
+
+
+def nbytes(x) -> int:
+    """An array's global bytes from its shape and dtype (no copy; ``np.prod`` of the shape costs more
+    than the product of a few ints)."""
+    dtype = x.dtype
+    return int(math.prod(x.shape)) * (dtype.itemsize if isinstance(dtype, np.dtype) else np.dtype(dtype).itemsize)
 
 
 def gather_step_times(step_s: float) -> list[float]:

@@ -153,7 +153,7 @@ class _Group:
         rows = np.nonzero(np.asarray(traj.group_id) == g)[0]
         self.rows = rows = rows[~self.pad[rows]]
         self.uid = str(traj.uid[rows[0]]) if len(rows) else f"group-{g}"
-        self.key_of = {int(i): f"{traj.uid[i]}_{traj.session[i]}_{traj.index[i]}" for i in rows}
+        self.key_of = {i: f"{traj.uid[i]}_{traj.session[i]}_{traj.index[i]}" for i in rows.tolist()}
         self.keys = list(self.key_of.values())
         self.resp_len, self.prompt_len = np.asarray(traj.response_length), np.asarray(traj.prompt_length)
         self.sampler_mask = np.asarray(traj.response_mask)[rows]
@@ -168,32 +168,37 @@ class _Group:
             self.g_pad, self.g_resp, self.g_prompt = (np.asarray(v.is_padding), np.asarray(v.response_length),
                                                       np.asarray(v.prompt_length))
         # The learner's loss mask as the update consumed it (traced rows only).
-        loss_mask = view.loss_mask
+        loss_mask = self.loss_mask = view.loss_mask
         self.learner_mask = host_rows(loss_mask, self.g_rows) if loss_mask is not None else None
         # A field read by several stages is summarised once: the same array, producer and consumers give
         # the same summary (the memo holds the array, so its id is not reused while the group lives).
         self._summaries: dict = {}
-        self._traj_arrays: Optional[tuple] = None
+        self._traj_fields: dict = {}  # (id of trajectories, producer, consumers) -> (it, its arrays' summaries)
+        self._sides: dict = {}  # sampler or learner layout -> the traced rows' facts every field of it shares
 
     def fields_of(self, ev, consumers: Mapping) -> list[dict]:
         """The summaries of the fields a stage read and wrote (the sampler's arrays the table names
         inside ``trajectories``, and every per-row array of the batch)."""
         out = []
+        batch = (self.B, self.g_B)
         for name, x in {**ev.reads, **ev.writes}.items():
             producer = ev.producers.get(name, "?")
             if name == "trajectories":
-                for k, v in self._arrays_of(x).items():
-                    if k in TRAJECTORY_ARRAYS:
-                        out.append(self.field(TRAJECTORY_ARRAYS[k], v, producer, consumers.get("trajectories", [])))
-            elif _is_array(x) and x.ndim and x.shape[0] in (self.B, self.g_B):
+                out.extend(self._trajectory_fields(x, producer, consumers.get("trajectories", [])))
+            elif _is_array(x) and x.ndim and x.shape[0] in batch:
                 out.append(self.field(name, x, producer, consumers.get(name, [])))
         return out
 
-    def _arrays_of(self, traj) -> dict:
-        """``traj.arrays()`` once per trajectories object (several stages read it)."""
-        if self._traj_arrays is None or self._traj_arrays[0] is not traj:
-            self._traj_arrays = (traj, traj.arrays() if hasattr(traj, "arrays") else {})
-        return self._traj_arrays[1]
+    def _trajectory_fields(self, traj, producer: str, consumers) -> list:
+        """The summaries of the sampler's arrays the table names in ``traj`` (``traj.arrays()`` once:
+        several stages read it)."""
+        key = (id(traj), producer, tuple(consumers))
+        hit = self._traj_fields.get(key)
+        if hit is None:
+            arrays = traj.arrays() if hasattr(traj, "arrays") else {}
+            hit = self._traj_fields[key] = (traj, [self.field(TRAJECTORY_ARRAYS[k], v, producer, consumers)
+                                                   for k, v in arrays.items() if k in TRAJECTORY_ARRAYS])
+        return hit[1]
 
     def field(self, name: str, x, producer: str, consumers) -> dict:
         """One field's summary over the group's rows, as the batch-field table says to read it (the
@@ -204,36 +209,52 @@ class _Group:
             hit = self._summaries[key] = (x, self._field(name, x, producer, consumers))
         return hit[1]
 
+    def _side(self, sampler: bool) -> dict:
+        """The traced rows' facts of one layout (the sampler's host arrays or the learner batch), made
+        once and shared by its fields' summaries (read-only): rows, valid lengths, padding flags, and
+        the mask sums of the response fields' governing mask."""
+        side = self._sides.get(sampler)
+        if side is None:
+            r, p_len, r_len, is_pad = ((self.rows, self.prompt_len, self.resp_len, self.pad) if sampler else
+                                       (self.g_rows, self.g_prompt, self.g_resp, self.g_pad))
+            rows = np.asarray(r)
+            p, rl = np.asarray(p_len)[rows], np.asarray(r_len)[rows]
+            mask = self.sampler_mask if sampler else self.learner_mask
+            side = self._sides[sampler] = {
+                "r": r, "rows": rows, "pad": None if is_pad is None else np.asarray(is_pad)[rows],
+                "valid": {"sequence": p + rl, "response": rl, "prompt": p},
+                "mask": None if mask is None else np.asarray(mask),
+                "mask_sum": None if mask is None else _mask_sum(np.asarray(mask), len(rows))}
+        return side
+
     def _field(self, name: str, x, producer: str, consumers) -> dict:
         sampler = isinstance(x, np.ndarray) and x.shape[0] == self.B  # the learner's fields are device arrays
-        r, p_len, r_len, is_pad = ((self.rows, self.prompt_len, self.resp_len, self.pad) if sampler else
-                                   (self.g_rows, self.g_prompt, self.g_resp, self.g_pad))
-        if name in MASK_FIELDS:
-            mask_rows = (host_rows(x, r) if name != "response_mask" or x is not self.traj.response_mask
-                         else self.sampler_mask)
-        elif name in RESPONSE_FIELDS:
-            mask_rows = self.sampler_mask if sampler else self.learner_mask
+        side = self._side(sampler)
+        rows = side["rows"]
+        mask_sum = None
+        if name in _MASK:
+            if name == "response_mask" and x is self.traj.response_mask:
+                mask_rows = self.sampler_mask
+            elif not sampler and x is self.loss_mask:  # the consumed loss mask: its rows are read already
+                mask_rows = self.learner_mask
+            else:
+                mask_rows = host_rows(x, side["r"])
+            if mask_rows is not None:
+                mask_rows = np.asarray(mask_rows)  # host rows (a copy): no reference to the batch kept
+                mask_sum = _mask_sum(mask_rows, len(rows))
+        elif name in _RESPONSE:
+            mask_rows, mask_sum = side["mask"], side["mask_sum"]
         else:
             mask_rows = None
-        if name in SEQUENCE_FIELDS:
-            valid = p_len + r_len
-        elif name in RESPONSE_FIELDS:
-            valid = r_len
-        elif name in PROMPT_FIELDS:
-            valid = p_len
-        else:
-            valid = None
+        valid = _VALID.get(name)
+        vl = None if valid is None else side["valid"][valid]
         # Read now (the step's arrays are dropped after it); summarised in the writer's job (Summary).
-        rows = np.asarray(r)
-        got = read(x, rows, values=name in VALUE_FIELDS)
-        vl = None if valid is None else np.asarray(valid)[rows]
-        pad = None if is_pad is None else np.asarray(is_pad)[rows]
-        if mask_rows is not None:
-            mask_rows = np.asarray(mask_rows)  # host rows (a copy): no reference to the batch kept
+        got = read(x, rows, values=name in _VALUES)
         kind = "sampler" if sampler else "learner"  # whose response width it must have
         light = {"name": name, "shape": list(got.shape), "layout": kind}
-        if mask_rows is not None:  # the signature's mask sums (trace check compares them between stages)
-            light["mask_sum"] = (mask_rows.reshape(len(rows), -1) != 0).sum(axis=1).astype(np.int64).tolist()
+        if mask_sum is not None:  # the signature's mask sums (trace check compares them between stages)
+            light["mask_sum"] = list(mask_sum)
+        pad = side["pad"]
 
         def finish() -> dict:
             out = summary_of(name, got, producer=producer, consumers=consumers, rows=rows, valid_length=vl,
@@ -241,6 +262,19 @@ class _Group:
             out["layout"] = kind
             return out
         return Summary(light, finish)
+
+
+#: Each field's valid length (the batch-field table's ``valid``), and the columns as sets.
+_VALID = {**{n: "sequence" for n in SEQUENCE_FIELDS}, **{n: "response" for n in RESPONSE_FIELDS if n not in
+                                                          SEQUENCE_FIELDS},
+          **{n: "prompt" for n in PROMPT_FIELDS if n not in SEQUENCE_FIELDS and n not in RESPONSE_FIELDS}}
+_MASK, _RESPONSE, _VALUES = frozenset(MASK_FIELDS), frozenset(RESPONSE_FIELDS), frozenset(VALUE_FIELDS)
+
+
+def _mask_sum(mask_rows: np.ndarray, n: int) -> list[int]:
+    """Per traced row, the mask's nonzero entries."""
+    m = mask_rows.reshape(n, -1)
+    return (m if m.dtype == bool else m != 0).sum(axis=1).tolist()  # a bool sum counts in int64 already
 
 
 class Summary(dict):
@@ -287,8 +321,15 @@ def _is_array(x) -> bool:
 
 def signature(keys, fields) -> dict:
     """What must agree between stages for one group: keys, rows, batch size, response length, mask sums."""
-    batch = sorted({f["shape"][0] for f in fields if f["shape"]})
-    resp = sorted({f["shape"][1] for f in fields if f["name"] in RESPONSE_FIELDS and len(f["shape"]) == 2})
-    sums = [sum(f["mask_sum"]) for f in fields if f["name"] in RESPONSE_FIELDS and "mask_sum" in f]
-    return {"keys": list(keys), "rows": len(keys), "batch": batch or None, "resp_len": resp or None,
-            "mask_sum": sorted(set(sums)) or None}
+    batch, resp, sums = set(), set(), set()
+    for f in fields:
+        shape = f["shape"]
+        if shape:
+            batch.add(shape[0])
+        if f["name"] in _RESPONSE:
+            if len(shape) == 2:
+                resp.add(shape[1])
+            if "mask_sum" in f:
+                sums.add(sum(f["mask_sum"]))
+    return {"keys": list(keys), "rows": len(keys), "batch": sorted(batch) or None, "resp_len": sorted(resp) or None,
+            "mask_sum": sorted(sums) or None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import compress
 from typing import Mapping, Optional
 
 import numpy as np
@@ -30,8 +31,9 @@ class Rollouts:
         if hasattr(rows, "by_process"):
             by = rows.by_process()
         else:  # one process generated every row
-            real = ~np.asarray(rows.is_padding)
-            by = {"0": list(dict.fromkeys(str(u) for u, r in zip(rows.uid, real) if r))}
+            real = (~np.asarray(rows.is_padding)).tolist()
+            # the real rows' uids in first-seen order (told apart before str: a uid repeats rollout.n times)
+            by = {"0": list(dict.fromkeys(map(str, dict.fromkeys(compress(rows.uid, real)))))}
         item = fields.get("dequeue") or {}
         r = self.summary = self.summary or {"file": ROLLOUT_FILE, "uids_by_process": {}, "steps": 0}
         for p, uids in by.items():
