@@ -237,6 +237,17 @@ def small_dp8_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gae_kl_dp2_tp2_sp2_run(tmp_path_factory):
+    """One small run on ``--mesh=dp2,tp2,sp2`` with GAE's critic and KL in the reward and as a loss (a
+    reference policy), 2 steps with a checkpoint each step, shared (:func:`_shared_launch`) by the slow
+    smoke and GAE tests of tests/launch/test_launch.py and the trace check of tests/trace/test_trace_run.py."""
+    from test_launch import GAE_KL, SMALL
+
+    return _shared_launch(tmp_path_factory, "gae_kl_dp2_tp2_sp2", "--mesh=dp2,tp2,sp2", *SMALL, *GAE_KL,
+                          "trainer.total_steps=2", "trainer.save_freq=1")
+
+
+@pytest.fixture(scope="session")
 def default_run(tmp_path_factory):
     """The default run as the README gives it (``python -m rljax.launch --mesh=dp8``: 300 steps,
     compiled as users' runs are), shared (:func:`_shared_launch`) by tests/launch/test_learning.py

@@ -192,13 +192,6 @@ def test_run_directory_from_project_and_experiment():
     assert run_directory(cfg) == "/x/y"
 
 
-def _smoke(tmp_path, mesh):
-    run_dir = tmp_path / "run"
-    out = launch(f"--mesh={mesh}", "--run-dir", str(run_dir), *SMALL, "trainer.total_steps=2", "trainer.save_freq=1")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return _check_smoke(run_dir, out)
-
-
 def _check_smoke(run_dir, out):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]  # data counts at 0; one record per step
@@ -228,9 +221,16 @@ def test_smoke_dp8(small_dp8_run):
     _check_smoke(*small_dp8_run)  # the run test_trace_run also reads
 
 
+#: PPO with GAE's critic, KL in the reward and as a loss: the run of ``gae_kl_dp2_tp2_sp2_run`` (tests/conftest.py),
+#: which the smoke checks on dp2,tp2,sp2, test_ppo_with_gae_and_kl and tests/trace/test_trace_run.py's check share.
+GAE_KL = ["algorithm.adv_estimator=gae", "algorithm.lam=0.95", "actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true"]
+
+
 @pytest.mark.slow
-def test_smoke_dp2_tp2_sp2(tmp_path):
-    _smoke(tmp_path, "dp2,tp2,sp2")
+def test_smoke_dp2_tp2_sp2(gae_kl_dp2_tp2_sp2_run):
+    """The smoke checks on a mesh with every axis (the shared run's algorithm is PPO with GAE and KL;
+    the default GRPO's mesh invariance on dp2,tp2,sp2: tests/trainer/test_trainer_step.py)."""
+    _check_smoke(*gae_kl_dp2_tp2_sp2_run)
 
 
 @pytest.mark.slow
@@ -444,26 +444,35 @@ def test_reward_errors_over_the_limit_stop_every_process(tmp_path):
     assert errors[0].split("first error:")[1] == errors[1].split("first error:")[1]
 
 
-@pytest.mark.slow
-def test_reward_errors_under_the_limit_score_zero_and_are_counted(tmp_path):
-    run_dir = tmp_path / "run"
-    out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, _plugin(tmp_path),
-                 "reward.max_error_fraction=1.0", "trainer.total_steps=2")
+@pytest.fixture(scope="module")
+def bypass_run_with_reward_errors(tmp_path_factory):
+    """One dp2 run in ``algorithm.bypass_mode`` whose reward plugin fails on some rows, under the error
+    limit: shared by the two tests below (the reward's errors and the learner's old log-probs are
+    separate stages)."""
+    tmp = tmp_path_factory.mktemp("bypass_errors")
+    run_dir = tmp / "run"
+    out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, _plugin(tmp), "reward.max_error_fraction=1.0",
+                 "algorithm.bypass_mode=true", "trainer.total_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir, out
+
+
+@pytest.mark.slow
+def test_reward_errors_under_the_limit_score_zero_and_are_counted(bypass_run_with_reward_errors):
+    run_dir, out = bypass_run_with_reward_errors
     rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
     assert sum(r["reward/errors"] for r in rows) > 0
     assert all(0 <= r["reward/error_fraction"] < 1 for r in rows)
     assert "cannot score a 4" in out.stderr  # the failing uid is logged
 
 
 @pytest.mark.slow
-def test_ppo_with_gae_and_kl(tmp_path):
-    run_dir = tmp_path / "run"
-    out = launch("--mesh=dp2,sp2", "--run-dir", str(run_dir), *SMALL, "algorithm.adv_estimator=gae",
-                 "algorithm.lam=0.95", "actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true",
-                 "trainer.total_steps=2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    for r in train_rows(run_dir):
+def test_ppo_with_gae_and_kl(gae_kl_dp2_tp2_sp2_run):
+    run_dir, _ = gae_kl_dp2_tp2_sp2_run  # sp2 (as before, when this test had a dp2,sp2 run of its own) and tp2
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
         for key in ("critic/vf_loss", "critic/values/mean", "critic/returns/mean", "actor/kl_loss", "critic/kl"):
             assert r[key] is not None and math.isfinite(r[key]), key
 
@@ -499,10 +508,10 @@ def test_sigkill_during_training_resumes_from_the_last_complete_checkpoint(tmp_p
 
 
 @pytest.mark.slow
-def test_bypass_mode_trains_on_rollout_log_probs(tmp_path):
-    run_dir = tmp_path / "run"
-    out = launch("--mesh=dp2", "--run-dir", str(run_dir), *SMALL, "algorithm.bypass_mode=true", "trainer.total_steps=2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    for r in train_rows(run_dir):
+def test_bypass_mode_trains_on_rollout_log_probs(bypass_run_with_reward_errors):
+    run_dir, _ = bypass_run_with_reward_errors
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
         assert "timing_s/old_log_prob" not in r  # no learner pass for old_logp
         assert math.isfinite(r["actor/ppo_kl"]) and math.isfinite(r["actor/pg_loss"])

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from launching import REPO, launch
+from launching import REPO
 from test_launch import SMALL  # one small configuration for all end-to-end runs
 CHECKS = ("record files whole", "timestamps ordered", "whole-batch invariants", "config provenance", "consistent across every stage", "sessions per uid",
           "producers and consumers", "behaviour log-prob", "loss_mask consumed by the update", "padding rows excluded",
@@ -416,13 +416,11 @@ def test_broken_run_fails_the_matching_check(run_dir, tmp_path, edit, check):
 
 
 @pytest.mark.slow
-def test_check_passes_with_sp_reference_and_critic(tmp_path):
+def test_check_passes_with_sp_reference_and_critic(gae_kl_dp2_tp2_sp2_run):
     """dp2,tp2,sp2 (learner T rounded up to a multiple of sp), a reference policy and GAE with a
-    critic: every check passes, no shape alert fires, values / returns / ref_logp are traced."""
-    run = tmp_path / "run"
-    out = launch("--mesh=dp2,tp2,sp2", "--run-dir", str(run), *SMALL, "trainer.total_steps=2",
-                 "actor.use_kl_loss=true", "algorithm.adv_estimator=gae")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    critic: every check passes, no shape alert fires, values / returns / ref_logp are traced. The run
+    (KL as a loss and in the reward) is shared with tests/launch/test_launch.py (tests/conftest.py)."""
+    run, out = gae_kl_dp2_tp2_sp2_run
     assert "alert" not in out.stderr
     check = trace_cli("check", run)
     assert check.returncode == 0, check.stdout
