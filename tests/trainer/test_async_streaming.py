@@ -48,6 +48,12 @@ def sync_run(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("streaming", ["true", "false"])
 def test_streaming_tau0_equals_sync_step_for_step(tmp_path, sync_run, streaming):
+    """The queue, the gate and the weight push are right: tau=0 is the synchronous schedule, with
+    either admission; the trace follows the groups through the queue and the async checks pass."""
+    import json
+
+    from rljax.trace.check import run_checks
+
     base = TAU0_BASE
     r_async = launch(*base, *ASYNC, "async_training.max_staleness=0", f"async_training.streaming={streaming}",
                      "--run-dir", str(tmp_path / "async"))
@@ -55,6 +61,13 @@ def test_streaming_tau0_equals_sync_step_for_step(tmp_path, sync_run, streaming)
     s, a = train_rows(sync_run), train_rows(tmp_path / "async")
     _compare(s, a)  # rollout/slot_occupancy included: the same tokens in the same slots
     assert all(r["async/staleness_max"] == 0 and r["rollout/admitted_ahead"] == 0 for r in a)
+    checks = run_checks(str(tmp_path / "async"))
+    assert not [c for c in checks if c[0] == "FAIL"], checks
+    passed = [name for status, name, _ in checks if status == "PASS"]
+    for name in ("trained staleness within tau", "no future weight version trained", "every dropped row counted"):
+        assert any(p.startswith(name) for p in passed), (name, checks)
+    stages = {json.loads(x)["stage"] for x in open(tmp_path / "async" / "trace.jsonl")}
+    assert {"enqueue", "dequeue", "rollout_sessions", "weight_sync"} <= stages
 
 
 @pytest.mark.slow
