@@ -113,12 +113,17 @@ def test_ctrl_c_saves_the_step_and_says_where_resume_starts(tmp_path, mode):
 def test_sigterm_to_the_whole_job_leaves_reward_workers_scoring(tmp_path):
     """Issue 28 (3): a SIGTERM to the process group (SLURM, Kubernetes) killed the reward workers;
     2 of 512 samples scored 0 and that step was checkpointed. Here every process of the job gets
-    SIGTERM; the saved step has no reward error and the resume continues."""
+    SIGTERM; the saved step has no reward error and the resume continues.
+
+    And issue 11 item 2 (SLURM, TPU maintenance): SIGTERM triggers a final save. No periodic saves
+    here (the preset's save_freq, 100 steps), so the one checkpoint is the one the signal made, of
+    the step it interrupted, verified; the resume restores it and trains on, every step once.
+    (That was test_reliability_e2e.py's SIGTERM test, a launch pair of its own.)"""
     plugin = tmp_path / "exact.py"
     plugin.write_text(REWARD)
     run = str(tmp_path / "run")
     proc = _start(run, f"reward.function={plugin}:reward", "reward.num_workers=2", "reward.max_error_fraction=0.0",
-                  "trainer.total_steps=100", "trainer.save_freq=1")
+                  "trainer.total_steps=100")
     try:
         _wait_steps(proc, run, 2)
         workers = _descendants(proc.pid)
@@ -134,12 +139,17 @@ def test_sigterm_to_the_whole_job_leaves_reward_workers_scoring(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, err[-3000:]
-    last = _ckpts(run)[-1]
+    ckpts = _ckpts(run)
+    assert len(ckpts) == 1 and ckpts[0] >= 2, ckpts  # the signal's save alone, after the 2 steps waited for
+    last = ckpts[0]
+    assert os.path.exists(os.path.join(run, "checkpoints", str(last), "rljax_digest.json"))  # verified
     assert f"saved checkpoint {last}" in err
     assert all(r["reward/errors"] == 0 for r in train_rows(run)), [r["reward/errors"] for r in train_rows(run)]
     assert not [p for p in workers if os.path.exists(f"/proc/{p}") and "zombie" not in open(f"/proc/{p}/status").read()]
     r = launch("--run-dir", run, "--resume", f"trainer.total_steps={last + 1}")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert f"restored step {last}" in r.stdout
+    assert _steps(run)[-1] == last + 1
     _records_once(run)
 
 
