@@ -3,7 +3,7 @@
 * in process (slow): the compiled update's state bytes per device fall as 1/fsdp (abstract
   shapes: nothing runs), and the update step on ``fsdp4,tp2`` equals the one-device update
   (the default run checks the shards eagerly: tests/sharding/test_sharding.py);
-* through the launcher (slow): 3 steps of the default task on ``fsdp8``, ``dp2,fsdp4`` and
+* through the launcher (slow): 3-4 steps of the default task on ``fsdp8``, ``dp2,fsdp4`` and
   ``fsdp4,tp2`` (also with LoRA and with GAE's critic) give the ``dp8`` run's numbers, and a
   checkpoint moves between ``dp8`` and ``fsdp8`` both ways with the uninterrupted run's numbers.
 """
@@ -155,23 +155,44 @@ def _run(tmp_path, name, mesh, *extra, steps=3):
     return run, metrics(run)
 
 
+#: The full fine-tuning case's runs (dp8, fsdp8, fsdp4,tp2) take 4 steps with a checkpoint at step 2:
+#: test_checkpoint_moves_between_dp8_and_fsdp8 resumes copies of the dp8 and fsdp8 ones from it.
+FULL = ("trainer.save_freq=2",)
+
+
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory):
+    """``get(mesh) -> (run directory, metrics)``: the full fine-tuning case's run on ``mesh``
+    (:data:`FULL`, 4 steps), launched once for this module; read-only (copy before resuming)."""
+    tmp, runs = tmp_path_factory.mktemp("full"), {}
+
+    def get(mesh):
+        if mesh not in runs:
+            runs[mesh] = _run(tmp, mesh.replace(",", "_"), mesh, *FULL, steps=4)
+        return runs[mesh]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra, meshes", [
     ((), ("fsdp8", "fsdp4,tp2")),  # dp2,fsdp4: the gae case's mesh (one launch less in the slow pass)
     (("actor.lora.rank=8",), ("fsdp4,tp2",)),
     (("algorithm.adv_estimator=gae",), ("dp2,fsdp4",)),
 ], ids=["grpo", "lora", "gae"])
-def test_fsdp_meshes_give_the_dp8_numbers(tmp_path, extra, meshes):
-    """3 steps of the default task: every number of the dp8 run, on meshes that split the state
-    over fsdp (rel 1e-5 / abs 1e-6, as the other meshes are compared); topology.json and the
-    memory ledger name the axis, and the ledger's parameters fall as 1/(tp x fsdp)."""
+def test_fsdp_meshes_give_the_dp8_numbers(tmp_path, full_runs, extra, meshes):
+    """3 steps of the default task (4 in the full fine-tuning case, whose runs the checkpoint test
+    shares): every number of the dp8 run, on meshes that split the state over fsdp (rel 1e-5 /
+    abs 1e-6, as the other meshes are compared); topology.json and the memory ledger name the axis,
+    and the ledger's parameters fall as 1/(tp x fsdp)."""
     from launching import assert_same_metrics
 
-    _, ref = _run(tmp_path, "dp8", "dp8", *extra)
-    ledger = json.loads((tmp_path / "dp8" / "memory_ledger.json").read_text())
+    run_on = full_runs if not extra else (lambda mesh: _run(tmp_path, mesh.replace(",", "_"), mesh, *extra))
+    ref_dir, ref = run_on("dp8")
+    ledger = json.loads((ref_dir / "memory_ledger.json").read_text())
     base = next(r for r in ledger["rows"] if r["item"] == "parameters")["measured_bytes"]
     for mesh in meshes:
-        run, got = _run(tmp_path, mesh.replace(",", "_"), mesh, *extra)
+        run, got = run_on(mesh)
         assert_same_metrics(ref, got, skip=SKIP)
         topo = json.loads((run / "topology.json").read_text())
         sizes = sh.parse_mesh(mesh, devices=8)
@@ -185,23 +206,27 @@ def test_fsdp_meshes_give_the_dp8_numbers(tmp_path, extra, meshes):
 
 
 @pytest.mark.slow
-def test_checkpoint_moves_between_dp8_and_fsdp8(tmp_path):
+def test_checkpoint_moves_between_dp8_and_fsdp8(tmp_path, full_runs):
     """A dp8 checkpoint resumed on fsdp8, and an fsdp8 one on dp8, continue with the uninterrupted
-    dp8 run's numbers; the resumed run's state is laid out on its own mesh (ledger)."""
+    dp8 run's numbers; the resumed run's state is laid out on its own mesh (ledger). The checkpoints
+    are step 2 of the full fine-tuning runs on dp8 and fsdp8 (4 steps): a copy of each run directory
+    resumed with ``--resume=2`` cuts its records after step 2, sets checkpoint 4 aside and runs
+    steps 3-4 again on the other mesh."""
+    import shutil
+
     from launching import launch, metrics
 
-    base = [*SMALL, "trainer.save_freq=2"]
-    full = launch("--mesh=dp8", "--run-dir", str(tmp_path / "full"), *base, "trainer.total_steps=4")
-    assert full.returncode == 0, full.stderr[-3000:]
-    ref = {r["step"]: r for r in metrics(tmp_path / "full") if "actor/pg_loss" in r}
+    full_dir, full = full_runs("dp8")
+    ref = {r["step"]: r for r in full if "actor/pg_loss" in r}
     for first, then in (("dp8", "fsdp8"), ("fsdp8", "dp8")):
         run = tmp_path / f"{first}_to_{then}"
-        out = launch(f"--mesh={first}", "--run-dir", str(run), *base, "trainer.total_steps=2")
-        assert out.returncode == 0, out.stderr[-3000:]
-        out = launch(f"--mesh={then}", "--resume", "--run-dir", str(run), *base, "trainer.total_steps=4")
+        shutil.copytree(full_runs(first)[0], run)
+        out = launch(f"--mesh={then}", "--resume=2", "--run-dir", str(run), *SMALL, *FULL, "trainer.total_steps=4")
         assert out.returncode == 0, out.stderr[-3000:]
         assert "resumed from checkpoint   2" in out.stdout
-        got = {r["step"]: r for r in metrics(run) if "actor/pg_loss" in r}
+        rows = [r for r in metrics(run) if "actor/pg_loss" in r]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4], [r["step"] for r in rows]  # 3 and 4 cut, then run again
+        got = {r["step"]: r for r in rows}
         compared = 0
         for step in (3, 4):
             for key, value in ref[step].items():
@@ -209,5 +234,6 @@ def test_checkpoint_moves_between_dp8_and_fsdp8(tmp_path):
                     assert math.isclose(value, got[step][key], rel_tol=1e-5, abs_tol=1e-6), (first, then, step, key)
                     compared += 1
         assert compared > 40
+        # the copy's ledger was its first mesh's: the resumed run rewrote it for its own
         p = {r["item"]: r for r in json.loads((run / "memory_ledger.json").read_text())["rows"]}["parameters"]
         assert ("fsdp" in p["formula"]) == (then == "fsdp8") and p["measured_bytes"] < 1.3 * p["estimate_bytes"], p
