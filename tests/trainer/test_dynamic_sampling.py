@@ -110,18 +110,29 @@ def _records(path):
         return {r["step"]: r for r in map(json.loads, fh) if "step" in r}  # not the resume markers
 
 
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    """The synchronous filtered run (:data:`RUN`, 3 steps, a checkpoint each step), launched once:
+    the run the first test below checks and resumes (a copy), and the reference of the async one."""
+    from launching import launch
+
+    run = tmp_path_factory.mktemp("sync") / "run"
+    out = launch("--run-dir", str(run), *RUN, "trainer.total_steps=3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run
+
+
 @pytest.mark.slow
-def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
+def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path, sync_run):
     from launching import launch, metrics
 
     from rljax.trace.check import run_checks
 
-    run = tmp_path / "run"
-    out = launch("--run-dir", str(run), *RUN, "trainer.total_steps=2")
-    assert out.returncode == 0, out.stderr[-3000:]
+    run = sync_run  # read-only: the tampered and resumed runs below are copies
     uids = _records(run / "rollout_uids.jsonl")
     ms = {m["step"]: m for m in metrics(run) if "train/kept_groups" in m}
-    for step in (1, 2):
+    assert sorted(ms) == [1, 2, 3]
+    for step in (1, 2, 3):
         m, rec = ms[step], uids[step]
         trained = rec["by_process"]["0"]
         assert m["train/kept_groups"] == len(trained) == 4  # always a full batch
@@ -152,14 +163,16 @@ def test_run_drops_zero_variance_groups_refills_and_resumes(tmp_path):
     checks = {name: (status, detail) for status, name, detail in run_checks(str(bad))}
     assert checks[name][0] == "FAIL" and "was trained" in checks[name][1], checks[name]
 
-    # Resume from step 1: step 2 draws the same prompt batches (kept and dropped uids alike).
+    # Resume from step 2 (the oldest checkpoint kept: trainer.max_checkpoints): step 3 draws the same prompt
+    # batches (kept and dropped uids alike).
     again = tmp_path / "resumed"
     shutil.copytree(run, again)
-    out = launch("--run-dir", str(again), *RUN, "trainer.total_steps=2", "--resume=1")
+    (again / "rollouts" / "process0" / "step3.npz").unlink()  # the copy's dump goes: the resumed run writes its own
+    out = launch("--run-dir", str(again), *RUN, "trainer.total_steps=3", "--resume=2")
     assert out.returncode == 0, out.stderr[-3000:]
     resumed = _records(again / "rollout_uids.jsonl")
-    assert resumed[2]["by_process"] == uids[2]["by_process"] and resumed[2]["dropped"] == uids[2]["dropped"]
-    a, b = (np.load(d / "rollouts" / "process0" / "step2.npz") for d in (run, again))
+    assert resumed[3]["by_process"] == uids[3]["by_process"] and resumed[3]["dropped"] == uids[3]["dropped"]
+    a, b = (np.load(d / "rollouts" / "process0" / "step3.npz") for d in (run, again))
     np.testing.assert_array_equal(a["prompt_ids"], b["prompt_ids"])
 
 
@@ -214,7 +227,7 @@ def test_filter_groups_runs_in_async_mode_too():
 
 
 @pytest.mark.slow
-def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path):
+def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path, sync_run):
     """In trainer.mode=async the producer refills each queued batch by the same rule: with tau=0
     (the synchronous schedule) every metric, kept and dropped uid equals the synchronous run's;
     with tau=1 and weight pushes between decode chunks every batch is full, the dropped uids are
@@ -224,10 +237,8 @@ def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path):
 
     from rljax.trace.check import run_checks
 
-    base = [*RUN, "trainer.total_steps=3", "trainer.save_freq=-1"]
-    out = launch("--run-dir", str(tmp_path / "sync"), *base)
-    assert out.returncode == 0, out.stderr[-3000:]
-    sync = train_rows(tmp_path / "sync")
+    base = [*RUN, "trainer.total_steps=3", "trainer.save_freq=-1"]  # the sync run's, without its checkpoints
+    sync = train_rows(sync_run)
     for streaming in ("false", "true"):  # one batch per call; streaming admission scoring group by group
         run = tmp_path / f"tau0-{streaming}"
         out = launch("--run-dir", str(run), *base, "trainer.mode=async", "async_training.max_staleness=0",
@@ -238,7 +249,7 @@ def test_async_dynamic_sampling_keeps_the_sync_rule(tmp_path):
             for r in sync + tau0:  # occupancy differs, not the tokens
                 r.pop("rollout/slot_occupancy", None)
         _compare(sync, tau0)
-        assert _records(tmp_path / "sync" / "rollout_uids.jsonl") == {
+        assert _records(sync_run / "rollout_uids.jsonl") == {
             s: {k: v for k, v in r.items() if k not in ASYNC_ONLY}
             for s, r in _records(run / "rollout_uids.jsonl").items()}
 
