@@ -271,22 +271,26 @@ def test_packed_update_on_a_mesh_equals_padded(model, batch, padded_update, devi
 
 
 @pytest.mark.slow
-def test_packed_run_reports_the_padded_runs_numbers(tmp_path):
-    """One training step through the launcher, padded and packed (token budget, balance),
-    on dp2,tp2,sp2: the same rollouts, so the same losses and gradient norm."""
+def test_packed_run_reports_the_padded_runs_numbers(tmp_path, gae_kl_dp2_tp2_sp2_run):
+    """The first training step through the launcher, padded and packed (token budget, balance),
+    on dp2,tp2,sp2: the same rollouts, so the same losses and gradient norms. The padded run is
+    the slow pass's shared dp2,tp2,sp2 run (tests/conftest.py: PPO with GAE's critic and KL in the
+    reward and as a loss), so the packed one packs the critic's and the reference's passes too."""
     import json
 
-    from test_launch import SMALL, launch
+    from test_launch import GAE_KL, SMALL, launch
 
+    runs = {"padded": gae_kl_dp2_tp2_sp2_run[0], "packed": tmp_path / "packed"}
+    out = launch("--mesh=dp2,tp2,sp2", "--run-dir", str(runs["packed"]), *SMALL, *GAE_KL, "trainer.total_steps=1",
+                 "actor.use_remove_padding=true", "actor.use_dynamic_bsz=true", "trainer.balance_batch=true",
+                 timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {}
-    for name, extra in (("padded", []), ("packed", ["actor.use_remove_padding=true", "actor.use_dynamic_bsz=true",
-                                                     "trainer.balance_batch=true"])):
-        run = tmp_path / name
-        out = launch("--mesh=dp2,tp2,sp2", "--run-dir", str(run), *SMALL, "trainer.total_steps=1", *extra, timeout=1200)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for name, run in runs.items():
         recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rows[name] = next(r for r in recs if r["step"] == 1 and "actor/pg_loss" in r)
-    for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac"):
+    for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac",
+              "actor/kl_loss", "critic/vf_loss", "critic/grad_norm", "critic/values/mean"):
         np.testing.assert_allclose(rows["packed"][k], rows["padded"][k], rtol=1e-4, atol=1e-6, err_msg=k)
     assert rows["packed"]["perf/learner_compiles"] >= 2 and 0 <= rows["packed"]["perf/learner_padding_frac"] < 1
     assert rows["packed"]["perf/dp_token_imbalance"] >= 1.0
