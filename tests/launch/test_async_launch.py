@@ -1,16 +1,14 @@
 """``trainer.mode=async`` and ``rollout.placement=disaggregated`` through ``python -m rljax.launch``.
 
 Usage errors are cheap (they exit before JAX starts); the runs are real subprocesses and
-slow: (async with max_staleness=0 gives the synchronous metrics step for step:
-tests/trainer/test_async_streaming.py) an error on
-either side (the reward's error bound, a consumer-side exception) and Ctrl-C stop both
-threads within seconds with the failing side's error, resume replays the in-flight
-prompts, and a disaggregated async run writes both device groups and passes the checks.
+slow: an error on either side (the reward's error bound, a consumer-side exception) stops both
+threads within seconds with the failing side's error, resume replays the in-flight prompts, and
+a disaggregated async run writes both device groups and passes the checks. (Async with
+max_staleness=0 gives the synchronous metrics step for step: tests/trainer/test_async_streaming.py;
+Ctrl-C stops an async run: tests/launch/test_reliability_signals.py.)
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -61,17 +59,6 @@ def _compare(sync_rows, async_rows):
 # tests/trainer/test_async_streaming.py (test_streaming_tau0_equals_sync_step_for_step, both admissions)
 
 
-def _wait_for(path, text, proc, timeout):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            return False
-        if os.path.exists(path) and text in open(path).read():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 @pytest.mark.slow
 def test_async_reward_error_stops_both_sides(tmp_path):
     """A reward error above reward.max_error_fraction on the rollout thread stops the run with that error."""
@@ -102,29 +89,9 @@ def test_async_consumer_error_stops_the_rollout_thread(tmp_path):
     assert time.time() - t0 < 600
 
 
-@pytest.mark.slow
-def test_async_ctrl_c_stops_within_seconds(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rljax.launch", "--mesh=dp2", *SMALL, *ASYNC,
-                             "trainer.total_steps=50", "--run-dir", str(run_dir)], cwd=REPO, env=launch_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert _wait_for(run_dir / "metrics.jsonl", '"step": 1', proc, 600), "the run never finished step 1"
-        proc.send_signal(signal.SIGINT)
-        t0 = time.time()
-        out, err = proc.communicate(timeout=120)
-        took = time.time() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    # Ctrl-C is a stop request like SIGTERM (issue 28): the step ends, is saved, and the line says
-    # where the next --resume starts; one line, no traceback
-    assert proc.returncode == 130 and "rljax.launch: stopped by SIGINT after step" in err, err[-2000:]
-    assert "Traceback" not in err and "the next --resume starts from step" in err
-    assert "did not stop" not in err
-    summary = json.load(open(run_dir / "trace_summary.json"))
-    assert summary["status"] == "failed" and "StopRequested" in summary["error"]
-    print(f"stopped {took:.1f} s after SIGINT")
+# Ctrl-C stops an async run (exit 130, one line saying where --resume starts, the trace summary
+# "failed" with StopRequested): tests/launch/test_reliability_signals.py,
+# test_ctrl_c_saves_the_step_and_says_where_resume_starts[async].
 
 
 @pytest.mark.slow

@@ -86,18 +86,23 @@ def _records_once(run):
 def test_ctrl_c_saves_the_step_and_says_where_resume_starts(tmp_path, mode):
     """Issue 28 (6): SIGINT saved nothing and said "interrupted after step 7" when step 7 never
     finished. Now it finishes the step, saves it, and names the step the next --resume starts from;
-    the resume records every step once (trace and uid records were written twice)."""
+    the resume records every step once (trace and uid records were written twice). The run stops
+    within 2 minutes of the signal (an async run's producer thread too: it was
+    test_async_launch.py's Ctrl-C test, a launch of its own) and its trace summary says it stopped."""
     run = str(tmp_path / "run")
     proc = _start(run, *mode, "trainer.total_steps=100", "trainer.save_freq=1")
     try:
         _wait_steps(proc, run, 2)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "did not stop" not in err, err[-3000:]
+    with open(os.path.join(run, "trace_summary.json")) as fh:  # before the resume completes it
+        summary = json.load(fh)
+    assert summary["status"] == "failed" and "StopRequested" in summary["error"], summary.get("error")
     last = _ckpts(run)[-1]
     line = [l for l in err.splitlines() if l.startswith("rljax.launch: stopped by SIGINT")]
     assert line and f"after step {last}; saved checkpoint {last}" in line[0]
