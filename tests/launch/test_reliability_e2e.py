@@ -79,7 +79,10 @@ def test_bit_flip_in_the_newest_checkpoint_is_refused_naming_the_intact_one(tmp_
 
 
 def test_an_error_during_a_save_keeps_that_checkpoint(tmp_path):
-    """Defect 2: a reward that fails from step 3 on stopped the run while checkpoint 2 was written."""
+    """Defect 2: a reward that fails from step 3 on stopped the run while checkpoint 2 was written.
+    And reward errors over reward.max_error_fraction stop a one-process run with one line naming the
+    step, the count and the first error (tests/launch/test_launch.py checks it over 2 processes
+    with reward workers; this plugin scores in the trainer's process)."""
     counter = tmp_path / "calls"
     plugin = tmp_path / "late_fail.py"
     plugin.write_text(
@@ -98,6 +101,7 @@ def test_an_error_during_a_save_keeps_that_checkpoint(tmp_path):
     assert out.returncode == 1
     stop = [line for line in out.stderr.splitlines() if "rljax.launch: error:" in line]
     assert len(stop) == 1 and "the judge went away" in stop[0], out.stderr[-3000:]  # one line, no traceback
+    assert stop[0].startswith("rljax.launch: error: step 3") and "reward failed" in stop[0], stop
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert _ckpts(run)[-1] == 2 and _verified(run, 2)
     assert not [n for n in os.listdir(os.path.join(run, "checkpoints")) if "tmp" in n]
