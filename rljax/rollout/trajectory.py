@@ -137,8 +137,18 @@ class Trajectories:
         if self.token_version is None:
             return None
         tv = np.asarray(self.token_version[row])
+        if tv.dtype.kind in "iu" and tv.shape[0] <= 64:  # a short row: one pass over its list (the trace
+            spans, last = [], None  # reads a traced group's rows each step; numpy's calls cost more here)
+            for i, v in enumerate(tv.tolist()):
+                if v >= 0 and v != last:
+                    spans.append([i, v])
+                    last = v
+            return spans
         idx = np.flatnonzero(tv >= 0)
-        return [[int(i), int(tv[i])] for j, i in enumerate(idx) if j == 0 or tv[i] != tv[idx[j - 1]]]
+        v = tv[idx]
+        new = np.ones(len(idx), bool)
+        new[1:] = v[1:] != v[:-1]
+        return [[int(i), int(x)] for i, x in zip(idx[new], v[new])]
 
     def sequences(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ids [B,S+T], attention_mask [B,S+T])``: prompt and response concatenated."""

@@ -192,3 +192,21 @@ def test_rollout_uids_are_the_real_rows_first_seen(tmp_path, uids):
     rollouts.step(2, types.SimpleNamespace(is_padding=pad, uid=uid), {})
     assert (tmp_path / "rollout_uids.jsonl").read_text() == '{"step":2,"by_process":{"0":%s}}\n' % str(want).replace(
         "'", '"').replace(" ", "")
+
+
+def test_version_spans_are_the_per_token_reading():
+    """Trajectories.version_spans (a short row: one pass over its list; a long one: numpy) == the
+    spans read token by token: a new span where the version of the sampled tokens changes."""
+    def plain(tv):
+        idx = [i for i in range(len(tv)) if tv[i] >= 0]
+        return [[int(i), int(tv[i])] for j, i in enumerate(idx) if j == 0 or tv[i] != tv[idx[j - 1]]]
+    rng = np.random.default_rng(3)
+    for width in (1, 3, 64, 65, 300):
+        tv = rng.integers(-1, 3, (40, width)).astype(np.int32)
+        tv[::7] = -1  # no sampled token
+        tv[1::5] = np.sort(tv[1::5], axis=1)  # a few versions in order, with unsampled positions first
+        traj = types.SimpleNamespace(token_version=tv)
+        for b in range(tv.shape[0]):
+            got = Trajectories.version_spans(traj, b)
+            assert got == plain(tv[b]) and all(type(v) is int for s in got for v in s), (width, b, got)
+    assert Trajectories.version_spans(types.SimpleNamespace(token_version=None), 0) is None

@@ -10,6 +10,7 @@ group's records with."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -182,6 +183,8 @@ class _Group:
         out = []
         batch = (self.B, self.g_B)
         for name, x in {**ev.reads, **ev.writes}.items():
+            if type(x) in _PLAIN:  # a step-level value (no array can be one)
+                continue
             producer = ev.producers.get(name, "?")
             if name == "trajectories":
                 out.extend(self._trajectory_fields(x, producer, consumers.get("trajectories", [])))
@@ -254,14 +257,17 @@ class _Group:
         light = {"name": name, "shape": list(got.shape), "layout": kind}
         if mask_sum is not None:  # the signature's mask sums (trace check compares them between stages)
             light["mask_sum"] = list(mask_sum)
-        pad = side["pad"]
+        # (a partial, not a closure: one object the collector follows, not a function and its nine cells)
+        return Summary(light, functools.partial(_finish, name, got, producer, consumers, rows, vl, mask_rows,
+                                                side["pad"], kind))
 
-        def finish() -> dict:
-            out = summary_of(name, got, producer=producer, consumers=consumers, rows=rows, valid_length=vl,
-                             mask_rows=mask_rows, is_padding=pad)
-            out["layout"] = kind
-            return out
-        return Summary(light, finish)
+
+def _finish(name, got, producer, consumers, rows, valid_length, mask_rows, is_padding, kind) -> dict:
+    """A field's whole summary from what the step read (the writer's job)."""
+    out = summary_of(name, got, producer=producer, consumers=consumers, rows=rows, valid_length=valid_length,
+                     mask_rows=mask_rows, is_padding=is_padding)
+    out["layout"] = kind
+    return out
 
 
 #: Each field's valid length (the batch-field table's ``valid``), and the columns as sets.
@@ -269,6 +275,8 @@ _VALID = {**{n: "sequence" for n in SEQUENCE_FIELDS}, **{n: "response" for n in 
                                                           SEQUENCE_FIELDS},
           **{n: "prompt" for n in PROMPT_FIELDS if n not in SEQUENCE_FIELDS and n not in RESPONSE_FIELDS}}
 _MASK, _RESPONSE, _VALUES = frozenset(MASK_FIELDS), frozenset(RESPONSE_FIELDS), frozenset(VALUE_FIELDS)
+#: Exact types whose values have no ``shape`` (no instance attributes): the records skip them unasked.
+_PLAIN = frozenset({int, float, bool, str, bytes, dict, list, tuple, type(None)})
 
 
 def _mask_sum(mask_rows: np.ndarray, n: int) -> list[int]:
