@@ -281,7 +281,7 @@ def compare_scores(step: int, keys, real: np.ndarray, digest: np.ndarray, scored
     read = np.asarray(read, np.float32)
     # A row whose (digest, score) is exactly a scored pair passes (vectorised); the others are
     # looked at one by one, with a tolerance, and named.
-    exact = _member(_pair_keys(np.asarray(digest, np.uint32), read), _pair_keys(scored_digest, scored_scores))
+    exact = member(_pair_keys(np.asarray(digest, np.uint32), read), _pair_keys(scored_digest, scored_scores))
     rest = np.nonzero(real & ~(exact & np.isfinite(read)))[0]
     by_digest: dict[int, list[float]] = {}
     if len(rest):
@@ -304,7 +304,7 @@ def compare_scores(step: int, keys, real: np.ndarray, digest: np.ndarray, scored
     return {"violations": bad}, violations
 
 
-def _member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+def member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
     """``np.isin(values, pool)`` for 1-D integer arrays, by one sort and a binary search (``np.isin``'s
     general path costs several times more on a step's few hundred rows)."""
     pool = np.sort(pool)

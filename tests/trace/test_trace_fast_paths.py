@@ -6,18 +6,18 @@ import types
 import numpy as np
 
 from rljax.trace.groups import choose_groups
-from rljax.trace.invariants import _member
+from rljax.trace.invariants import member
 from rljax.trace.observers.whole_batch import traced_rows
 
 
-def test_member_is_isin():
+def testmember_is_isin():
     rng = np.random.default_rng(0)
     for _ in range(500):
         values = rng.integers(0, 40, rng.integers(0, 30)).astype(np.uint64)
         pool = rng.integers(0, 40, rng.integers(0, 30)).astype(np.uint64)
-        np.testing.assert_array_equal(_member(values, pool), np.isin(values, pool))
+        np.testing.assert_array_equal(member(values, pool), np.isin(values, pool))
     big = np.array([2 ** 63 + 5, 7], np.uint64)  # the (digest << 32 | score bits) keys use the top bit
-    np.testing.assert_array_equal(_member(big, np.array([2 ** 63 + 5], np.uint64)), [True, False])
+    np.testing.assert_array_equal(member(big, np.array([2 ** 63 + 5], np.uint64)), [True, False])
 
 
 def test_traced_rows_are_the_rows_of_the_chosen_groups():

@@ -27,10 +27,9 @@ def percentiles(x: np.ndarray) -> tuple[float, float, float]:
     wrap); anything else goes to :func:`np.percentile` itself."""
     x = np.asarray(x)
     kind = x.dtype.kind
-    if x.ndim != 1 or not x.size or not (kind == "u" or kind == "i" and x.dtype.itemsize >= 4):
-        return tuple(float(p) for p in np.percentile(x, [50, 90, 99]))
-    s = np.sort(x)
-    if not (-_EXACT < int(s[0]) and int(s[-1]) < _EXACT):
+    fast = x.ndim == 1 and x.size and (kind == "u" or kind == "i" and x.dtype.itemsize >= 4)
+    s = np.sort(x) if fast else None
+    if not fast or not (-_EXACT < int(s[0]) and int(s[-1]) < _EXACT):
         return tuple(float(p) for p in np.percentile(x, [50, 90, 99]))
     n, out = s.shape[0], []
     for q in _QUANTILES:

@@ -193,7 +193,7 @@ def traced_rows(cfg, step: int, traj) -> list[int]:
     """The rows of the prompt groups the tracer follows this step."""
     traced = choose_groups(cfg.trainer.seed, step, int(traj.num_groups), int(cfg.trace.groups))
     group_id = np.asarray(traj.group_id)[:int(traj.batch_size)]
-    return np.nonzero(np.isin(group_id, np.asarray(list(traced), dtype=group_id.dtype)))[0].tolist()
+    return np.nonzero(I.member(group_id, np.asarray(traced, dtype=group_id.dtype)))[0].tolist()
 
 
 def _allgather_json(obj: dict, width: int = 8192) -> list[dict]:
