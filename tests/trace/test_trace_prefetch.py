@@ -28,23 +28,57 @@ def _sharded(x):
 def test_the_copy_is_made_off_the_callers_thread_and_kept_on_the_array():
     p, seen = Prefetch(), []
     x = _sharded(jnp.arange(64.0).reshape(8, 8))
-    orig = np.asarray
-
-    def spy(a, *k, **kw):  # the thread's np.asarray: which thread copied
-        seen.append(threading.current_thread().name)
-        return orig(a, *k, **kw)
-
     import rljax.trace.prefetch as P
 
-    P.np = type("np", (), {"asarray": staticmethod(spy)})
+    orig = P.host_copy
+
+    def spy(a):  # the thread's copy: which thread made it
+        seen.append(threading.current_thread().name)
+        return orig(a)
+
+    P.host_copy = spy
     try:
         p.put([x])
         p.wait()
     finally:
-        P.np = np
+        P.host_copy = orig
     assert seen == ["rljax-trace-prefetch"]
     assert x._npy_value is not None and (x._npy_value == np.arange(64.0).reshape(8, 8)).all()
     p.close()
+
+
+def _mesh_array(x, axes, spec):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.device_put(x, NamedSharding(jax.make_mesh(axes, ("a", "b")), PartitionSpec(*spec)))
+
+
+def test_host_copy_is_np_asarray_and_stays_on_the_array():
+    """Every shape of sharding the learner's arrays take (rows, rows and columns, rows with the
+    columns' devices holding copies, replicated, one device, host): the same values, dtype and
+    shape as ``np.asarray``, read-only, and kept on the array as its host value."""
+    from rljax.trace.prefetch import host_copy
+
+    x = np.arange(8 * 6, dtype=np.int32).reshape(8, 6) * 7 - 100
+    flags, thirds = x % 3 == 0, x.astype(np.float32) / np.float32(3)
+    cases = {"rows": (_sharded(jnp.asarray(x)), x),
+             "rows and columns": (_mesh_array(jnp.asarray(x), (4, 2), ("a", "b")), x),
+             "rows, columns replicated": (_mesh_array(jnp.asarray(x), (2, 4), ("a", None)), x),
+             "columns": (_mesh_array(jnp.asarray(x), (4, 2), (None, "b")), x),
+             "replicated": (_mesh_array(jnp.asarray(x), (4, 2), ()), x),
+             "bool rows": (_sharded(jnp.asarray(flags)), flags),
+             "float rows": (_sharded(jnp.asarray(thirds)), thirds),
+             "one device": (jnp.asarray(x), x),
+             "host": (x, x)}
+    for name, (a, want) in cases.items():
+        sharded = isinstance(a, jax.Array) and not a.is_fully_replicated
+        assert not sharded or a._npy_value is None, name  # nothing copied it before
+        got = host_copy(a)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        if sharded:
+            assert a._npy_value is got and not got.flags.writeable, name
+            assert np.asarray(a) is got, name  # a later host read takes the copy
 
 
 def test_no_reference_to_an_array_outlives_the_wait():
@@ -140,21 +174,23 @@ def test_the_copies_cpu_is_counted_once():
     """The thread's CPU seconds in copies (``trace/background_s``), taken once."""
     import rljax.trace.prefetch as P
 
-    def slow(a, *k, **kw):  # a copy that burns 50 ms of CPU
+    orig = P.host_copy
+
+    def slow(a):  # a copy that burns 50 ms of CPU
         import time
 
         t = time.thread_time()
         while time.thread_time() - t < 0.05:
             pass
-        return np.asarray(a, *k, **kw)
+        return orig(a)
 
     p = Prefetch()
-    P.np = type("np", (), {"asarray": staticmethod(slow)})
+    P.host_copy = slow
     try:
         p.put([_sharded(jnp.arange(8.0))])
         p.wait()
     finally:
-        P.np = np
+        P.host_copy = orig
     spent = p.take_cpu()
     assert 0.045 <= spent < 0.15, spent
     assert p.take_cpu() == 0.0
