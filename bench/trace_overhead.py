@@ -116,9 +116,13 @@ def main(argv=None) -> int:
         print(f"{name}: {1e3 * s:.2f} ms ({s / times['float sum']:.1f}x the float sum){share}")
     if parts is not None:
         parts.next(False)
-        print("tracer parts (ms per on step, median; nested parts are inside their parents):")
-        for name, ms in parts.medians().items():
-            print(f"  {name}: {ms:.3f}")
+        print("tracer parts (ms per on step, median, wall / the trainer thread's CPU; nested parts are inside "
+              "their parents):")
+        medians = parts.medians()
+        for name, ms in medians.items():
+            if not name.startswith("cpu:"):
+                cpu = medians.get("cpu:" + name)
+                print(f"  {name}: {ms:.3f}" + ("" if cpu is None else f" / {cpu:.3f}"))
     return 0
 
 
@@ -128,7 +132,9 @@ def _threads() -> dict:
 
 
 class Parts:
-    """The tracer's parts, each wrapped with a clock: ``{part: seconds}`` of every on step."""
+    """The tracer's parts, each wrapped with two clocks: ``{part: seconds}`` of every on step, wall
+    and the calling thread's CPU (``cpu:<part>``; a part whose wall is well above its CPU waited:
+    for the device, or, in an asynchronous run, for the GIL and the cores the rollout thread holds)."""
 
     def __init__(self, tracer):
         from rljax.trace import _io, invariants as I, tracer as T
@@ -168,11 +174,12 @@ class Parts:
 
         @functools.wraps(fn)
         def wrapped(*a, **k):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
                 self.now[name] = self.now.get(name, 0.0) + time.perf_counter() - t
+                self.now["cpu:" + name] = self.now.get("cpu:" + name, 0.0) + time.thread_time() - c
         return wrapped
 
     def next(self, on: bool) -> None:
