@@ -89,6 +89,7 @@ def test_two_processes_split_validation_and_filtered_episodes_like_one(tmp_path)
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     topo = json.loads((tmp_path / "two" / "topology.json").read_text())
     assert topo["process_count"] == 2 and topo["rollout_share"]["prompts_by_process"] == {"0": [0, 4], "1": [4, 8]}
+    assert topo["rollout_share"]["assembly"] == "direct", topo["rollout_share"]  # dp across the processes
     assert "note" not in topo["rollout_share"], topo["rollout_share"]  # no "every process runs every episode"
     assert "rollout across 2 processes: 4 prompt groups each" in two.stdout
 
