@@ -70,13 +70,24 @@ def test_streaming_tau0_equals_sync_step_for_step(tmp_path, sync_run, streaming)
     assert {"enqueue", "dequeue", "rollout_sessions", "weight_sync"} <= stages
 
 
+#: tau=1 on the long-tail mix, partial rollouts re-prefilled (recompute), validating every 2 steps, the
+#: training generations logged: one uninterrupted 5-step run and one stopped after step 2 and resumed
+#: (``tau1_runs``), shared by the two tests below. (partial_rollout=keep across kills and resumes:
+#: tests/trainer/test_async_kill_resume.py.)
+TAU1_BASE = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
+             "async_training.partial_rollout=recompute", "trainer.test_freq=2", "trace.log_train_generations=32"]
+
+
+@pytest.fixture(scope="module")
+def tau1_runs(tmp_path_factory):
+    """``(full, split)``: :data:`TAU1_BASE` for 5 steps in one launch, and in two (2 steps, then
+    ``--resume`` to 5); launched once for this module, read-only."""
+    return full_and_resumed(TAU1_BASE, tmp_path_factory.mktemp("tau1"), steps=5)
+
+
 @pytest.mark.slow
-def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tmp_path):
-    run = tmp_path / "run"
-    args = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
-            "async_training.partial_rollout=recompute", "trainer.total_steps=5", "trainer.test_freq=2"]
-    r = launch(*args, "--run-dir", str(run))
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tau1_runs):
+    run, _ = tau1_runs
     # validation pauses the streaming producer between its rounds (steps 2 and 4, and the final one)
     assert [x["step"] for x in metrics(run) if "val/score/mean" in x] == [2, 4, 5]
     rows = train_rows(run)
@@ -97,23 +108,21 @@ def test_streaming_tau1_admits_the_next_batch_and_trains_each_once_within_tau(tm
 
 
 @pytest.mark.slow
-def test_streaming_resume_mid_stream_loses_and_repeats_no_prompt(tmp_path):
+def test_streaming_resume_mid_stream_loses_and_repeats_no_prompt(tau1_runs):
     """Prompts of the next batches are in flight when the run stops after step 2; the resumed run
     starts from the data position after the last trained batch and generates them again: every
     step trains the prompts the uninterrupted run trained, none lost, none twice."""
-    base = ["--mesh=dp2", *SMALL, *LONG_TAIL, *ASYNC, "async_training.max_staleness=1",
-            "async_training.partial_rollout=true", "trace.log_train_generations=32"]
-    full, split = full_and_resumed(base, tmp_path)
+    full, split = tau1_runs
     f, s = _prompts_by_step(full), _prompts_by_step(split)
-    assert sorted(f) == sorted(s) == [1, 2, 3, 4]
+    assert sorted(f) == sorted(s) == [1, 2, 3, 4, 5]
     for step in f:
         assert sum(f[step].values()) == 32 and f[step] == s[step], step
-    split_rows = train_rows(tmp_path / "split")
-    assert sorted(r["async/batch_index"] for r in split_rows) == [1, 2, 3, 4]
+    split_rows = train_rows(split)
+    assert sorted(r["async/batch_index"] for r in split_rows) == [1, 2, 3, 4, 5]
     # the run's counters continue from the checkpoint's (issue 39 item 6): the pushes as uninterrupted; the rows
     # generated count every batch up to the one trained (and those queued ahead), never only the resumed launch's
     full_rows = train_rows(full)
-    assert [r["async/weight_pushes"] for r in split_rows] == [r["async/weight_pushes"] for r in full_rows] == [1, 2, 3, 4]
+    assert [r["async/weight_pushes"] for r in split_rows] == [r["async/weight_pushes"] for r in full_rows] == [1, 2, 3, 4, 5]
     generated = [r["async/generated_rows"] for r in sorted(split_rows, key=lambda r: r["step"])]
     assert all(g >= 32 * step for step, g in enumerate(generated, 1)), generated
 
