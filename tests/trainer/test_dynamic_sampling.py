@@ -2,7 +2,8 @@
 misuse errors (exit 2 from the launcher), and a real synchronous run that drops exactly the
 zero-variance groups, refills to full batches, marks every dropped uid in the trace, passes
 ``python -m rljax.trace check`` (which fails when a dropped uid is trained), and resumes to the
-same prompt draws; the same in trainer.mode=async (tau=0 equal to sync) and multi-turn runs."""
+same prompt draws; the same in trainer.mode=async (tau=0 equal to sync); multi-turn and over two
+processes: tests/trainer/test_two_process_rollouts.py."""
 
 import json
 import shutil
@@ -340,41 +341,11 @@ def test_each_draw_checks_the_weights_it_started_with():
     assert out["dynamic_sampling"]["num_gen_batches"] == 2 and out["uids"] == ["1-0", "1-2"]
 
 
-@pytest.mark.slow
-def test_multi_turn_dynamic_sampling_filters_whole_episodes(tmp_path):
-    """env.function (the lookup tool task): groups whose episodes all score the same are dropped,
-    every batch is refilled to full, the trained rows are whole episodes of kept groups (their
-    turns, observations and tool calls with them) and the trace check passes."""
-    from launching import launch, train_rows
-
-    from rljax.trace.check import run_checks
-
-    run = tmp_path / "run"
-    out = launch("--config", "tool_lookup", "--run-dir", str(run), "--mesh=dp2", "data.train_batch_size=4",
-                 "rollout.n=4", "actor.ppo_mini_batch_size=4", "data.embedded.num_train=64", "data.embedded.num_test=16",
-                 "trainer.test_freq=-1", "trainer.val_before_train=false", "trace.ledgers=false",
-                 "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=0",
-                 "trace.rollout_dump=true", "trainer.total_steps=2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    uids = _records(run / "rollout_uids.jsonl")
-    rows = train_rows(run)
-    assert [m["step"] for m in rows] == [1, 2]
-    for m in rows:
-        rec = uids[m["step"]]
-        trained = rec["by_process"]["0"]
-        assert m["train/kept_groups"] == len(trained) == 4
-        assert m["train/dropped_groups"] + m["train/excess_groups"] == len(rec["dropped"])
-        assert not set(trained) & set(rec["dropped"])
-        assert m["critic/score/max"] > m["critic/score/min"]  # kept groups have spread
-        assert 0 <= m["env/tool_call_rate"] <= 1 and m["env/num_turns/mean"] >= 1  # over the trained episodes
-        dump = np.load(run / "rollouts" / "process0" / f"step{m['step']}.npz")
-        assert sorted(set(dump["uid"].tolist())) == sorted(trained)
-    assert any(r["dropped"] for r in uids.values()), "a random policy fails every episode of some groups"
-    checks = {name: (status, detail) for status, name, detail in run_checks(str(run))}
-    assert checks["no dropped group trained (dynamic sampling)"][0] == "PASS"
-    assert all(s != "FAIL" for s, _ in checks.values()), {k: v for k, v in checks.items() if v[0] == "FAIL"}
-
-
+# Multi-turn (the lookup tool task): groups whose episodes all score the same are dropped, every batch is
+# refilled to full, the trained rows are whole episodes of kept groups (their turns and tool calls with them)
+# and the trace check passes: the one-process run of tests/trainer/test_two_process_rollouts.py (session 19
+# moved this file's own multi-turn launch's checks there).
+#
 # Two processes (each generating and scoring its half of every draw, agreeing on the keep flags,
 # exchanging the kept groups) keep exactly the one-process groups: tests/trainer/test_two_process_rollouts.py,
 # on the tool task (the same filter and exchange, with the episodes' per-row fields; session 19 folded

@@ -7,7 +7,10 @@ of every held-out batch; the processes agree on the kept groups and exchange the
 (their per-row multi-turn fields with them), so the union of the processes' trained rows is the
 one-process batch, none twice; the dropped uids, the validation metrics, the generations log
 and every metric equal the one-process run's; the packed learner plans from all-gathered row
-spans only (``perf/packing_gather_bytes``: three ``[B]`` int32 arrays, not the batch's tokens)."""
+spans only (``perf/packing_gather_bytes``: three ``[B]`` int32 arrays, not the batch's tokens). The
+one-process run is also the multi-turn filter's own check: every batch refilled to full with groups
+whose episodes differ in score, the trained rows whole episodes of the kept groups, none dropped
+trained (tests/trainer/test_dynamic_sampling.py holds the rule and the single-process runs)."""
 
 import glob
 import json
@@ -17,7 +20,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from launching import REPO, assert_same_metrics, launch, launch_env, metrics
+from launching import REPO, assert_same_metrics, launch, launch_env, metrics, train_rows
 from test_dynamic_sampling import assert_kept_as_one_process
 
 #: The tool task at a small size: 8 prompts x 4 sessions a step, groups whose episodes all score the
@@ -98,6 +101,19 @@ def test_two_processes_split_validation_and_filtered_episodes_like_one(tmp_path)
     one_uids = {r["step"]: r for r in _records(one, "rollout_uids.jsonl")}
     two_uids = {r["step"]: r for r in _records(tmp_path / "two", "rollout_uids.jsonl")}
     assert_kept_as_one_process(one_uids, two_uids)  # a random policy fails every episode of some groups
+    # ... and the one-process run filtered whole episodes (the multi-turn filter's own checks): every batch
+    # refilled to full with groups whose episodes differ in score, the dropped ones never trained, the trained
+    # rows (the dump) the kept groups' episodes, their turns and tool calls counted
+    for m in train_rows(one):
+        rec = one_uids[m["step"]]
+        trained = rec["by_process"]["0"]
+        assert m["train/kept_groups"] == len(trained) == 8
+        assert m["train/dropped_groups"] + m["train/excess_groups"] == len(rec["dropped"])
+        assert not set(trained) & set(rec["dropped"])
+        assert m["critic/score/max"] > m["critic/score/min"]  # kept groups have spread
+        assert 0 <= m["env/tool_call_rate"] <= 1 and m["env/num_turns/mean"] >= 1  # over the trained episodes
+        dump = np.load(one / "rollouts" / "process0" / f"step{m['step']}.npz")
+        assert sorted(set(dump["uid"].tolist())) == sorted(trained)
 
     # Training episodes: the union of the processes' trained rows is the one-process batch, token for token.
     ref, ref_logp, ref_seen = _trained_rows(one)
@@ -137,7 +153,8 @@ def test_two_processes_split_validation_and_filtered_episodes_like_one(tmp_path)
 
     from rljax.trace.check import run_checks
 
-    results = run_checks(str(tmp_path / "two"))
-    assert not [r for r in results if r[0] == "FAIL"], results
-    assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
-    assert ("PASS", "no dropped group trained (dynamic sampling)") in [(r[0], r[1]) for r in results]
+    for run in (one, tmp_path / "two"):
+        results = run_checks(str(run))
+        assert not [r for r in results if r[0] == "FAIL"], (run.name, results)
+        assert ("PASS", "no uid generated twice") in [(r[0], r[1]) for r in results]
+        assert ("PASS", "no dropped group trained (dynamic sampling)") in [(r[0], r[1]) for r in results]
