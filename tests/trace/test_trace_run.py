@@ -400,7 +400,7 @@ def _observation_mismatch(run, recs):
     (_writers_lost, "config provenance"),
     (_inserted_before_submit, "timestamps ordered"),
     (_stages_out_of_order, "timestamps ordered"),
-    (_no_summary, "trace summary saved"),
+    (_no_summary, ("trace summary saved", "record files whole")),
     (_token_version_goes_down, "token versions tie to min_version"),
     (_token_version_not_min, "token versions tie to min_version"),
     # the rollout's mask sum no longer matches its length, nor the update's loss mask

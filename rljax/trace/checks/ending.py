@@ -18,9 +18,17 @@ def check_files_whole(run: Run) -> Result:
     if run.cut:
         return FAIL, name, (f"cut short or unreadable: {'; '.join(run.cut[:4])}{' ...' if len(run.cut) > 4 else ''} "
                             "(a write that did not finish: a full disk or a kill)")
+    # A run that wrote no trace, or never wrote its summary, has nothing whole to check: those two
+    # files are what `trace check` reads (the lines that read them fail too); the others may be absent
+    # (named, never said to parse).
+    missing = [n for n in (TRACE_FILE, SUMMARY_FILE) if not os.path.exists(os.path.join(run.dir, n))]
+    if missing:
+        return FAIL, name, f"missing: {', '.join(missing)} (the run wrote no trace, or was stopped before writing it)"
     present = [n for n, f in run.files.items() if os.path.exists(f.path)]
-    return PASS, name, ", ".join(f"{n}: {len(run.files[n].records)} records" for n in present) + \
-        f"; {SUMMARY_FILE} parses"
+    parsed = [n for n in ("topology.json", SUMMARY_FILE) if os.path.exists(os.path.join(run.dir, n))]
+    absent = [n for n in (*run.files, "topology.json") if n not in present + parsed]
+    return PASS, name, (", ".join(f"{n}: {len(run.files[n].records)} records" for n in present)
+                        + f"; {' and '.join(parsed)} parse" + (f"; absent: {', '.join(absent)}" if absent else ""))
 
 
 def check_cleanup(run: Run) -> Result:
