@@ -432,8 +432,10 @@ def test_check_cli_exits_1_on_an_error_alert_and_counts_na(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "ok")], capture_output=True,
                          text=True, timeout=120)
     # 2 + the three trainer.mode=async checks + the algorithm.filter_groups one + 3 re-derivations that a tracer
-    # driven by hand, without a trainer, cannot run (rewards re-scored, the update's report, sampler weights)
-    assert out.returncode == 0 and "9 not applicable" in out.stdout and "N/A   updates finite" in out.stdout, out.stdout
+    # driven by hand, without a trainer, cannot run (rewards re-scored, the update's report, sampler weights) + the
+    # weight-version line (one step: its sync has no next rollout)
+    assert out.returncode == 0 and "10 not applicable" in out.stdout and "N/A   updates finite" in out.stdout, out.stdout
+    assert "N/A   weight version after each sync == next rollout's version" in out.stdout, out.stdout
     tracer, _ = _step(tmp_path / "bad", old_logp_shape=(B, T - 1))
     _close(tracer)
     out = subprocess.run([sys.executable, "-m", "rljax.trace", "check", str(tmp_path / "bad")], capture_output=True,

@@ -4,8 +4,11 @@ directory beside the broken one so that each test also sees the line pass."""
 
 import json
 
+import pytest
+
 from rljax.trace.check import run_checks
-from rljax.trace.checks.base import FAIL, PASS
+from rljax.trace.checks.base import FAIL, NA, PASS, Run
+from rljax.trace.checks.steps import check_versions
 
 FILES = "record files whole"
 
@@ -43,4 +46,68 @@ def test_record_files_whole_fails_without_the_summary_and_never_says_it_parses(t
     status, detail = results(run)[FILES]
     assert status == PASS and "trace_summary.json parse" in detail and "absent: " in detail, detail
     assert "topology.json" not in detail.split("absent: ")[0], detail  # absent, not said to parse
+
+
+# -- weight version after each sync == next rollout's version -------------------------------------------------------
+
+def sync(step, learner, sampler=None):
+    """A weight_sync record as traces written before this check's fix have it (``next_rollout_version``
+    copied from the sampler version: the check no longer reads it)."""
+    sampler = learner if sampler is None else sampler
+    return {"step": step, "uid": f"{step}-0", "stage": "weight_sync", "keys": [], "learner_version": learner,
+            "sampler_version": sampler, "next_rollout_version": sampler}
+
+
+def rollout(step, *versions):
+    """A traced rollout of step ``step``: one trajectory per ``(min, max)`` version pair, as the sampler recorded them."""
+    trajs = [{"key": f"{step}-0_{i}_0", "min_version": lo, "max_version": hi} for i, (lo, hi) in enumerate(versions)]
+    return {"step": step, "uid": f"{step}-0", "stage": "rollout_sessions", "keys": [t["key"] for t in trajs],
+            "trajectories": trajs, "min_version": min(lo for lo, _ in versions),
+            "max_version": max(hi for _, hi in versions)}
+
+
+def versions(tmp_path, records, **cfg):
+    return check_versions(Run(str(write_run(tmp_path / "run", [config(**cfg), *records]))))
+
+
+SYNC = {"trainer.mode": "sync"}
+
+
+def test_versions_pass_and_name_the_last_step_without_a_next_rollout(tmp_path):
+    status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1), rollout(2, (1, 1), (1, 1)), sync(2, 2)],
+                                 **SYNC)
+    assert status == PASS and "1 followed" in detail and "the last (step 2) has no next rollout" in detail, detail
+
+
+def test_versions_fail_when_the_next_step_is_traced_without_its_rollout(tmp_path):
+    """The sync record's own next-rollout version was its sampler version: step 2's rollout is what
+    is compared, and a traced step 2 with no rollout record is not a pass on nothing."""
+    status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1), sync(2, 2)], **SYNC)
+    assert status == FAIL and "step 2" in detail and "no rollout_sessions" in detail, detail
+
+
+def test_versions_compare_every_trajectory_the_sampler_recorded(tmp_path):
+    bad = rollout(2, (1, 1), (0, 1))
+    bad["min_version"] = 1  # the group's summary says 1..1; one trajectory sampled a token with version 0
+    status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1), bad, sync(2, 2)], **SYNC)
+    assert status == FAIL and "2-0_1_0" in detail and "0..1" in detail, detail
+
+
+def test_versions_na_when_no_sync_has_a_next_rollout(tmp_path):
+    status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1)], **SYNC)
+    assert status == NA and "step 1" in detail, detail
+
+
+@pytest.mark.parametrize("tau,expect", [(0, FAIL), (1, NA)])
+def test_versions_async_lag_fails_only_without_staleness(tmp_path, tau, expect):
+    """Async: step 2 trained a batch sampled before the sync after step 1 (version 0); with tau=0
+    that is wrong, with tau=1 it is allowed and left to 'trained staleness within tau'."""
+    status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1), rollout(2, (0, 0)), sync(2, 2)],
+                                 **{"trainer.mode": "async", "async_training.max_staleness": tau})
+    assert status == expect, detail
+
+
+def test_versions_fail_when_the_sampler_did_not_install_the_sync(tmp_path):
+    status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1, sampler=0), rollout(2, (0, 0))], **SYNC)
+    assert status == FAIL and "sampler 0" in detail, detail
 

@@ -94,6 +94,9 @@ def check_actor_dp(run: Run) -> Result:
 
 
 def check_versions(run: Run) -> Result:
+    """Each sync's version is the one the next step's rollout sampled with, as the sampler recorded it
+    (the versions of every traced trajectory of step + 1); the last step has no next rollout. Async with
+    ``max_staleness`` > 0 is N/A: its rollouts may lag by up to tau (the async checks cover them)."""
     name = "weight version after each sync == next rollout's version"
     if run.asynchronous() and run.config_values.get("async_training.max_staleness"):
         return NA, name, ("asynchronous run with max_staleness > 0: a rollout may use older weights "
@@ -104,23 +107,39 @@ def check_versions(run: Run) -> Result:
         rollouts[r["step"]].append(r)
     if not syncs:
         return FAIL, name, "no weight_sync records"
-    pairs = 0
+    traced = {step for step, _ in run.groups}
+    pairs, unfollowed = 0, []
     for step, s in sorted(syncs.items()):
         v = s.get("learner_version")
-        if v is None or s.get("sampler_version") != v or s.get("next_rollout_version") != v:
-            return FAIL, name, f"step {step}: learner version {v}, sampler {s.get('sampler_version')}, next rollout " \
-                                f"{s.get('next_rollout_version')}"
-        for r in rollouts.get(step + 1, []):
-            if r.get("min_version") != v or r.get("max_version") != v:
-                return FAIL, name, (f"step {step + 1}: rollout used versions {r.get('min_version')}..{r.get('max_version')}"
-                                     f", the sync after step {step} installed {v}")
-            pairs += 1
+        if v is None or s.get("sampler_version") != v:
+            return FAIL, name, f"step {step}: learner version {v}, sampler {s.get('sampler_version')}"
+        nxt = rollouts.get(step + 1, [])
+        if not nxt:
+            if step + 1 in traced:  # the next step was traced, but not its rollout
+                return FAIL, name, f"step {step + 1}: traced, but no rollout_sessions record to compare with the sync " \
+                                    f"after step {step} (version {v})"
+            unfollowed.append(step)
+            continue
+        for r in nxt:  # what the sampler recorded for each trajectory it generated (the group's when none)
+            for t in r.get("trajectories") or [r]:
+                if t.get("min_version") != v or t.get("max_version") != v:
+                    return FAIL, name, (f"step {step + 1} {t.get('key', r.get('uid'))}: rollout used versions "
+                                        f"{t.get('min_version')}..{t.get('max_version')}, the sync after step {step} "
+                                        f"installed {v}")
+        pairs += 1
     for step, rs in rollouts.items():  # the version the rollout was asked for is the one it sampled with
         for r in rs:
             if r.get("weight_version") is not None and r.get("min_version") != r.get("weight_version"):
                 return FAIL, name, f"step {step}: submitted at version {r.get('weight_version')}, sampled with " \
                                     f"{r.get('min_version')}"
-    return PASS, name, f"{len(syncs)} sync(s), {pairs} followed by a traced rollout with the synced version"
+    last = max(syncs)
+    gaps = [st for st in unfollowed if st != last]
+    note = (f"; the last (step {last}) has no next rollout" if last in unfollowed else "") + \
+        (f"; step(s) {', '.join(map(str, gaps))} not followed by a traced step" if gaps else "")
+    if not pairs:
+        return NA, name, f"{len(syncs)} sync(s), none followed by a traced rollout{note}"
+    return PASS, name, (f"{len(syncs)} sync(s): {pairs} followed by the next step's traced rollout, every trajectory "
+                        f"sampled with the synced version{note}")
 
 
 def check_token_versions(run: Run) -> Result:

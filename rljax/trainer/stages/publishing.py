@@ -28,7 +28,7 @@ from rljax.trainer.state import RunState
 def weight_sync_facts(ev, v: GroupView) -> dict:
     w = ev.writes
     return dict(learner_version=w.get("weight_version_after"), sampler_version=w.get("sampler_version"),
-                sync_s=round(float(w.get("weight_sync_s") or 0.0), 6), next_rollout_version=w.get("sampler_version"))
+                sync_s=round(float(w.get("weight_sync_s") or 0.0), 6))
 
 
 @stage("weight_sync", timing="update_weights", state="changes",
