@@ -8,6 +8,7 @@ import pytest
 
 from rljax.trace.check import run_checks
 from rljax.trace.checks.base import FAIL, NA, PASS, Run
+from rljax.trace.checks.records import check_masks
 from rljax.trace.checks.steps import check_versions
 
 FILES = "record files whole"
@@ -110,4 +111,28 @@ def test_versions_async_lag_fails_only_without_staleness(tmp_path, tau, expect):
 def test_versions_fail_when_the_sampler_did_not_install_the_sync(tmp_path):
     status, _, detail = versions(tmp_path, [rollout(1, (0, 0)), sync(1, 1, sampler=0), rollout(2, (0, 0))], **SYNC)
     assert status == FAIL and "sampler 0" in detail, detail
+
+
+# -- loss_mask consumed by the update == rollout's response_mask ----------------------------------------------------
+
+def mask_run(tmp_path, sampler_rows, learner_rows):
+    keys = [f"1-0_{i}_0" for i in range(learner_rows)]
+    tf = {"step": 1, "uid": "1-0", "stage": "trajectory_fields", "keys": keys,
+          "trajectories": [{"key": f"1-0_{i}_0", "response_mask_sum": 3, "response_len": 3, "observation_tokens": 0}
+                           for i in range(sampler_rows)]}
+    am = {"step": 1, "uid": "1-0", "stage": "actor_minibatch", "keys": keys,
+          "fields": [{"name": "loss_mask", "mask_sum": [3] * learner_rows}]}
+    return check_masks(Run(str(write_run(tmp_path / "run", [tf, am]))))
+
+
+def test_masks_pass_when_every_trajectory_is_compared(tmp_path):
+    status, _, detail = mask_run(tmp_path, 4, 4)
+    assert status == PASS and detail.startswith("4 traced"), detail
+
+
+@pytest.mark.parametrize("sampler_rows,learner_rows", [(3, 4), (4, 3)])
+def test_masks_fail_when_the_trajectory_counts_differ(tmp_path, sampler_rows, learner_rows):
+    status, _, detail = mask_run(tmp_path, sampler_rows, learner_rows)
+    assert status == FAIL and "step 1 group 1-0" in detail, detail
+    assert f"loss_mask has {learner_rows} trajectories" in detail and f"trajectory_fields {sampler_rows}" in detail
 

@@ -260,6 +260,9 @@ def check_masks(run: Run) -> Result:
             return FAIL, name, f"step {step} group {uid}: the update's loss_mask is not in the trace"
         sampler = [t["response_mask_sum"] for t in tf.get("trajectories", [])]
         learner = lm["mask_sum"]
+        if not len(am["keys"]) == len(sampler) == len(learner):  # zip would leave the extra ones uncompared
+            return FAIL, name, (f"step {step} group {uid}: the update's loss_mask has {len(learner)} trajectories "
+                                f"({len(am['keys'])} keys), the rollout's trajectory_fields {len(sampler)}")
         for key, a, b in zip(am["keys"], sampler, learner):
             if a != b:
                 return FAIL, name, (f"step {step} {key}: the update's loss_mask has {b} tokens, the rollout's "
