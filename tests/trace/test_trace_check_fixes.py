@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from rljax.trace.check import run_checks
+from rljax.trace.check import CHECKS, run_checks
 from rljax.trace.checks.base import FAIL, NA, PASS, Run
 from rljax.trace.checks.records import check_masks
 from rljax.trace.checks.steps import check_versions
 
 FILES = "record files whole"
+SESSIONS = "sessions per uid == rollout.n"
 
 
 def write_run(path, records, summary=True):
@@ -136,3 +137,18 @@ def test_masks_fail_when_the_trajectory_counts_differ(tmp_path, sampler_rows, le
     assert status == FAIL and "step 1 group 1-0" in detail, detail
     assert f"loss_mask has {learner_rows} trajectories" in detail and f"trajectory_fields {sampler_rows}" in detail
 
+
+# -- run_checks: a check that raises -------------------------------------------------------------------------------
+
+def test_a_check_that_raises_fails_under_its_own_line(tmp_path):
+    """A malformed trajectory key (no session number) makes the sessions check raise: its FAIL is
+    under its printed line, with the exception on one line, and every line is still reported once."""
+    bad = {"step": 1, "uid": "1-0", "stage": "rollout_sessions", "keys": ["1-0_x"], "n": 1, "sessions": [0]}
+    run = write_run(tmp_path / "run", [config(**{"rollout.n": 1, "trainer.mode": "sync"}), bad])
+    got = run_checks(str(run))
+    status, detail = {name: (s, d) for s, name, d in got}[SESSIONS]
+    assert status == FAIL and detail.startswith("ValueError: ") and "\n" not in detail, detail
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert [name for _, name, _ in got] == [name for _, name, _ in run_checks(str(empty))]
+    assert len(got) == len(CHECKS)
