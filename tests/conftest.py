@@ -162,7 +162,9 @@ SLOW_HEAVY_FIRST = (
     "launch/test_async_launch.py",
     "launch/test_reliability_e2e.py",
     "launch/test_learning.py",
+    "reward/test_reward_model.py",  # 102 CPU s alone (6 Dec, session 19): unlisted, it started in the tail
     "config/test_config_honest.py",
+    "trainer/test_distill_async.py",  # 64 CPU s alone (6 Dec, session 19): unlisted, it started near the end
     "trace/test_trace_faults.py",
     "launch/test_reliability_signals.py",
     "trainer/test_dynamic_sampling.py",
