@@ -40,9 +40,15 @@ def append_lines(path: str, text: str) -> None:
 def write_atomic(path: str, text: str) -> None:
     """Replaces ``path`` with ``text`` in one rename; on failure ``path`` is unchanged."""
     tmp = f"{path}.tmp"
+    data = text.encode("utf-8")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # no text layer: one encode, raw writes
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except OSError:
         try:

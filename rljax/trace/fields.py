@@ -162,25 +162,29 @@ def summarize(name: str, x, *, producer: str, consumers: Sequence[str], rows: np
 
 
 def summary_of(name: str, r: FieldRead, *, producer: str, consumers: Sequence[str], rows: np.ndarray,
-               valid_length=None, mask_rows=None, is_padding=None) -> dict:
+               valid_length=None, mask_rows=None, is_padding=None, memo: Optional[dict] = None) -> dict:
     """:func:`summarize` from what :func:`read` read; ``valid_length`` and ``is_padding`` are the
-    traced rows' already (``[len(rows)]``)."""
+    traced rows' already (``[len(rows)]``). ``memo``: a dict shared by the summaries of one group's
+    fields that read the same ``rows``, ``valid_length``, ``is_padding`` or ``mask_rows`` objects
+    (each fact derived from them is made once; every summary gets its own lists)."""
+    memo = {} if memo is None else memo
     out: dict[str, Any] = {"name": name, "producer": producer, "consumers": list(consumers), "shape": list(r.shape),
-                           "dtype": str(r.dtype),
-                           "sharding": {"placement": "host"} if r.sharding is None else
-                           dict(_layout(r.sharding, r.shape)["layout"])}
-    if r.sharding is not None and len(rows):
-        lo, hi = int(np.min(rows)), int(np.max(rows)) + 1
-        spans = _layout(r.sharding, r.shape)["rows"]
-        out["sharding"]["owner_devices"] = sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
+                           "dtype": _dtype_name(r.dtype)}
+    if r.sharding is None:
+        out["sharding"] = {"placement": "host"}
+    else:
+        span = _memo(memo, rows, _span) if len(rows) else None
+        sharding = out["sharding"] = dict(_sharding(r.sharding, r.shape, span))
+        if span is not None:
+            sharding["owner_devices"] = list(sharding["owner_devices"])
     if valid_length is not None:
-        out["valid_length"] = np.asarray(valid_length).astype(np.int64).tolist()
+        out["valid_length"] = list(_memo(memo, valid_length, _int_list))
     m_rows = None
     if mask_rows is not None:
-        m_rows = np.asarray(mask_rows).reshape(len(rows), -1) != 0
-        out["mask_sum"] = m_rows.sum(axis=1).astype(np.int64).tolist()
+        m_rows, sums = _memo(memo, mask_rows, lambda m: _mask_rows(m, len(rows)))
+        out["mask_sum"] = list(sums)
     if is_padding is not None:
-        out["is_padding"] = np.asarray(is_padding).astype(bool).tolist()
+        out["is_padding"] = list(_memo(memo, is_padding, _bool_list))
     v = r.values
     if v is not None:
         v = v.astype(np.float64)
@@ -195,4 +199,53 @@ def summary_of(name: str, r: FieldRead, *, producer: str, consumers: Sequence[st
             cnt = np.maximum(m.sum(axis=1), 1)
             out["row_mean"] = [round(a, 6) for a in ((v * m).sum(axis=1) / cnt).tolist()]
             out["outside_mask_abs_sum"] = round(float(np.abs(v * ~m).sum()), 6)
+    return out
+
+
+def _memo(memo: dict, x, make):
+    """``make(x)``, once per object ``x`` in ``memo`` (which holds ``x``: its id stays its own)."""
+    hit = memo.get(id(x))
+    if hit is None:
+        hit = memo[id(x)] = (x, make(x))
+    return hit[1]
+
+
+def _span(rows) -> tuple[int, int]:
+    r = np.asarray(rows)
+    return int(r.min()), int(r.max()) + 1
+
+
+def _int_list(x) -> list:
+    return np.asarray(x).astype(np.int64).tolist()
+
+
+def _bool_list(x) -> list:
+    return np.asarray(x).astype(bool).tolist()
+
+
+def _mask_rows(mask_rows, n: int):
+    m = np.asarray(mask_rows).reshape(n, -1) != 0
+    return m, m.sum(axis=1).astype(np.int64).tolist()
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    """``str(dtype)`` (numpy's ``__str__`` is Python code: cached, dtypes repeat every step)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
+@functools.lru_cache(maxsize=1024)
+def _sharding(sharding, shape: tuple, span: Optional[tuple]) -> dict:
+    """A device array's ``sharding`` summary, with the devices holding the rows ``span`` (``[lo, hi)``)
+    when given (cached: shardings, shapes and spans repeat; callers copy it)."""
+    out = dict(_layout(sharding, shape)["layout"])
+    if span is not None:
+        lo, hi = span
+        spans = _layout(sharding, shape)["rows"]
+        out["owner_devices"] = sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
     return out

@@ -3,6 +3,7 @@ the records' field summaries (each == :func:`rljax.trace.fields.summarize` of th
 group's rows, as the batch-field table says to read it), the length percentiles (== np.percentile,
 bit for bit), the bytes per field (== the arrays' ``nbytes``) and the uids each process generated."""
 
+import json
 import types
 
 import jax
@@ -210,3 +211,27 @@ def test_version_spans_are_the_per_token_reading():
             got = Trajectories.version_spans(traj, b)
             assert got == plain(tv[b]) and all(type(v) is int for s in got for v in s), (width, b, got)
     assert Trajectories.version_spans(types.SimpleNamespace(token_version=None), 0) is None
+
+
+def test_summaries_made_from_shared_facts_share_no_list(tmp_path):
+    """The fields of one layout derive their valid lengths, padding flags, mask sums and owner devices
+    once (a memo per layout, a cache per sharding); each summary still gets lists of its own, so a
+    change to one record's summary (a reader's, a test's) reaches no other summary, nor a later step's."""
+    traj = _trajectories()
+    view = StepView.of(3, _step(traj))
+    cfg, _ = resolve("default", ["trace.groups=2", "trainer.seed=5"])
+
+    def summaries() -> list:
+        records = Records(cfg, str(tmp_path), enabled=True, wall=lambda t: t)
+        records.step(view, None, {})
+        return list({id(f): f.complete() for r in records.pending for f in r["fields"]}.values())
+
+    first = summaries()
+    lists = [(f["name"], k, v) for f in first for k, v in (*f.items(), *f["sharding"].items())
+             if k in ("valid_length", "mask_sum", "is_padding", "owner_devices")]
+    assert len({k for _, k, _ in lists}) == 4 and len(lists) > 40
+    assert len({id(v) for _, _, v in lists}) == len(lists), "a list object is shared by two summaries"
+    want = [json.dumps(f) for f in summaries()]
+    for _, _, v in lists:  # a reader changes the first step's summaries: the next ones are as before
+        v.append(-1)
+    assert [json.dumps(f) for f in summaries()] == want

@@ -227,7 +227,8 @@ class _Group:
                 "r": r, "rows": rows, "pad": None if is_pad is None else np.asarray(is_pad)[rows],
                 "valid": {"sequence": p + rl, "response": rl, "prompt": p},
                 "mask": None if mask is None else np.asarray(mask),
-                "mask_sum": None if mask is None else _mask_sum(np.asarray(mask), len(rows))}
+                "mask_sum": None if mask is None else _mask_sum(np.asarray(mask), len(rows)),
+                "memo": {}}  # the writer's: what the fields' summaries derive from the shared facts, made once
         return side
 
     def _field(self, name: str, x, producer: str, consumers) -> dict:
@@ -259,13 +260,14 @@ class _Group:
             light["mask_sum"] = list(mask_sum)
         # (a partial, not a closure: one object the collector follows, not a function and its nine cells)
         return Summary(light, functools.partial(_finish, name, got, producer, consumers, rows, vl, mask_rows,
-                                                side["pad"], kind))
+                                                side["pad"], kind, side["memo"]))
 
 
-def _finish(name, got, producer, consumers, rows, valid_length, mask_rows, is_padding, kind) -> dict:
-    """A field's whole summary from what the step read (the writer's job)."""
+def _finish(name, got, producer, consumers, rows, valid_length, mask_rows, is_padding, kind, memo) -> dict:
+    """A field's whole summary from what the step read (the writer's job; ``memo``: its layout's,
+    shared by the group's fields of that layout)."""
     out = summary_of(name, got, producer=producer, consumers=consumers, rows=rows, valid_length=valid_length,
-                     mask_rows=mask_rows, is_padding=is_padding)
+                     mask_rows=mask_rows, is_padding=is_padding, memo=memo)
     out["layout"] = kind
     return out
 
@@ -307,19 +309,24 @@ class Summary(dict):
         return self
 
 
+#: ``json.dumps(x, separators=(",", ":"))`` with one encoder (``dumps`` builds an encoder per call
+#: when given separators).
+_DUMPS = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _line(record: dict, memo: dict) -> str:
     """``record`` as one JSON line; a field summary several records share (a field read by several
     stages is summarised once) is encoded once (``memo``: id of the summary -> its JSON)."""
     fields = record.get("fields")
     if not fields:
-        return json.dumps(record, separators=(",", ":")) + "\n"
+        return _DUMPS(record) + "\n"
     parts = []
     for f in fields:
         text = memo.get(id(f))
         if text is None:
-            text = memo[id(f)] = (f, json.dumps(f, separators=(",", ":")))  # the memo holds f: its id stays its own
+            text = memo[id(f)] = (f, _DUMPS(f))  # the memo holds f: its id stays its own
         parts.append(text[1])
-    head = json.dumps({k: v for k, v in record.items() if k != "fields"}, separators=(",", ":"))
+    head = _DUMPS({k: v for k, v in record.items() if k != "fields"})
     return f'{head[:-1]},"fields":[{",".join(parts)}]}}\n'
 
 

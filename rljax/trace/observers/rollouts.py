@@ -16,6 +16,8 @@ from rljax.trace._io import append_lines
 
 #: One line per step: the prompt uids each process generated (``{"step", "by_process": {process: [uid]}}``).
 ROLLOUT_FILE = "rollout_uids.jsonl"
+#: ``json.dumps(x, separators=(",", ":"))`` with one encoder (not one per call).
+_DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class Rollouts:
@@ -51,7 +53,7 @@ class Rollouts:
             if "dynamic_sampling" in fields:  # algorithm.filter_groups: the uids generated, not trained, and why
                 rec["dropped"] = fields["dynamic_sampling"]["dropped"]
             path = os.path.join(self.run_dir, ROLLOUT_FILE)
-            job = lambda: append_lines(path, json.dumps(rec, separators=(",", ":")) + "\n")  # noqa: E731
+            job = lambda: append_lines(path, _DUMPS(rec) + "\n")  # noqa: E731
             job() if self.writer is None else self.writer.put(job)
 
     def dump(self, step: int, traj) -> None:
