@@ -75,7 +75,7 @@ def owner_devices(x, rows: Sequence[int]) -> Optional[list[int]]:
 _SHARD_INDEX: dict = {}  # (sharding, shape) -> ((position among the addressable shards, index), ...)
 
 
-def _shard_index(x) -> tuple:
+def shard_index(x) -> tuple:
     """Each distinct addressable shard of ``x`` once: its position (``x.addressable_data(pos)``)
     and its index (cached: shardings and shapes repeat every step)."""
     key = (x.sharding, tuple(x.shape))
@@ -106,7 +106,7 @@ def host_rows(x, rows: np.ndarray) -> Optional[np.ndarray]:
         return np.asarray(held)[rows]
     out = np.zeros((len(rows),) + tuple(x.shape[1:]), dtype=x.dtype)
     filled = np.zeros(out.shape, dtype=bool)
-    for pos, idx in _shard_index(x):
+    for pos, idx in shard_index(x):
         r = idx[0]
         start, stop = r.start or 0, x.shape[0] if r.stop is None else r.stop
         sel = (rows >= start) & (rows < stop)

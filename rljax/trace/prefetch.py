@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from rljax.trace.fields import _shard_index as shard_index
+from rljax.trace.fields import shard_index
 
 
 class Prefetch:
@@ -103,7 +103,7 @@ def _run(jobs: "queue.Queue", cpu_s: list, lock: threading.Lock) -> None:
 def host_copy(x) -> np.ndarray:
     """``np.asarray(x)`` for a ``jax.Array`` on one process's CPU devices, kept on ``x`` as
     ``np.asarray`` keeps it (``_npy_value``, read-only): every later host read of ``x`` takes it.
-    Each distinct shard is copied once into its place (``rljax.trace.fields._shard_index``,
+    Each distinct shard is copied once into its place (:func:`rljax.trace.fields.shard_index`,
     cached per sharding and shape). Anything else (a host array, an array already copied, a
     one-device array, jax without ``_npy_value``) goes to ``np.asarray``."""
     if getattr(x, "_npy_value", 0) is not None or not isinstance(x, jax.Array) or x.is_fully_replicated \

@@ -15,6 +15,9 @@ ALLOWED = {
     ("rljax/reward/_worker.py", "os._exit"): "os._exit is the documented way to end a worker process without cleanup",
     ("rljax/data/_source.py", "tqdm_utils._active"): "TFDS keeps its progress-bar switch private; saved and restored "
                                                       "around a build to silence it",
+    ("rljax/trace/prefetch.py", "x._npy_value"): "jax keeps a jax.Array's host copy in _npy_value (np.asarray fills "
+                                                 "it the same way) and has no public setter; the prefetch thread's "
+                                                 "copy must be the one every later host read of the array takes",
 }
 
 
