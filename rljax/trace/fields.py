@@ -62,16 +62,6 @@ def layout(x) -> dict:
     return dict(_layout(x.sharding, tuple(x.shape))["layout"])
 
 
-def owner_devices(x, rows: Sequence[int]) -> Optional[list[int]]:
-    """Ids of the devices that hold any of ``rows`` of a device array (``None`` on the host)."""
-    if not _is_device_array(x) or not len(rows):
-        return None
-    r = np.asarray(rows)
-    lo, hi = int(r.min()), int(r.max()) + 1
-    spans = _layout(x.sharding, tuple(x.shape))["rows"]
-    return sorted(d for d, (a, b) in spans.items() if a < hi and b > lo)
-
-
 _SHARD_INDEX: dict = {}  # (sharding, shape) -> ((position among the addressable shards, index), ...)
 
 
