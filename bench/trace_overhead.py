@@ -128,7 +128,7 @@ def main(argv=None) -> int:
 
 def _threads() -> dict:
     """CPU seconds so far of each of the tracer's background threads (a step's writer jobs run during the next)."""
-    return {name: A.thread_cpu(f"rljax-trace-{name}") for name in ("writer", "prefetch")}
+    return {name: A.thread_cpu(f"rljax-trace-{name}") for name in ("writer", "prefetch", "early")}
 
 
 class Parts:
@@ -145,6 +145,7 @@ class Parts:
         self.now: dict = {}
         self.on = False
         targets = [(type(tracer), "step_end", "step_end"), (type(tracer), "cleanup", "cleanup"),
+                   (type(tracer), "stage", "stage events"), (type(tracer), "step_start", "step_start"),
                    (type(tracer.rollouts), "step", "rollouts"), (type(tracer.whole_batch), "step", "whole_batch"),
                    (I, "step_facts", "whole_batch/step_facts"), (W, "_local", "whole_batch/host compare"),
                    (W, "_rederived", "whole_batch/rederived"), (Recompute, "_rescore", "whole_batch/rederived/rescore"),
@@ -170,6 +171,7 @@ class Parts:
 
     def _wrap(self, fn, name):
         import functools
+        import threading
         import time
 
         @functools.wraps(fn)
@@ -177,9 +179,10 @@ class Parts:
             t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
-            finally:
-                self.now[name] = self.now.get(name, 0.0) + time.perf_counter() - t
-                self.now["cpu:" + name] = self.now.get("cpu:" + name, 0.0) + time.thread_time() - c
+            finally:  # a part a background thread ran is named apart (rljax-trace-early, -writer)
+                key = name if threading.current_thread() is threading.main_thread() else f"{name} [background]"
+                self.now[key] = self.now.get(key, 0.0) + time.perf_counter() - t
+                self.now["cpu:" + key] = self.now.get("cpu:" + key, 0.0) + time.thread_time() - c
         return wrapped
 
     def next(self, on: bool) -> None:

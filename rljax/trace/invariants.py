@@ -34,6 +34,7 @@ import numpy as np
 
 from rljax import loss as rl
 from rljax.sharding import to_host
+from rljax.trace.groups import member  # noqa: F401 -- re-exported (its callers read it here)
 
 #: A prime below 2**16: residues times position weights stay below 2**32 (uint32 on device).
 P = 65521
@@ -302,16 +303,6 @@ def compare_scores(step: int, keys, real: np.ndarray, digest: np.ndarray, scored
             violations.append({"step": int(step), "tensor": tensor, "stage": "advantages", "key": keys[i],
                                "uid": keys[i].rsplit("_", 2)[0], "row": int(i), "detail": detail})
     return {"violations": bad}, violations
-
-
-def member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """``np.isin(values, pool)`` for 1-D integer arrays, by one sort and a binary search (``np.isin``'s
-    general path costs several times more on a step's few hundred rows)."""
-    pool = np.sort(pool)
-    if not len(pool):
-        return np.zeros(values.shape, bool)
-    at = np.minimum(np.searchsorted(pool, values), len(pool) - 1)
-    return pool[at] == values
 
 
 def _pair_keys(digest: np.ndarray, scores: np.ndarray) -> np.ndarray:

@@ -20,10 +20,13 @@ import numpy as np
 
 from rljax import loss as rl
 from rljax.trace import rederive as R
+from rljax.trace.groups import traced_rows
 from rljax.trace.invariants import RowKeys
 from rljax.trace.rescore import rescorer_for
 from rljax._digest import LOG, hex_digest
 
+#: The fields re-scoring reads (:meth:`Recompute.stage` starts it once the reward stage wrote the last).
+RESCORE_FIELDS = ("trajectories", "uids", "prompts", "scored_rows")
 #: Every check of the summary's ``recompute`` section, in report order.
 CHECKS = ("advantages", "group_ids", "response_mask", "positions", "update_report", "rewards", "weights")
 #: Violations kept per check.
@@ -67,6 +70,8 @@ class Recompute:
         self._device: dict = {}
         self._groups_of: Optional[tuple] = None  # (weak reference to the trajectories, their uid groups)
         self.last_rescore_s: Optional[float] = None
+        self._seen: dict = {}  # the step's newest value of each field re-scoring reads, as its events arrive
+        self._early: Optional[tuple] = None  # (step, those inputs, the re-scoring's Job) started mid-step
         #: False: nothing re-derived (bench/recompute_overhead.py alternates it to time the re-derivations).
         self.enabled = True
 
@@ -110,6 +115,39 @@ class Recompute:
         except TypeError:
             self._groups_of = None
         return groups
+
+    # ------------------------------------------------------------------ started mid-step
+
+    def stage(self, step: int, event, early) -> None:
+        """A stage's event as it arrives: once the reward stage recorded its scores (``scored_rows``)
+        and the step's rollout, prompts and uids are known, the re-scoring starts in ``early``
+        (:class:`rljax.trace.early.Early`; :mod:`rljax.trace.early`), unless the reward function
+        declares ``thread_safe = False``. The step's end takes its result when it read the same
+        objects (:meth:`_rescore`)."""
+        seen = self._seen
+        for side in (event.reads, event.writes):  # the newest value of each field, as the step's view keeps it
+            for k in RESCORE_FIELDS:
+                if k in side:
+                    seen[k] = side[k]
+        r = self.rescorer
+        if ("scored_rows" not in event.writes or not self.enabled or early is None or r is None or r.skip
+                or not r.thread_safe or any(seen.get(k) is None for k in RESCORE_FIELDS)):
+            return
+        traj = seen["trajectories"]
+        inputs = {k: seen[k] for k in RESCORE_FIELDS}
+        if int(getattr(traj, "batch_size", -1)) != len(np.asarray(traj.is_padding)):
+            return  # several processes' rows: the step's end decides (the re-derivations' N/A)
+        cfg, seed = self.cfg, int(self.cfg.trainer.seed)
+
+        def job():
+            rows = r.sample(traj, traced_rows(cfg, step, traj), step, seed)
+            return r.check(step, traj, inputs, rows, RowKeys(traj))
+
+        self._early = (int(step), inputs, early.submit(job))
+
+    def end_step(self) -> None:
+        """The step's inputs and any job's handle dropped (the step's end, whatever it did)."""
+        self._seen, self._early = {}, None
 
     # ------------------------------------------------------------------ host side
 
@@ -168,8 +206,12 @@ class Recompute:
             return None
         if fields.get("scored_rows") is None or fields.get("uids") is None or fields.get("prompts") is None:
             return None
-        rows = r.sample(traj, traced_rows, step, int(self.cfg.trainer.seed))
-        counts, vs = r.check(step, traj, fields, rows, keys)
+        early, self._early = self._early, None
+        if early is not None and early[0] == int(step) and all(fields.get(k) is v for k, v in early[1].items()):
+            counts, vs = early[2].result()  # started at the reward stage's event, on these very inputs
+        else:
+            rows = r.sample(traj, traced_rows, step, int(self.cfg.trainer.seed))
+            counts, vs = r.check(step, traj, fields, rows, keys)
         st = self.stats["rewards"]
         st["rows"] += counts["rows"]
         st["skipped_rows"] = st.get("skipped_rows", 0) + counts["skipped"]

@@ -14,6 +14,12 @@ Rewards that are not a function of the text declare it: a reward function with t
 ``rescore_tolerance`` when it has one, else not compared (N/A, never PASS); a generative
 judge or a reward model combined into the score (``reward.judge`` / ``reward.model``), and
 an environment's own final reward (multi-turn), are not re-scored.
+
+When: the re-scoring starts at the reward stage's event, in the tracer's background thread
+(:mod:`rljax.trace.early`), and the step's end takes its verdict. A reward function that must
+not be called from a second thread while the trainer's thread may call it (validation scores
+held-out rows with it) declares ``thread_safe = False``: it is re-scored at the step's end,
+on the trainer's thread.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class Rescorer:
         inner = getattr(fn, "fn", fn)  # a pool's function
         self.deterministic = bool(getattr(inner, "deterministic", True))
         self.tolerance = getattr(inner, "rescore_tolerance", None)
+        # False: called only from the step's end (the trainer's thread), not mid-step from the tracer's
+        # background thread (rljax.trace.early) while the trainer's thread may call it too (validation)
+        self.thread_safe = bool(getattr(inner, "thread_safe", True))
         if not self.deterministic and self.tolerance is None and skip is None:
             self.skip = (f"the reward function {getattr(inner, '__name__', inner)} declares itself nondeterministic "
                          "(deterministic = False) and gives no rescore_tolerance")

@@ -29,6 +29,7 @@ The tracer keeps no table of stage names: a stage's own facts travel in its even
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -53,10 +54,12 @@ from rljax.trace.observers.records import TRACE_FILE, Records
 from rljax.trace.observers.rollouts import ROLLOUT_FILE, AsyncCounts, Rollouts
 from rljax.trace.observers.step import StepView
 from rljax.trace.observers.whole_batch import WholeBatch
+from rljax.trace.early import Early
 from rljax.trace.prefetch import Prefetch
 from rljax.trace.writer import Writer
 
 SUMMARY_FILE = "trace_summary.json"
+log = logging.getLogger("rljax.trace")
 
 
 class Tracer:
@@ -97,24 +100,42 @@ class Tracer:
         # One process on CPU devices: the stages' batch arrays are copied to the host in a background thread
         # while the later stages run (rljax.trace.prefetch); the step's end waits for it. None: elsewhere.
         self.prefetch: Optional[Prefetch] = Prefetch() if host_memory() else None
+        # Checks whose inputs are complete mid-step (the re-scoring, at the reward stage's event) run in a
+        # background thread while the later stages run (rljax.trace.early); the step's end takes their results.
+        self.early = Early()
+        self._step: Optional[int] = None
 
     # ------------------------------------------------------------------ observer hooks
 
     @timed
     def step_start(self, step: int, t: float) -> None:
-        self.clock.t0, self._events, self.records.pending = t, [], []
+        self.clock.t0, self._events, self.records.pending, self._step = t, [], [], int(step)
 
     @timed
     def stage(self, event) -> None:
         self._events.append(event)
         if self.prefetch is not None:  # the host copies the step's end reads (rljax.trace.prefetch)
             self.prefetch.put([v for v in event.writes.values() if isinstance(v, jax.Array) and v.ndim])
+        if self._step is not None:
+            recompute = self.whole_batch.recompute
+            try:
+                if recompute is not None:
+                    recompute.stage(self._step, event, self.early)
+                self.whole_batch.stage(self._step, self._events, event, self.early)
+            except Exception as e:  # noqa: BLE001 -- what did not start, the step's end computes itself
+                log.warning("rljax.trace: a check not started mid-step: %s: %s", type(e).__name__, e)
 
     def step_end(self, step: int, metrics: dict) -> None:
         """Records, DFX metrics and alerts of the step (added to ``metrics``); drops the step's arrays."""
         entered = time.perf_counter()
         with self._lock:  # the writer encoding a summary meanwhile: waited for, and counted
-            self._step_end(step, metrics, entered)
+            try:
+                self._step_end(step, metrics, entered)
+            finally:  # no job of the step holds its arrays when the runner looks for leaks
+                self.early.wait()
+                self.whole_batch.end_step()
+                if self.whole_batch.recompute is not None:
+                    self.whole_batch.recompute.end_step()
 
     def _step_end(self, step: int, metrics: dict, entered: float) -> None:
         if self.prefetch is not None:
@@ -136,7 +157,8 @@ class Tracer:
         tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
         if tokens is not None and step_wall:
             out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
-        background = self.writer.take_cpu() + (self.prefetch.take_cpu() if self.prefetch is not None else 0.0)
+        background = (self.writer.take_cpu() + self.early.take_cpu()
+                      + (self.prefetch.take_cpu() if self.prefetch is not None else 0.0))
         out.update(self.clock.step_done(entered, self.ledgers.last_s, background))
         if self.ledgers.last_s:
             out["trace/ledger_s"] = self.ledgers.last_s
@@ -227,6 +249,7 @@ class Tracer:
         writer is flushed first; its ``OSError`` is raised when the run did not already fail."""
         if self.prefetch is not None:
             self.prefetch.close()
+        self.early.close()
         try:
             self.writer.close()
         except OSError:

@@ -14,7 +14,7 @@ import numpy as np
 
 from rljax.sharding import to_host
 from rljax.trace import invariants as I, recompute as RC
-from rljax.trace.groups import choose_groups
+from rljax.trace.groups import traced_rows
 
 log = logging.getLogger("rljax.trace")
 #: Why the re-derivations do not run on several processes (their N/A in ``trace check``).
@@ -31,6 +31,7 @@ class WholeBatch:
         self.alerts: list = []  # this step's (at most one)
         self.counts: Optional[dict] = None  # this step's rows, violating rows and seconds
         self.attended: Optional[np.ndarray] = None  # this step's attended tokens per row (the reduction's)
+        self._early: Optional[tuple] = None  # (step_facts' inputs, its Job) started at the update's event
 
     def step(self, view) -> Optional[np.ndarray]:
         """Checks the step; returns the per-row loss-mask sums of the whole learner batch (the
@@ -75,26 +76,12 @@ class WholeBatch:
                 self.summary["skipped"] = "several processes: a process's rows are not one block of the learner batch"
                 return None
             B, lo = len(owner), int(mine[0]) if len(mine) else 0
-        pairs = _pairs(events, fields, B)
-        loss_mask = fields.get("loss_mask")
-        row_sum_mask = loss_mask if loss_mask is not None and loss_mask.shape[0] == B else None
-        scored = fields.get("scored_rows")
-        adv = next((ev for ev in events if "scores" in ev.reads and "advantages" in ev.writes), None)  # scores -> advantages
-        scores = adv.reads["scores"] if scored is not None and adv is not None else None
-        on_device = scores is not None and tuple(scores.shape) == (B,) and not isinstance(scores, np.ndarray)
-        adv_scores = adv.reads["scores"] if adv is not None else None  # the re-derived advantages' input
-        dev = self.recompute.device_inputs(events, fields, traj, B, adv_scores) if self.recompute else {}
-        roles = getattr(traj, "roles", None)
-        obs = None if roles is None else np.asarray(roles) == I.OBSERVATION_ROLE
-        attention = fields.get("attention_mask")  # the DFX metrics' tokens per row, in the same transfer
-        counts = {"attention_mask": attention} if attention is not None and attention.shape[0] == B else None
-        # Several processes: the observation rows are this process's only; its learner rows are
-        # checked against the rollout's mask (digests), so the rollout's own observation tokens
-        # with mask 1 are the learner's.
-        per_pair, extra = I.step_facts([(lm, ids) for lm, ids, _ in pairs.values()],
-                                       obs if rows_view is None else None, row_sum_mask,
-                                       scores if on_device else adv_scores if "advantages" in dev else None,
-                                       counts=counts, **dev)
+        call, (pairs, scores, scored, on_device, obs) = self._facts_call(events, fields, traj, B, rows_view is not None)
+        early, self._early = self._early, None
+        if early is not None and _same(early[0], call):  # started at the update's event, on these very inputs
+            per_pair, extra = early[1].result()
+        else:
+            per_pair, extra = I.step_facts(*call[0], **call[1])
         self.attended = extra.get("count/attention_mask")
         mine = slice(lo, lo + int(traj.batch_size))
         local: dict = {"rows": 0, "violations": 0, "list": [], "error": None}
@@ -114,6 +101,56 @@ class WholeBatch:
         self.counts = {"rows": sum(v["rows"] for v in verdicts), "violations": sum(v["violations"] for v in verdicts),
                        "s": dt}
         return extra.get("row_sum")
+
+    def _facts_call(self, events, fields: Mapping, traj, B: int, several: bool) -> tuple:
+        """``((args, kwargs) of step_facts, (pairs, scores, scored, on_device, obs))``: the reduction's
+        inputs, and what the host compares read beside its results."""
+        pairs = _pairs(events, fields, B)
+        loss_mask = fields.get("loss_mask")
+        row_sum_mask = loss_mask if loss_mask is not None and loss_mask.shape[0] == B else None
+        scored = fields.get("scored_rows")
+        adv = next((ev for ev in events if "scores" in ev.reads and "advantages" in ev.writes), None)  # scores -> advantages
+        scores = adv.reads["scores"] if scored is not None and adv is not None else None
+        on_device = scores is not None and tuple(scores.shape) == (B,) and not isinstance(scores, np.ndarray)
+        adv_scores = adv.reads["scores"] if adv is not None else None  # the re-derived advantages' input
+        dev = self.recompute.device_inputs(events, fields, traj, B, adv_scores) if self.recompute else {}
+        roles = getattr(traj, "roles", None)
+        obs = None if roles is None else np.asarray(roles) == I.OBSERVATION_ROLE
+        attention = fields.get("attention_mask")  # the DFX metrics' tokens per row, in the same transfer
+        counts = {"attention_mask": attention} if attention is not None and attention.shape[0] == B else None
+        # Several processes: the observation rows are this process's only; its learner rows are
+        # checked against the rollout's mask (digests), so the rollout's own observation tokens
+        # with mask 1 are the learner's.
+        args = ([(lm, ids) for lm, ids, _ in pairs.values()], None if several else obs, row_sum_mask,
+                scores if on_device else adv_scores if "advantages" in dev else None)
+        return (args, dict(counts=counts, **dev)), (pairs, scores, scored, on_device, obs)
+
+    def stage(self, step: int, events: list, event, early) -> None:
+        """A stage's event as it arrives (``events``: the step's so far, this one last). At the
+        update's event (a stage other than ``metrics`` that read the advantages and the loss mask)
+        on one process, the reduction of every fact the step's end needs starts in ``early``
+        (:class:`rljax.trace.early.Early`) while the weight sync runs; the step's end takes its
+        result when its own inputs are the same (:func:`_same`), else reduces them itself."""
+        if (early is None or event.stage == "metrics" or "advantages" not in event.reads
+                or "loss_mask" not in event.reads):
+            return
+        import jax
+
+        if jax.process_count() != 1:  # a collective from a second thread could interleave with the trainer's
+            return
+        from rljax.trace.observers.step import StepView
+
+        view = StepView.of(step, events)
+        traj = view.traj
+        if traj is None or view.rows_view is not None:
+            return
+        call, _ = self._facts_call(view.events, view.fields, traj, int(traj.batch_size), False)
+        args, kwargs = call
+        self._early = (call, early.submit(lambda: I.step_facts(*args, **kwargs)))
+
+    def end_step(self) -> None:
+        """The step's reduction handle and inputs dropped (the step's end, whatever it did)."""
+        self._early = None
 
     def _combine(self, step: int, verdicts: list, pairs: dict, *, several: bool, scores) -> None:
         """Every process's verdict into the run's totals; the step's alert names the first violation."""
@@ -137,6 +174,24 @@ class WholeBatch:
         inv["rows"] += sum(v["rows"] for v in verdicts)
         inv["violating_rows"] += sum(v["violations"] for v in verdicts)
         inv["stages"] = sorted(set(inv.get("stages", [])) | {st for _, _, stages in pairs.values() for st in stages})
+
+
+def _same(a, b) -> bool:
+    """``a`` and ``b`` are the same inputs: the same objects, or host arrays / plain values equal
+    (a host array derived again at the step's end, e.g. the row mask); a device array only as itself."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+    if isinstance(a, (bool, int, float, str)):
+        return a == b
+    return False
 
 
 def _pairs(events, fields: Mapping, B: int) -> dict:
@@ -187,13 +242,6 @@ def _rederived(recompute, step, traj, fields, events, pairs, per_pair, extra, lo
                           update_stage="actor_minibatch", learner_version=RC.learner_version_at_update(fields))
     local["violations"] += len({x["row"] for x in v} - {x["row"] for x in local["list"]})
     local["list"] = (local["list"] + v)[:5] if local["list"] else v[:5]
-
-
-def traced_rows(cfg, step: int, traj) -> list[int]:
-    """The rows of the prompt groups the tracer follows this step."""
-    traced = choose_groups(cfg.trainer.seed, step, int(traj.num_groups), int(cfg.trace.groups))
-    group_id = np.asarray(traj.group_id)[:int(traj.batch_size)]
-    return np.nonzero(I.member(group_id, np.asarray(traced, dtype=group_id.dtype)))[0].tolist()
 
 
 def _allgather_json(obj: dict, width: int = 8192) -> list[dict]:
