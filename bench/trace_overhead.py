@@ -47,8 +47,13 @@ def main(argv=None) -> int:
     p.add_argument("--overrides", nargs="*", default=[])
     p.add_argument("--parts", action="store_true", help="also time the tracer's parts per on step (each wrapped "
                                                         "with a clock; the wrappers add a little to the on half)")
+    p.add_argument("--early-ab", action="store_true",
+                   help="trace on in both halves; the halves differ in where the checks that can start mid-step run "
+                        "(rljax.trace.early: a background thread from the stage's event, against the step's end)")
     args = p.parse_args(argv)
     trainer = A.trainer(args.mesh, args.steps, [*CASES[args.case], *args.overrides], "trace_overhead_")
+    if args.early_ab:
+        return early_ab(trainer, args)
     import rljax._digest as D
 
     runner, sampler = trainer.runner, trainer.services.rollout.sampler
@@ -123,6 +128,31 @@ def main(argv=None) -> int:
             if not name.startswith("cpu:"):
                 cpu = medians.get("cpu:" + name)
                 print(f"  {name}: {ms:.3f}" + ("" if cpu is None else f" / {cpu:.3f}"))
+    return 0
+
+
+def early_ab(trainer, args) -> int:
+    """Both halves traced; on: the checks that can start mid-step start at their stage's event in the
+    tracer's background thread (``Tracer.early``), off: every check at the step's end (``early = None``)."""
+    tracer = trainer.tracer
+    early = tracer.early
+
+    def switch(on: bool) -> None:
+        tracer.early = early if on else None
+
+    halves = A.alternate(trainer, args.steps, switch)
+    print(A.stamp(f"case {args.case}, mesh {args.mesh}, {len(halves[False])} + {len(halves[True])} steps, trace on "
+                  "in both; on: checks started mid-step (rljax.trace.early), off: all at the step's end"))
+    for key, scale, unit in (("trace/overhead_s", 1e3, "ms"), ("trace/overhead_frac", 100, "%"),
+                             ("trace/background_s", 1e3, "ms"), ("timing_s/step", 1e3, "ms"),
+                             ("bench/wall_s", 1e3, "ms"), ("bench/cpu_s", 1e3, "ms"), ("bench/main_cpu_s", 1e3, "ms")):
+        off, on = A.med(halves[False], key), A.med(halves[True], key)
+        print(f"{key} (median): end of step {scale * off:.2f} {unit}, mid-step {scale * on:.2f} {unit}, "
+              f"mid-step / end {on / off if off else float('nan'):.3f}")
+    wb, rc = tracer.whole_batch, tracer.whole_batch.recompute
+    print(f"mid-step results taken: rollout facts {wb.taken_mid_step_rollout}, reduction {wb.taken_mid_step}, "
+          f"re-scoring {rc.taken_mid_step if rc else 0} "
+          f"(of the {args.steps // 2} steps run with them)")
     return 0
 
 

@@ -72,6 +72,7 @@ class Recompute:
         self.last_rescore_s: Optional[float] = None
         self._seen: dict = {}  # the step's newest value of each field re-scoring reads, as its events arrive
         self._early: Optional[tuple] = None  # (step, those inputs, the re-scoring's Job) started mid-step
+        self.taken_mid_step = 0  # steps whose re-scoring was the one started at the reward stage's event
         #: False: nothing re-derived (bench/recompute_overhead.py alternates it to time the re-derivations).
         self.enabled = True
 
@@ -91,7 +92,7 @@ class Recompute:
             return out
         if actor is not None and scores is not None and self.estimator is not None:
             adv = {"advantages": actor.reads["advantages"], "loss_mask": actor.reads.get("loss_mask", fields.get("loss_mask")),
-                   "group_ids": self._uid_groups(traj), "row_mask": ~np.asarray(traj.is_padding, bool)}
+                   "group_ids": self.uid_groups(traj), "row_mask": ~np.asarray(traj.is_padding, bool)}
             if self.estimator[0] == "gae" and fields.get("values") is not None:
                 adv["values"] = fields["values"]
             out.update(advantages=adv, estimator=self.estimator)
@@ -104,8 +105,9 @@ class Recompute:
             out["passthrough"] = {"group_id": fields["group_id"]}
         return out
 
-    def _uid_groups(self, traj) -> np.ndarray:
-        """The rows' groups by uid (:func:`rljax.trace.rederive.uid_groups`), made once per trajectories."""
+    def uid_groups(self, traj) -> np.ndarray:
+        """The rows' groups by uid (:func:`rljax.trace.rederive.uid_groups`), made once per trajectories
+        (the whole-batch invariants make it mid-step, at the trajectories' event: rljax.trace.early)."""
         held = self._groups_of
         if held is not None and held[0]() is traj:
             return held[1]
@@ -167,7 +169,7 @@ class Recompute:
                                                        estimator=self.estimator[0])
         if "group_id" in extra:
             found["group_ids"] = R.compare_group_ids(step, keys, real, extra["group_id"], traj.uid,
-                                                     groups=self._uid_groups(traj))
+                                                     groups=self.uid_groups(traj))
         if update is not None:
             found["response_mask"] = R.compare_masks(step, keys, real, traj, update, stage=update_stage)
         if "position_errors" in extra:
@@ -209,6 +211,7 @@ class Recompute:
         early, self._early = self._early, None
         if early is not None and early[0] == int(step) and all(fields.get(k) is v for k, v in early[1].items()):
             counts, vs = early[2].result()  # started at the reward stage's event, on these very inputs
+            self.taken_mid_step += 1
         else:
             rows = r.sample(traj, traced_rows, step, int(self.cfg.trainer.seed))
             counts, vs = r.check(step, traj, fields, rows, keys)

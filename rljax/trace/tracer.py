@@ -102,7 +102,7 @@ class Tracer:
         self.prefetch: Optional[Prefetch] = Prefetch() if host_memory() else None
         # Checks whose inputs are complete mid-step (the re-scoring, at the reward stage's event) run in a
         # background thread while the later stages run (rljax.trace.early); the step's end takes their results.
-        self.early = Early()
+        self.early: Optional[Early] = Early()  # None: every check at the step's end (bench/trace_overhead.py --early)
         self._step: Optional[int] = None
 
     # ------------------------------------------------------------------ observer hooks
@@ -132,7 +132,8 @@ class Tracer:
             try:
                 self._step_end(step, metrics, entered)
             finally:  # no job of the step holds its arrays when the runner looks for leaks
-                self.early.wait()
+                if self.early is not None:
+                    self.early.wait()
                 self.whole_batch.end_step()
                 if self.whole_batch.recompute is not None:
                     self.whole_batch.recompute.end_step()
@@ -157,7 +158,7 @@ class Tracer:
         tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
         if tokens is not None and step_wall:
             out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
-        background = (self.writer.take_cpu() + self.early.take_cpu()
+        background = (self.writer.take_cpu() + (self.early.take_cpu() if self.early is not None else 0.0)
                       + (self.prefetch.take_cpu() if self.prefetch is not None else 0.0))
         out.update(self.clock.step_done(entered, self.ledgers.last_s, background))
         if self.ledgers.last_s:
@@ -249,7 +250,8 @@ class Tracer:
         writer is flushed first; its ``OSError`` is raised when the run did not already fail."""
         if self.prefetch is not None:
             self.prefetch.close()
-        self.early.close()
+        if self.early is not None:
+            self.early.close()
         try:
             self.writer.close()
         except OSError:

@@ -32,6 +32,9 @@ class WholeBatch:
         self.counts: Optional[dict] = None  # this step's rows, violating rows and seconds
         self.attended: Optional[np.ndarray] = None  # this step's attended tokens per row (the reduction's)
         self._early: Optional[tuple] = None  # (step_facts' inputs, its Job) started at the update's event
+        self.taken_mid_step = 0  # steps whose reduction was the one started at the update's event
+        self._rollout: Optional[tuple] = None  # (trajectories, the Job making their rollout_facts) from their event
+        self.taken_mid_step_rollout = 0  # steps whose rollout facts were made at the trajectories' event
 
     def step(self, view) -> Optional[np.ndarray]:
         """Checks the step; returns the per-row loss-mask sums of the whole learner batch (the
@@ -80,6 +83,7 @@ class WholeBatch:
         early, self._early = self._early, None
         if early is not None and _same(early[0], call):  # started at the update's event, on these very inputs
             per_pair, extra = early[1].result()
+            self.taken_mid_step += 1
         else:
             per_pair, extra = I.step_facts(*call[0], **call[1])
         self.attended = extra.get("count/attention_mask")
@@ -87,7 +91,7 @@ class WholeBatch:
         local: dict = {"rows": 0, "violations": 0, "list": [], "error": None}
         try:
             local = _local(step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored, on_device,
-                           rows_view is not None)
+                           rows_view is not None, self._rollout_facts(traj))
             if self.recompute is not None and rows_view is None:  # one process's rows are the whole batch
                 _rederived(self.recompute, step, traj, fields, events, pairs, per_pair, extra, local)
             elif self.recompute is not None:
@@ -131,8 +135,19 @@ class WholeBatch:
         on one process, the reduction of every fact the step's end needs starts in ``early``
         (:class:`rljax.trace.early.Early`) while the weight sync runs; the step's end takes its
         result when its own inputs are the same (:func:`_same`), else reduces them itself."""
-        if (early is None or event.stage == "metrics" or "advantages" not in event.reads
-                or "loss_mask" not in event.reads):
+        if early is None:
+            return
+        traj = event.writes.get("trajectories")
+        if traj is not None:  # the rollout's own facts, and its rows' groups by uid (the re-derivations')
+            recompute = self.recompute
+
+            def made():
+                if recompute is not None:
+                    recompute.uid_groups(traj)
+                return rollout_facts(traj)
+
+            self._rollout = (traj, early.submit(made))
+        if event.stage == "metrics" or "advantages" not in event.reads or "loss_mask" not in event.reads:
             return
         import jax
 
@@ -148,9 +163,17 @@ class WholeBatch:
         args, kwargs = call
         self._early = (call, early.submit(lambda: I.step_facts(*args, **kwargs)))
 
+    def _rollout_facts(self, traj) -> Optional[dict]:
+        """The rollout's facts made mid-step for these very trajectories (None: not made)."""
+        made, self._rollout = self._rollout, None
+        if made is None or made[0] is not traj:
+            return None
+        self.taken_mid_step_rollout += 1
+        return made[1].result()
+
     def end_step(self) -> None:
-        """The step's reduction handle and inputs dropped (the step's end, whatever it did)."""
-        self._early = None
+        """The step's jobs' handles and inputs dropped (the step's end, whatever it did)."""
+        self._early = self._rollout = None
 
     def _combine(self, step: int, verdicts: list, pairs: dict, *, several: bool, scores) -> None:
         """Every process's verdict into the run's totals; the step's alert names the first violation."""
@@ -207,11 +230,23 @@ def _pairs(events, fields: Mapping, B: int) -> dict:
     return pairs
 
 
-def _local(step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored, on_device, several) -> dict:
-    """This process's rows against its own rollout: ``{"rows", "violations", "list", "error"}``."""
-    real = ~np.asarray(traj.is_padding)
+def rollout_facts(traj) -> dict:
+    """The rollout's own per-row facts, from its host arrays alone: real rows, the mask and token
+    digests of its ``loss_mask`` (:func:`~rljax.trace.invariants.host_row_facts`) and the digest of
+    the response tokens present (the reward tie's key)."""
+    ids = np.asarray(traj.response_ids)
+    present = np.arange(ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
+    return {"real": ~np.asarray(traj.is_padding), "rollout": I.host_row_facts(np.asarray(traj.loss_mask), ids),
+            "present_digest": I.position_digest(present, ids)}
+
+
+def _local(step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored, on_device, several,
+           facts: Optional[dict] = None) -> dict:
+    """This process's rows against its own rollout (``facts``: its :func:`rollout_facts`, made
+    mid-step; None: made here): ``{"rows", "violations", "list", "error"}``."""
+    facts = rollout_facts(traj) if facts is None else facts
+    real, rollout = facts["real"], facts["rollout"]
     keys = I.RowKeys(traj)
-    rollout = I.host_row_facts(np.asarray(traj.loss_mask), np.asarray(traj.response_ids))
     learner_version = (fields.get("dequeue") or {}).get("learner_version")
     if learner_version is None and fields.get("weight_version_after") is not None:
         learner_version = int(fields["weight_version_after"]) - 1  # the sync after the update advanced it
@@ -226,8 +261,7 @@ def _local(step, traj, fields, pairs, per_pair, extra, mine, obs, scores, scored
         found += v
     if scores is not None:
         read = extra["scores"][mine] if on_device else np.asarray(to_host(scores), np.float32)[mine]
-        present = np.arange(traj.response_ids.shape[1])[None, :] < np.asarray(traj.response_length)[:, None]
-        c, v = I.compare_scores(step, keys, real, I.position_digest(present, np.asarray(traj.response_ids)),
+        c, v = I.compare_scores(step, keys, real, facts["present_digest"],
                                 scored, read)
         bad += c["violations"]
         found += v
