@@ -3,6 +3,7 @@
 
     python bench/trace_overhead.py                         # the default run, --mesh dp8, 12 steps
     python bench/trace_overhead.py --case 31m --mesh dp2 --steps 6
+    python bench/trace_overhead.py --early-ab --steps 30         # mid-step checks against all at the step's end
 
 One trainer (``rljax.trainer.loop.Trainer``); the trace is switched off and on for alternate
 steps (bench/_alternate.py), so both halves share the load, the caches and the compiled
@@ -16,7 +17,9 @@ and ``trace/overhead_s`` of the on half, ``trace/invariants_s``, ``trace/rescore
 reference passes take a known digest when they read the arrays the update digested); one
 digest timed against a float sum of the same parameters (and against the digest of the git
 revision ``--ref`` when one is named), with the share of the step of the update's two
-and the sampler's install.
+and the sampler's install. ``--early-ab``: the trace on in both halves, which differ only in where
+the checks that can start mid-step run (``Tracer.early``, :mod:`rljax.trace.early`: its background
+thread from their stage's event, against the step's end); the medians of both and their ratios.
 """
 
 from __future__ import annotations

@@ -135,10 +135,12 @@ class Recompute:
         if ("scored_rows" not in event.writes or not self.enabled or early is None or r is None or r.skip
                 or not r.thread_safe or any(seen.get(k) is None for k in RESCORE_FIELDS)):
             return
+        import jax
+
+        if jax.process_count() != 1:  # several processes: the re-derivations do not run (their N/A)
+            return
         traj = seen["trajectories"]
         inputs = {k: seen[k] for k in RESCORE_FIELDS}
-        if int(getattr(traj, "batch_size", -1)) != len(np.asarray(traj.is_padding)):
-            return  # several processes' rows: the step's end decides (the re-derivations' N/A)
         cfg, seed = self.cfg, int(self.cfg.trainer.seed)
 
         def job():

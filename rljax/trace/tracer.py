@@ -11,7 +11,9 @@ everything from the stage events, never from the trainer. It is a few small obse
   mask sums (against the learner's ``loss_mask`` that the update actually consumed), producer and
   consumers; then every reference to the step's arrays is dropped, and the runner's cleanup
   report (what of the batch is still alive after the step) becomes the ``cleanup`` record;
-* whole-batch invariants on every row (:class:`~rljax.trace.observers.whole_batch.WholeBatch`);
+* whole-batch invariants on every row (:class:`~rljax.trace.observers.whole_batch.WholeBatch`),
+  and the re-derivations (:mod:`rljax.trace.recompute`); what of them can start before the step's
+  end starts at its stage's event in a background thread (:mod:`rljax.trace.early`);
 * the shape and memory ledgers, once (:class:`~rljax.trace.observers.ledgers.Ledgers`);
 * alerts (:class:`~rljax.trace.observers.alert_log.AlertLog`): each carries a severity
   (:data:`rljax.trace.alerts.SEVERITY`); ``trace_summary.json`` counts them, and is written also
@@ -100,28 +102,31 @@ class Tracer:
         # One process on CPU devices: the stages' batch arrays are copied to the host in a background thread
         # while the later stages run (rljax.trace.prefetch); the step's end waits for it. None: elsewhere.
         self.prefetch: Optional[Prefetch] = Prefetch() if host_memory() else None
-        # Checks whose inputs are complete mid-step (the re-scoring, at the reward stage's event) run in a
-        # background thread while the later stages run (rljax.trace.early); the step's end takes their results.
-        self.early: Optional[Early] = Early()  # None: every check at the step's end (bench/trace_overhead.py --early)
-        self._step: Optional[int] = None
+        # Checks whose inputs are complete mid-step (the rollout's facts, the re-scoring, the whole-batch reduction)
+        # start at their stage's event in a background thread (rljax.trace.early); the step's end takes their
+        # results. None: every check at the step's end (bench/trace_overhead.py --early-ab times both).
+        self.early: Optional[Early] = Early()
 
     # ------------------------------------------------------------------ observer hooks
 
     @timed
     def step_start(self, step: int, t: float) -> None:
-        self.clock.t0, self._events, self.records.pending, self._step = t, [], [], int(step)
+        self.clock.t0, self._events, self.records.pending = t, [], []
 
     @timed
     def stage(self, event) -> None:
         self._events.append(event)
         if self.prefetch is not None:  # the host copies the step's end reads (rljax.trace.prefetch)
             self.prefetch.put([v for v in event.writes.values() if isinstance(v, jax.Array) and v.ndim])
-        if self._step is not None:
-            recompute = self.whole_batch.recompute
+        if self.early is None:
+            return
+        recompute, step = self.whole_batch.recompute, int(event.step)
+        starts = [lambda: self.whole_batch.stage(step, self._events, event, self.early)]
+        if recompute is not None:
+            starts.append(lambda: recompute.stage(step, event, self.early))
+        for start in starts:
             try:
-                if recompute is not None:
-                    recompute.stage(self._step, event, self.early)
-                self.whole_batch.stage(self._step, self._events, event, self.early)
+                start()
             except Exception as e:  # noqa: BLE001 -- what did not start, the step's end computes itself
                 log.warning("rljax.trace: a check not started mid-step: %s: %s", type(e).__name__, e)
 
@@ -131,8 +136,8 @@ class Tracer:
         with self._lock:  # the writer encoding a summary meanwhile: waited for, and counted
             try:
                 self._step_end(step, metrics, entered)
-            finally:  # no job of the step holds its arrays when the runner looks for leaks
-                if self.early is not None:
+            finally:  # no job of the step holds its arrays when the runner looks for leaks (a step's end that
+                if self.early is not None:  # raised did not wait)
                     self.early.wait()
                 self.whole_batch.end_step()
                 if self.whole_batch.recompute is not None:
@@ -158,6 +163,8 @@ class Tracer:
         tokens, step_wall = metrics.get("perf/total_num_tokens"), metrics.get("timing_s/step")
         if tokens is not None and step_wall:
             out["perf/e2e_tokens_per_s"] = float(tokens) / float(step_wall)
+        if self.early is not None:  # a job whose result was not taken (its inputs changed): waited for, and counted
+            self.early.wait()
         background = (self.writer.take_cpu() + (self.early.take_cpu() if self.early is not None else 0.0)
                       + (self.prefetch.take_cpu() if self.prefetch is not None else 0.0))
         out.update(self.clock.step_done(entered, self.ledgers.last_s, background))

@@ -15,6 +15,7 @@ import numpy as np
 from rljax.sharding import to_host
 from rljax.trace import invariants as I, recompute as RC
 from rljax.trace.groups import traced_rows
+from rljax.trace.observers.step import StepView
 
 log = logging.getLogger("rljax.trace")
 #: Why the re-derivations do not run on several processes (their N/A in ``trace check``).
@@ -153,8 +154,6 @@ class WholeBatch:
 
         if jax.process_count() != 1:  # a collective from a second thread could interleave with the trainer's
             return
-        from rljax.trace.observers.step import StepView
-
         view = StepView.of(step, events)
         traj = view.traj
         if traj is None or view.rows_view is not None:
