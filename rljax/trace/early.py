@@ -17,11 +17,10 @@ where the inline call would have raised it.
 
 from __future__ import annotations
 
-import queue
 import threading
-import time
-import weakref
 from typing import Any, Callable, Optional
+
+from rljax.trace.background import Background
 
 _UNSET = object()
 
@@ -53,66 +52,28 @@ class Job:
         return self._value
 
 
-class Early:
+class Early(Background):
     """Runs jobs in one background thread (``rljax-trace-early``), in the order submitted.
 
     Args:
       background: False: every job runs in :meth:`submit` itself (as the step's end would).
     """
 
+    name = "rljax-trace-early"
+
     def __init__(self, *, background: bool = True):
+        super().__init__()
         self.background = background
-        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-        self._cpu_s = [0.0]  # the thread's CPU seconds in jobs since the last take_cpu() (shared with it)
-        weakref.finalize(self, self._queue.put, None)  # dropped unclosed: its thread ends
 
     def submit(self, fn: Callable[[], Any]) -> Job:
         """Queues ``fn()``; returns its :class:`Job`."""
         job = Job(fn)
-        if not self.background:
+        if self.background:
+            self._put(job)
+        else:
             job.run()
-            return job
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=_run, args=(self._queue, self._cpu_s, self._lock),
-                                                name="rljax-trace-early", daemon=True)
-                self._thread.start()
-        self._queue.put(job)
         return job
 
-    def wait(self) -> None:
-        """Waits until every job submitted so far is done (and holds none of its inputs)."""
-        if self._thread is not None:
-            self._queue.join()
-
-    def take_cpu(self) -> float:
-        """The CPU seconds the thread spent in jobs since the last call (``trace/background_s``)."""
-        with self._lock:
-            spent, self._cpu_s[0] = self._cpu_s[0], 0.0
-        return spent
-
-    def close(self) -> None:
-        """:meth:`wait`, then the thread ends (a later :meth:`submit` starts another)."""
-        self.wait()
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
-
-
-def _run(jobs: "queue.Queue", cpu_s: list, lock: threading.Lock) -> None:
-    while True:
-        job = jobs.get()
-        t = time.thread_time()
-        try:
-            if job is None:
-                return
-            job.run()
-        finally:
-            job = None
-            with lock:
-                cpu_s[0] += time.thread_time() - t
-            jobs.task_done()
+    @staticmethod
+    def handle(job: Job) -> None:
+        job.run()

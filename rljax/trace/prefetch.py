@@ -25,79 +25,34 @@ array deleted meanwhile) is skipped: the step's end copies the array itself, as 
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
-import weakref
-from typing import Optional, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 
+from rljax.trace.background import Background
 from rljax.trace.fields import shard_index
 
 
-class Prefetch:
+class Prefetch(Background):
     """Copies arrays to the host in a background thread (see the module docstring)."""
 
-    def __init__(self):
-        self._queue: "queue.Queue[Optional[list]]" = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-        self._cpu_s = [0.0]  # the thread's CPU seconds in copies since the last take_cpu() (shared with it)
-        weakref.finalize(self, self._queue.put, None)  # dropped unclosed: its thread ends
+    name = "rljax-trace-prefetch"
 
     def put(self, arrays: Sequence) -> None:
         """Queues ``arrays`` (``jax.Array``) to be copied to the host."""
-        if not arrays:
-            return
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=_run, args=(self._queue, self._cpu_s, self._lock),
-                                                name="rljax-trace-prefetch", daemon=True)
-                self._thread.start()
-        self._queue.put(list(arrays))
+        if arrays:
+            self._put(list(arrays))
 
-    def wait(self) -> None:
-        """Waits until every array put so far is copied (or skipped) and no longer referenced."""
-        if self._thread is not None:
-            self._queue.join()
-
-    def take_cpu(self) -> float:
-        """The CPU seconds the thread spent copying since the last call (the trace's ``trace/background_s``)."""
-        with self._lock:
-            spent, self._cpu_s[0] = self._cpu_s[0], 0.0
-        return spent
-
-    def close(self) -> None:
-        """:meth:`wait`, then the thread ends (a later :meth:`put` starts another)."""
-        self.wait()
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
-
-
-def _run(jobs: "queue.Queue", cpu_s: list, lock: threading.Lock) -> None:
-    while True:
-        arrays = jobs.get()
-        t = time.thread_time()
-        try:
-            if arrays is None:
-                return
-            while arrays:
-                x = arrays.pop(0)
-                try:
-                    host_copy(x)  # the copy stays on the array (jax.Array._npy_value)
-                except Exception:  # noqa: BLE001 -- deleted or not addressable: the step's end copies it itself
-                    pass
-                del x
-        finally:
-            arrays = None  # no reference outlives the job: the runner's leak check follows the wait
-            with lock:
-                cpu_s[0] += time.thread_time() - t
-            jobs.task_done()
+    @staticmethod
+    def handle(arrays: list) -> None:
+        while arrays:  # each array dropped once copied
+            x = arrays.pop(0)
+            try:
+                host_copy(x)  # the copy stays on the array (jax.Array._npy_value)
+            except Exception:  # noqa: BLE001 -- deleted or not addressable: the step's end copies it itself
+                pass
+            del x
 
 
 def host_copy(x) -> np.ndarray:
