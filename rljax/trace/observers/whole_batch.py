@@ -131,11 +131,13 @@ class WholeBatch:
         return (args, dict(counts=counts, **dev)), (pairs, scores, scored, on_device, obs)
 
     def stage(self, step: int, events: list, event, early) -> None:
-        """A stage's event as it arrives (``events``: the step's so far, this one last). At the
-        update's event (a stage other than ``metrics`` that read the advantages and the loss mask)
-        on one process, the reduction of every fact the step's end needs starts in ``early``
-        (:class:`rljax.trace.early.Early`) while the weight sync runs; the step's end takes its
-        result when its own inputs are the same (:func:`_same`), else reduces them itself."""
+        """A stage's event as it arrives (``events``: the step's so far, this one last); what can
+        start starts in ``early`` (:class:`rljax.trace.early.Early`). At the trajectories' event:
+        their :func:`rollout_facts` and uid groups (the step's end takes them for the same
+        trajectories). At the update's event (a stage other than ``metrics`` that read the
+        advantages and the loss mask), on one process: the reduction of every fact the step's end
+        needs, while the weight sync runs (the step's end takes it when its own inputs are the
+        same, :func:`_same`, else reduces them itself)."""
         if early is None:
             return
         traj = event.writes.get("trajectories")
