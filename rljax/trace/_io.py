@@ -10,7 +10,12 @@ never leaves a cut line or an empty file behind.
 
 from __future__ import annotations
 
+import json
 import os
+
+#: ``json.dumps(x, separators=(",", ":"))`` with one encoder (``json.dumps`` builds an encoder per call
+#: when given separators): the trace's compact JSON (records, rollout lines, the running summary).
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def append_lines(path: str, text: str) -> None:

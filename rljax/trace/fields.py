@@ -218,15 +218,10 @@ def _mask_rows(mask_rows, n: int):
     return m, m.sum(axis=1).astype(np.int64).tolist()
 
 
-_DTYPE_NAMES: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _dtype_name(dtype) -> str:
     """``str(dtype)`` (numpy's ``__str__`` is Python code: cached, dtypes repeat every step)."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype)
-    return name
+    return str(dtype)
 
 
 @functools.lru_cache(maxsize=1024)

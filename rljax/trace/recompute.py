@@ -22,6 +22,7 @@ from rljax import loss as rl
 from rljax.trace import rederive as R
 from rljax.trace.groups import traced_rows
 from rljax.trace.invariants import RowKeys
+from rljax.trace.observers.step import StepView
 from rljax.trace.rescore import rescorer_for
 from rljax._digest import LOG, hex_digest
 
@@ -70,7 +71,6 @@ class Recompute:
         self._device: dict = {}
         self._groups_of: Optional[tuple] = None  # (weak reference to the trajectories, their uid groups)
         self.last_rescore_s: Optional[float] = None
-        self._seen: dict = {}  # the step's newest value of each field re-scoring reads, as its events arrive
         self._early: Optional[tuple] = None  # (step, those inputs, the re-scoring's Job) started mid-step
         self.taken_mid_step = 0  # steps whose re-scoring was the one started at the reward stage's event
         #: False: nothing re-derived (bench/recompute_overhead.py alternates it to time the re-derivations).
@@ -120,28 +120,25 @@ class Recompute:
 
     # ------------------------------------------------------------------ started mid-step
 
-    def stage(self, step: int, event, early) -> None:
-        """A stage's event as it arrives: once the reward stage recorded its scores (``scored_rows``)
-        and the step's rollout, prompts and uids are known, the re-scoring starts in ``early``
-        (:class:`rljax.trace.early.Early`; :mod:`rljax.trace.early`), unless the reward function
-        declares ``thread_safe = False``. The step's end takes its result when it read the same
-        objects (:meth:`_rescore`)."""
-        seen = self._seen
-        for side in (event.reads, event.writes):  # the newest value of each field, as the step's view keeps it
-            for k in RESCORE_FIELDS:
-                if k in side:
-                    seen[k] = side[k]
+    def stage(self, step: int, events: list, event, early) -> None:
+        """A stage's event as it arrives (``events``: the step's so far, this one last): at the reward
+        stage's (the one that wrote ``scored_rows``), once the step's rollout, prompts and uids are
+        known, the re-scoring starts in ``early`` (:class:`rljax.trace.early.Early`), unless the
+        reward function declares ``thread_safe = False``. The step's end takes its result when it
+        reads the same objects (:meth:`_rescore`)."""
         r = self.rescorer
         if ("scored_rows" not in event.writes or not self.enabled or early is None or r is None or r.skip
-                or not r.thread_safe or any(seen.get(k) is None for k in RESCORE_FIELDS)):
+                or not r.thread_safe):
             return
         import jax
 
         if jax.process_count() != 1:  # several processes: the re-derivations do not run (their N/A)
             return
-        traj = seen["trajectories"]
-        inputs = {k: seen[k] for k in RESCORE_FIELDS}
-        cfg, seed = self.cfg, int(self.cfg.trainer.seed)
+        fields = StepView.of(step, events).fields  # the newest value of each field, as the step's end reads them
+        inputs = {k: fields.get(k) for k in RESCORE_FIELDS}
+        if any(v is None for v in inputs.values()):
+            return
+        traj, cfg, seed = inputs["trajectories"], self.cfg, int(self.cfg.trainer.seed)
 
         def job():
             rows = r.sample(traj, traced_rows(cfg, step, traj), step, seed)
@@ -150,8 +147,8 @@ class Recompute:
         self._early = (int(step), inputs, early.submit(job))
 
     def end_step(self) -> None:
-        """The step's inputs and any job's handle dropped (the step's end, whatever it did)."""
-        self._seen, self._early = {}, None
+        """Any job's handle and inputs dropped (the step's end, whatever it did)."""
+        self._early = None
 
     # ------------------------------------------------------------------ host side
 

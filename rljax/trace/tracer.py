@@ -44,7 +44,7 @@ from rljax._digest import LOG
 from rljax.sharding import data_shards, to_host
 from rljax.trace import alerts as A
 from rljax.trace import faults, recompute as RC
-from rljax.trace._io import write_atomic
+from rljax.trace._io import compact_json, write_atomic
 from rljax.trace.fields import RESPONSE_FIELDS
 from rljax.trace.groups import choose_groups  # noqa: F401 -- re-exported (rljax.trace.choose_groups)
 from rljax.trace.invariants import host_memory
@@ -123,7 +123,7 @@ class Tracer:
         recompute, step = self.whole_batch.recompute, int(event.step)
         starts = [lambda: self.whole_batch.stage(step, self._events, event, self.early)]
         if recompute is not None:
-            starts.append(lambda: recompute.stage(step, event, self.early))
+            starts.append(lambda: recompute.stage(step, self._events, event, self.early))
         for start in starts:
             try:
                 start()
@@ -233,7 +233,7 @@ class Tracer:
         with self._lock:
             if generation != self._generation or self._closed:
                 return
-            text = json.dumps(self._summary(), separators=(",", ":"))
+            text = compact_json(self._summary())
         try:
             write_atomic(os.path.join(self.run_dir, SUMMARY_FILE), text)
         except OSError:  # a full disk: the records' own writes stop the run and name the file; the summary

@@ -110,11 +110,12 @@ def _recompute(fn):
 def _reward_event():
     traj = types.SimpleNamespace(batch_size=2, is_padding=np.zeros(2, bool))
     return types.SimpleNamespace(stage="reward", reads={"trajectories": traj, "prompts": ["p", "q"]},
-                                 writes={"scored_rows": {"scores": np.zeros(2)}})
+                                 writes={"scored_rows": {"scores": np.zeros(2)}}, producers={})
 
 
 def test_a_reward_function_that_is_not_thread_safe_is_re_scored_at_the_steps_end():
-    data = types.SimpleNamespace(stage="dataset_item", reads={}, writes={"uids": ["a", "b"], "prompts": ["p", "q"]})
+    data = types.SimpleNamespace(stage="dataset_item", reads={}, writes={"uids": ["a", "b"], "prompts": ["p", "q"]},
+                                 producers={})
     submitted = []
     early = types.SimpleNamespace(submit=lambda fn: submitted.append(fn) or object())
 
@@ -124,11 +125,11 @@ def test_a_reward_function_that_is_not_thread_safe_is_re_scored_at_the_steps_end
     unsafe.thread_safe = False
     for fn, started in ((lambda *a, **k: 0.0, 1), (unsafe, 0)):
         rc, submitted[:] = _recompute(fn), []
-        rc.stage(1, data, early)
-        rc.stage(1, _reward_event(), early)
+        reward = _reward_event()
+        rc.stage(1, [data, reward], reward, early)
         assert len(submitted) == started
         rc.end_step()
-        assert rc._early is None and rc._seen == {}
+        assert rc._early is None
 
 
 # ----------------------------------------------------------------------------- a real run

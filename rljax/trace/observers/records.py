@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from rljax.config import load_resolved, to_flat_dict
-from rljax.trace._io import append_lines
+from rljax.trace._io import append_lines, compact_json
 from rljax.trace.batch_fields import TRAJECTORY_ARRAYS
 from rljax.trace.facts import GroupView
 from rljax.trace.fields import (MASK_FIELDS, PROMPT_FIELDS, RESPONSE_FIELDS, SEQUENCE_FIELDS, VALUE_FIELDS,
@@ -309,24 +309,19 @@ class Summary(dict):
         return self
 
 
-#: ``json.dumps(x, separators=(",", ":"))`` with one encoder (``dumps`` builds an encoder per call
-#: when given separators).
-_DUMPS = json.JSONEncoder(separators=(",", ":")).encode
-
-
 def _line(record: dict, memo: dict) -> str:
     """``record`` as one JSON line; a field summary several records share (a field read by several
     stages is summarised once) is encoded once (``memo``: id of the summary -> its JSON)."""
     fields = record.get("fields")
     if not fields:
-        return _DUMPS(record) + "\n"
+        return compact_json(record) + "\n"
     parts = []
     for f in fields:
         text = memo.get(id(f))
         if text is None:
-            text = memo[id(f)] = (f, _DUMPS(f))  # the memo holds f: its id stays its own
+            text = memo[id(f)] = (f, compact_json(f))  # the memo holds f: its id stays its own
         parts.append(text[1])
-    head = _DUMPS({k: v for k, v in record.items() if k != "fields"})
+    head = compact_json({k: v for k, v in record.items() if k != "fields"})
     return f'{head[:-1]},"fields":[{",".join(parts)}]}}\n'
 
 

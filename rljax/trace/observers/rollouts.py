@@ -4,7 +4,6 @@ summary), the rollout dumps (``trace.rollout_dump``), and an asynchronous run's 
 
 from __future__ import annotations
 
-import json
 import os
 from itertools import compress
 from typing import Mapping, Optional
@@ -12,12 +11,10 @@ from typing import Mapping, Optional
 import numpy as np
 
 from rljax.trace import alerts as A
-from rljax.trace._io import append_lines
+from rljax.trace._io import append_lines, compact_json
 
 #: One line per step: the prompt uids each process generated (``{"step", "by_process": {process: [uid]}}``).
 ROLLOUT_FILE = "rollout_uids.jsonl"
-#: ``json.dumps(x, separators=(",", ":"))`` with one encoder (not one per call).
-_DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class Rollouts:
@@ -53,7 +50,7 @@ class Rollouts:
             if "dynamic_sampling" in fields:  # algorithm.filter_groups: the uids generated, not trained, and why
                 rec["dropped"] = fields["dynamic_sampling"]["dropped"]
             path = os.path.join(self.run_dir, ROLLOUT_FILE)
-            job = lambda: append_lines(path, _DUMPS(rec) + "\n")  # noqa: E731
+            job = lambda: append_lines(path, compact_json(rec) + "\n")  # noqa: E731
             job() if self.writer is None else self.writer.put(job)
 
     def dump(self, step: int, traj) -> None:
